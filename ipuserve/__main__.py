@@ -1,0 +1,4 @@
+from ipuserve.cli import main
+
+if __name__ == "__main__":
+    main()

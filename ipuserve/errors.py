@@ -1,0 +1,175 @@
+"""The one exception tree of ipuserve.
+
+Every error raised by ipuserve, in any process, is an :class:`IpuserveError`.
+Errors that cross the wire carry a stable ``code``; the client re-raises the
+class the broker or worker reported, so ``except OverloadedError`` works the
+same in-process and across the network::
+
+    IpuserveError
+    ├── ConfigError                 bad configuration or CLI/environment value
+    ├── ProtocolError               a frame that does not follow docs/protocol.md   BAD_MESSAGE
+    │   └── UnsupportedVersionError  another protocol version                      UNSUPPORTED_VERSION
+    ├── RequestError                the request was understood and refused
+    │   ├── UnknownModelError        no worker serves (or served) that model        UNKNOWN_MODEL
+    │   ├── InvalidInputError        tensor name / dtype / shape / byte count        INVALID_INPUT
+    │   ├── PayloadTooLargeError     over the configured size limit                  PAYLOAD_TOO_LARGE
+    │   ├── OverloadedError          the model's queue is full                       OVERLOADED
+    │   └── DeadlineExceeded         the deadline passed before a result existed    DEADLINE_EXCEEDED
+    ├── ServingError                the system failed to produce a result
+    │   ├── WorkerFailedError        workers died holding the request too often      WORKER_FAILED
+    │   ├── InferenceError           the model raised while running                 INFERENCE_FAILED
+    │   └── UnavailableError         broker unreachable / shutting down              UNAVAILABLE
+    ├── ModelFileError              a model (PopEF) file is unreadable or corrupt
+    │   └── PackageHashError         executable and metadata hashes disagree
+    ├── DeviceError                 a simulated IPU failed or cannot be had
+    │   ├── DeviceUnavailableError   no free device matched in the wait budget
+    │   ├── DeviceRequestError       the request can never be met on this host
+    │   ├── DeviceMemoryError        the model does not fit the device's memory
+    │   └── DeviceFaultError         an (injected) application runtime error
+    └── RuntimeUsageError           Model Runtime API misuse (wrong tensor, closed runner, ...)
+        ├── TensorError              unknown / missing tensor, wrong dtype or shape
+        ├── ReplicaError             replica_id out of range
+        ├── ClosedError              the runner / session / client is closed
+        ├── ConcurrencyError         concurrent calls on a runner that is not thread-safe
+        └── RequestTimeoutError      a wait ran out; says which tensor was awaited
+
+``TensorError`` and ``InvalidInputError`` both describe a bad tensor; the first
+is raised by the in-process runtime, the second is what travels on the wire.
+The worker translates one into the other.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class IpuserveError(Exception):
+    """Root of every ipuserve error."""
+
+    code: ClassVar[str] = "INTERNAL"
+
+
+class ConfigError(IpuserveError):
+    code = "BAD_CONFIG"
+
+
+class ProtocolError(IpuserveError):
+    code = "BAD_MESSAGE"
+
+
+class UnsupportedVersionError(ProtocolError):
+    code = "UNSUPPORTED_VERSION"
+
+
+class RequestError(IpuserveError):
+    code = "BAD_REQUEST"
+
+
+class UnknownModelError(RequestError):
+    code = "UNKNOWN_MODEL"
+
+
+class InvalidInputError(RequestError):
+    code = "INVALID_INPUT"
+
+
+class PayloadTooLargeError(RequestError):
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class OverloadedError(RequestError):
+    code = "OVERLOADED"
+
+
+class DeadlineExceeded(RequestError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class ServingError(IpuserveError):
+    code = "SERVING_FAILED"
+
+
+class WorkerFailedError(ServingError):
+    code = "WORKER_FAILED"
+
+
+class InferenceError(ServingError):
+    code = "INFERENCE_FAILED"
+
+
+class UnavailableError(ServingError):
+    code = "UNAVAILABLE"
+
+
+class ModelFileError(IpuserveError):
+    code = "BAD_MODEL_FILE"
+
+
+class PackageHashError(ModelFileError):
+    code = "PACKAGE_HASH_MISMATCH"
+
+
+class DeviceError(IpuserveError):
+    code = "DEVICE_ERROR"
+
+
+class DeviceUnavailableError(DeviceError):
+    code = "DEVICE_UNAVAILABLE"
+
+
+class DeviceRequestError(DeviceError):
+    code = "DEVICE_REQUEST_IMPOSSIBLE"
+
+
+class DeviceMemoryError(DeviceError):
+    code = "DEVICE_OUT_OF_MEMORY"
+
+
+class DeviceFaultError(DeviceError):
+    code = "DEVICE_FAULT"
+
+
+class RuntimeUsageError(IpuserveError):
+    code = "RUNTIME_USAGE"
+
+
+class TensorError(RuntimeUsageError):
+    code = "INVALID_INPUT"
+
+
+class ReplicaError(RuntimeUsageError):
+    code = "INVALID_REPLICA"
+
+
+class ClosedError(RuntimeUsageError):
+    code = "CLOSED"
+
+
+class ConcurrencyError(RuntimeUsageError):
+    code = "CONCURRENT_USE"
+
+
+class RequestTimeoutError(RuntimeUsageError, TimeoutError):
+    code = "TIMEOUT"
+
+
+def _all_subclasses(cls: type[IpuserveError]) -> list[type[IpuserveError]]:
+    found: list[type[IpuserveError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+#: Wire code -> exception class. Where two classes share a code (TensorError and
+#: InvalidInputError) the wire-facing RequestError subclass wins.
+ERRORS_BY_CODE: dict[str, type[IpuserveError]] = {}
+for _cls in [IpuserveError, *_all_subclasses(IpuserveError)]:
+    if _cls.code not in ERRORS_BY_CODE or issubclass(_cls, RequestError):
+        ERRORS_BY_CODE[_cls.code] = _cls
+
+
+def error_for_code(code: str, message: str) -> IpuserveError:
+    """Rebuild the exception a peer reported; unknown codes become IpuserveError."""
+    cls = ERRORS_BY_CODE.get(code, IpuserveError)
+    return cls(message)

@@ -1,0 +1,31 @@
+"""Logging setup shared by every ipuserve process.
+
+Library code only calls ``logging.getLogger(__name__)``; the level is decided
+once, at the edge (CLI or a test), from ``IPUSERVE_LOG_LEVEL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+LOG_LEVEL_ENV = "IPUSERVE_LOG_LEVEL"
+DEFAULT_LEVEL = "WARNING"
+_FORMAT = "%(asctime)s %(levelname)-7s %(processName)s %(name)s: %(message)s"
+
+
+def level_from_env(environ: dict[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(LOG_LEVEL_ENV, DEFAULT_LEVEL).upper()
+
+
+def configure_logging(level: str | None = None) -> None:
+    """Send ipuserve's records to stderr at ``level`` (default: from the environment)."""
+    chosen = (level or level_from_env()).upper()
+    if chosen not in logging.getLevelNamesMapping():
+        raise ValueError(
+            f"unknown log level {chosen!r} (from {LOG_LEVEL_ENV}); "
+            "use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    logging.basicConfig(level=chosen, format=_FORMAT)
+    logging.getLogger("ipuserve").setLevel(chosen)

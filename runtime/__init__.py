@@ -1,0 +1,1 @@
+"""ipuserve.runtime: a Python re-implementation of Graphcore Model Runtime on simulated IPUs."""

@@ -1,0 +1,1 @@
+"""PopEF stand-in: the model file format of the simulated runtime."""

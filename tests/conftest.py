@@ -1,0 +1,35 @@
+"""Fixtures shared by every test package.
+
+Each test gets its own simulated-IPU "host" (a private lock directory and
+inventory), so tests never contend with each other or with a developer's
+running workers. Process fixtures live in tests/helpers.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def isolated_ipu_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Give the test a private simulated-IPU inventory: 4 Mk2 IPUs, fast simulated time."""
+    lock_dir = tmp_path_factory.mktemp("ipu-locks")
+    saved = {k: os.environ.get(k) for k in _SIM_ENV}
+    os.environ["IPUSERVE_SIM_LOCK_DIR"] = str(lock_dir)
+    os.environ.setdefault("IPUSERVE_SIM_IPUS", "4")
+    os.environ["IPUSERVE_SIM_TIME_SCALE"] = os.environ.get("IPUSERVE_TEST_TIME_SCALE", "0")
+    try:
+        yield lock_dir
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_SIM_ENV = ("IPUSERVE_SIM_LOCK_DIR", "IPUSERVE_SIM_IPUS", "IPUSERVE_SIM_TIME_SCALE")
