@@ -1,0 +1,1 @@
+"""ModelRunner: the high-level API of the Model Runtime."""
