@@ -1,0 +1,234 @@
+"""Load generators: closed loop (N in flight) and open loop (a fixed arrival rate).
+
+Both drive a :data:`Submit` — "start one request and call me back when it is done"
+— so the same generators measure the ipuserve client and anything else.
+
+*Closed loop* keeps ``in_flight`` requests outstanding: each completion starts
+the next request from inside the completion callback. With the ipuserve client
+that callback runs on the client's I/O thread, whose ``infer_async`` sends
+directly, so the chain costs no thread hop.
+
+*Open loop* issues requests at scheduled times (Poisson or evenly spaced)
+regardless of completions, from its own thread, and measures latency from the
+*scheduled* time, so a late generator cannot hide queueing (no coordinated
+omission). ``max_in_flight`` bounds memory when the target cannot keep up;
+arrivals over it are counted as skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from ipuserve.client.stats import Recording, Sample, Timing
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a target reports for one finished request."""
+
+    error: str | None = None
+    timing: Timing | None = None
+    samples: int = 1
+    nbytes: int = 0
+
+
+OnDone = Callable[[Outcome], None]
+Submit = Callable[[OnDone], None]
+Progress = Callable[[Recording, int], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadConfig:
+    """How long and how hard to push. Stops at ``duration_s`` or ``requests``, first reached."""
+
+    warmup_s: float = 1.0
+    duration_s: float | None = 10.0
+    requests: int | None = None
+    in_flight: int = 1
+    rate: float | None = None  # requests/s: open loop when set
+    poisson: bool = True
+    max_in_flight: int = 10_000
+    seed: int = 0
+
+    @property
+    def mode(self) -> str:
+        return "closed" if self.rate is None else "open"
+
+
+class _Window:
+    """Warm-up, then the measurement window; shared by both generators."""
+
+    def __init__(self, config: LoadConfig, recording: Recording) -> None:
+        self.config = config
+        self.recording = recording
+        self.begin_ns = time.perf_counter_ns()
+        self.recording.start_ns = self.begin_ns + int(config.warmup_s * 1e9)
+        self.recording.stop_ns = 2**62
+        self._measured = 0
+        self._lock = threading.Lock()
+        self.finished = threading.Event()
+
+    def record(self, sample: Sample) -> None:
+        self.recording.add(sample)
+        if sample.done_ns < self.recording.start_ns:
+            return
+        with self._lock:
+            self._measured += 1
+            if self._stop_due(sample.done_ns):
+                self.recording.stop_ns = min(self.recording.stop_ns, sample.done_ns)
+
+    def _stop_due(self, now_ns: int) -> bool:
+        limit = self.config.requests
+        if limit is not None and self._measured >= limit:
+            return True
+        return self.time_up(now_ns)
+
+    def time_up(self, now_ns: int) -> bool:
+        if self.config.duration_s is None:
+            return False
+        return now_ns >= self.recording.start_ns + int(self.config.duration_s * 1e9)
+
+    @property
+    def stopped(self) -> bool:
+        return self.recording.stop_ns < 2**62
+
+    def close_by_time(self) -> None:
+        """Used when the stop is decided by the clock rather than by a completion."""
+        with self._lock:
+            now = time.perf_counter_ns()
+            if not self.stopped and self.time_up(now):
+                self.recording.stop_ns = now
+
+
+def _sample(outcome: Outcome, start_ns: int) -> Sample:
+    now = time.perf_counter_ns()
+    return Sample(
+        now, now - start_ns, outcome.error, outcome.timing, outcome.samples, outcome.nbytes
+    )
+
+
+class ClosedLoop:
+    """``in_flight`` requests outstanding until the window closes, then drain."""
+
+    def __init__(self, submit: Submit, config: LoadConfig, recording: Recording) -> None:
+        self._submit = submit
+        self._window = _Window(config, recording)
+        self._outstanding = 0
+        self._lock = threading.Lock()
+        self._failure: BaseException | None = None
+
+    def run(self, progress: Progress | None = None) -> Recording:
+        for _ in range(self._window.config.in_flight):
+            self._launch()
+        _wait(self._window, progress, lambda: self._outstanding)
+        if self._failure is not None:
+            raise self._failure
+        return self._window.recording
+
+    def _launch(self) -> None:
+        with self._lock:
+            self._outstanding += 1
+        start = time.perf_counter_ns()
+        try:
+            self._submit(lambda outcome: self._done(outcome, start))
+        except BaseException as exc:  # the target refused (closed): stop, report at run()
+            self._failure = exc
+            self._retire()
+
+    def _done(self, outcome: Outcome, start_ns: int) -> None:
+        self._window.record(_sample(outcome, start_ns))
+        if not self._window.stopped and self._failure is None:
+            self._window.close_by_time()
+        if self._window.stopped or self._failure is not None:
+            self._retire()
+            return
+        with self._lock:
+            self._outstanding -= 1
+        self._launch()
+
+    def _retire(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._window.finished.set()
+
+
+class OpenLoop:
+    """Requests at scheduled arrival times from a generator thread, completions aside."""
+
+    def __init__(self, submit: Submit, config: LoadConfig, recording: Recording) -> None:
+        assert config.rate is not None and config.rate > 0, "open loop needs a rate"
+        self._submit = submit
+        self._window = _Window(config, recording)
+        self._outstanding = 0
+        self._lock = threading.Lock()
+        self._issuing = True
+
+    def run(self, progress: Progress | None = None) -> Recording:
+        issuer = threading.Thread(target=self._issue, name="ipuserve-openloop", daemon=True)
+        issuer.start()
+        _wait(self._window, progress, lambda: self._outstanding)
+        issuer.join()
+        return self._window.recording
+
+    def _gaps(self) -> Callable[[], float]:
+        cfg = self._window.config
+        mean = 1.0 / float(cfg.rate or 1.0)
+        if not cfg.poisson:
+            return lambda: mean
+        rng = np.random.default_rng(cfg.seed)
+        return lambda: float(rng.exponential(mean))
+
+    def _issue(self) -> None:
+        gap = self._gaps()
+        due = time.perf_counter_ns()
+        while not self._window.stopped:
+            now = time.perf_counter_ns()
+            if now < due:
+                time.sleep((due - now) / 1e9)
+            self._window.close_by_time()
+            if self._window.stopped:
+                break
+            self._issue_one(due)
+            due += int(gap() * 1e9)
+        with self._lock:
+            self._issuing = False
+            if self._outstanding == 0:
+                self._window.finished.set()
+
+    def _issue_one(self, scheduled_ns: int) -> None:
+        with self._lock:
+            if self._outstanding >= self._window.config.max_in_flight:
+                if scheduled_ns >= self._window.recording.start_ns:
+                    self._window.recording.skipped += 1
+                return
+            self._outstanding += 1
+        self._submit(lambda outcome: self._done(outcome, scheduled_ns))
+
+    def _done(self, outcome: Outcome, scheduled_ns: int) -> None:
+        self._window.record(_sample(outcome, scheduled_ns))
+        with self._lock:
+            self._outstanding -= 1
+            if self._outstanding == 0 and not self._issuing:
+                self._window.finished.set()
+
+
+def _wait(window: _Window, progress: Progress | None, outstanding: Callable[[], int]) -> None:
+    """Block until the generator drained, reporting progress about four times a second."""
+    while not window.finished.wait(0.25):
+        window.close_by_time()
+        if progress is not None:
+            progress(window.recording, outstanding())
+    if progress is not None:
+        progress(window.recording, 0)
+
+
+def run_load(submit: Submit, config: LoadConfig, progress: Progress | None = None) -> Recording:
+    """Run the generator ``config`` asks for and return what it recorded."""
+    recording = Recording()
+    gen = ClosedLoop if config.rate is None else OpenLoop
+    return gen(submit, config, recording).run(progress)

@@ -1,0 +1,84 @@
+"""Turn bench results into text: the progress line, one run's table, the suite's table.
+
+Pure formatting: everything here takes the JSON-ready dicts that
+:mod:`ipuserve.client.stats` and :mod:`ipuserve.client.suite` build, so the
+table and ``--json`` always show the same numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from ipuserve.client.stats import SPLIT_PARTS, Recording
+
+
+class ProgressLine:
+    """A one-line, self-overwriting progress report on stderr (only on a terminal)."""
+
+    def __init__(self, stream: TextIO | None = None, *, force: bool = False) -> None:
+        self._stream = stream or sys.stderr
+        self._enabled = force or self._stream.isatty()
+        self._started = time.perf_counter_ns()
+
+    def __call__(self, recording: Recording, outstanding: int) -> None:
+        if not self._enabled:
+            return
+        done = len(recording.samples)
+        errors = sum(1 for s in recording.samples if s.error is not None)
+        elapsed = (time.perf_counter_ns() - self._started) / 1e9
+        phase = "warm-up" if time.perf_counter_ns() < recording.start_ns else "measuring"
+        self._stream.write(
+            f"\r{phase:9} {elapsed:6.1f}s  done {done:8d}  errors {errors:5d}  "
+            f"in flight {outstanding:5d}  ~{done / max(elapsed, 1e-9):8.0f} req/s"
+        )
+        self._stream.flush()
+
+    def finish(self) -> None:
+        if self._enabled:
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+def run_table(summary: dict[str, Any]) -> str:
+    """A human-readable block for one bench run (the ``summarize`` dict plus its config)."""
+    tp, lat, split = summary["throughput"], summary["latency_us"], summary["split_us"]
+    lines = [
+        f"mode        {summary.get('mode', '?')}  {_load(summary)}",
+        f"requests    {summary['requests']} ok {summary['ok']}  errors {_errors(summary)}"
+        f"  skipped {summary['skipped']}  in {summary['duration_s']} s",
+        f"throughput  {tp['req_per_s']:.1f} req/s  {tp['samples_per_s']:.1f} samples/s  "
+        f"{tp['mb_per_s']:.2f} MB/s",
+        "latency us  " + "  ".join(f"{k} {v:.0f}" for k, v in lat.items()),
+        "split us    " + "  ".join(f"{k} {split[k]:.0f}" for k in (*SPLIT_PARTS, "total")),
+    ]
+    return "\n".join(lines)
+
+
+def _load(summary: dict[str, Any]) -> str:
+    if summary.get("mode") == "open":
+        return f"rate {summary.get('rate')} req/s"
+    return f"in flight {summary.get('in_flight')}"
+
+
+def _errors(summary: dict[str, Any]) -> str:
+    errors: dict[str, int] = summary["errors"]
+    if not errors:
+        return "0"
+    return ", ".join(f"{code} {n}" for code, n in errors.items())
+
+
+def suite_table(results: dict[str, Any]) -> str:
+    """The fabric suite: one row per comparison, medians and same-run ratios."""
+    header = f"{'comparison':34} {'ipuserve':>12} {'baseline':>12} {'ratio':>8} {'target':>9}  ok"
+    lines = [header, "-" * len(header)]
+    for row in results["comparisons"]:
+        lines.append(
+            f"{row['name'] + ' (' + row['unit'] + ')':34} {row['ipuserve']:12.1f} "
+            f"{row['baseline']:12.1f} {row['ratio']:8.2f} {row['target']:>9}  "
+            f"{'yes' if row['met'] else 'NO'}"
+        )
+    lines.append("")
+    lines.append(f"medians of {results['runs']} runs; ratio = median of the same-run ratios")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""What a load run recorded, and the summary the bench prints.
+
+The load generators append one :class:`Sample` per finished request (from the
+client's I/O thread; ``list.append`` is atomic, so no lock is needed). The
+summary keeps only samples that finished inside the measurement window, so
+warm-up and the drain after the stop are left out of every figure.
+
+The latency split follows Triton's perf_analyzer: the workers report how long a
+request waited in the broker's queue, in the worker before the device, and on
+the device; what is left of the client-measured total is the wire (sockets,
+framing, both hops and the client itself).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p50", 50.0),
+    ("p90", 90.0),
+    ("p99", 99.0),
+    ("p99.9", 99.9),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Where one request's time went, in microseconds, as the fabric reported it.
+
+    ``worker_us`` is the whole stay in the worker (queue and device included);
+    ``total_us`` is measured by the client from hand-over to result.
+    """
+
+    total_us: float
+    broker_queue_us: float = 0.0
+    worker_queue_us: float = 0.0
+    device_us: float = 0.0
+    worker_us: float = 0.0
+
+    @property
+    def worker_other_us(self) -> float:
+        """Worker time that was neither queueing nor the device (validation, packing, copies)."""
+        return max(self.worker_us - self.worker_queue_us - self.device_us, 0.0)
+
+    @property
+    def wire_us(self) -> float:
+        """What the workers did not account for: sockets, framing, broker work, the client."""
+        return max(self.total_us - self.broker_queue_us - self.worker_us, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One finished request as a load generator saw it."""
+
+    done_ns: int
+    latency_ns: int
+    error: str | None = None
+    timing: Timing | None = None
+    samples: int = 1
+    nbytes: int = 0
+
+
+@dataclass
+class Recording:
+    """Samples of one run plus the measurement window (``perf_counter_ns`` clock)."""
+
+    samples: list[Sample] = field(default_factory=list)
+    start_ns: int = 0
+    stop_ns: int = 0
+    skipped: int = 0
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+    def measured(self) -> list[Sample]:
+        return [s for s in self.samples if self.start_ns <= s.done_ns <= self.stop_ns]
+
+
+def summarize(recording: Recording) -> dict[str, Any]:
+    """The JSON-ready summary of a run: counts, throughput, latency, split."""
+    kept = recording.measured()
+    ok = [s for s in kept if s.error is None]
+    seconds = max((recording.stop_ns - recording.start_ns) / 1e9, 1e-9)
+    errors = Counter(s.error for s in kept if s.error is not None)
+    return {
+        "requests": len(kept),
+        "ok": len(ok),
+        "errors": dict(sorted(errors.items())),
+        "skipped": recording.skipped,
+        "duration_s": round(seconds, 3),
+        "throughput": throughput(ok, seconds),
+        "latency_us": latency_us([s.latency_ns for s in ok]),
+        "split_us": split_us([s.timing for s in ok if s.timing is not None]),
+    }
+
+
+def throughput(ok: list[Sample], seconds: float) -> dict[str, float]:
+    return {
+        "req_per_s": round(len(ok) / seconds, 1),
+        "samples_per_s": round(sum(s.samples for s in ok) / seconds, 1),
+        "mb_per_s": round(sum(s.nbytes for s in ok) / seconds / 1e6, 2),
+    }
+
+
+def latency_us(latencies_ns: list[int] | np.ndarray) -> dict[str, float]:
+    """Percentiles, mean and max in microseconds (all zero when nothing succeeded)."""
+    values = np.asarray(latencies_ns, dtype=np.float64) / 1e3
+    if values.size == 0:
+        return {name: 0.0 for name in [*dict(PERCENTILES), "mean", "max"]}
+    found = np.percentile(values, [q for _, q in PERCENTILES])
+    out = {name: round(float(v), 1) for (name, _), v in zip(PERCENTILES, found, strict=True)}
+    out["mean"] = round(float(values.mean()), 1)
+    out["max"] = round(float(values.max()), 1)
+    return out
+
+
+SPLIT_PARTS = ("broker_queue", "worker_queue", "device", "worker_other", "wire")
+
+
+def split_us(timings: list[Timing]) -> dict[str, float]:
+    """Mean microseconds per part; the parts add up to ``total`` (means are additive)."""
+    if not timings:
+        return {name: 0.0 for name in [*SPLIT_PARTS, "total"]}
+    columns = {
+        "broker_queue": [t.broker_queue_us for t in timings],
+        "worker_queue": [t.worker_queue_us for t in timings],
+        "device": [t.device_us for t in timings],
+        "worker_other": [t.worker_other_us for t in timings],
+        "wire": [t.wire_us for t in timings],
+    }
+    out = {name: round(float(np.mean(v)), 1) for name, v in columns.items()}
+    out["total"] = round(sum(out.values()), 1)
+    return out

@@ -1,0 +1,51 @@
+"""Wake a thread that sleeps in ``zmq.Poller.poll`` from other threads.
+
+Callers hand work to the client's I/O thread through a deque; the I/O thread
+polls this waker's file descriptor beside its socket. An eventfd where the OS
+has one (Linux), a non-blocking pipe elsewhere. Writers should only call
+:meth:`wake` on the queue's empty -> non-empty transition: one write per burst.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class Waker:
+    """A readable file descriptor that :meth:`wake` makes ready and :meth:`clear` resets."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "eventfd"):
+            fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._read_fd, self._write_fd = fd, fd
+        else:  # pragma: no cover - non-Linux
+            self._read_fd, self._write_fd = os.pipe()
+            os.set_blocking(self._read_fd, False)
+            os.set_blocking(self._write_fd, False)
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def wake(self) -> None:
+        try:
+            os.write(self._write_fd, (1).to_bytes(8, "little"))
+        except (BlockingIOError, OSError):
+            pass  # already signalled (full), or closed during shutdown
+
+    def clear(self) -> None:
+        """Consume pending wake-ups; call *before* draining the hand-off queue."""
+        try:
+            while os.read(self._read_fd, 4096):
+                if self._read_fd == self._write_fd:
+                    break
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self._read_fd)
+        if self._write_fd != self._read_fd:
+            os.close(self._write_fd)
