@@ -1,0 +1,147 @@
+"""An executable loaded on a simulated device: runs programs with real numbers, simulated time.
+
+The engine is the "Poplar engine" of the simulation. It keeps the device-resident
+state tensors (weights, counters) between runs and executes one program at a
+time through the popef interpreter, calling the host's anchor callbacks for the
+stream steps. Time: a run costs the launch plus each step's cost (see
+:mod:`~ipuserve.runtime.simulator.cost`); the engine keeps a simulated deadline
+and sleeps off whatever the numpy work and host waits did not use. The device
+waits for the host like a real IPU does: time spent blocked in an input callback
+pushes the deadline back instead of overlapping with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ipuserve.errors import DeviceMemoryError, TensorError
+from ipuserve.runtime.popef.graph import run_program
+from ipuserve.runtime.popef.types import Anchor, Executable, Step
+from ipuserve.runtime.simulator.cost import CostModel
+
+AnchorCallback = Callable[[np.ndarray], "np.ndarray | None"]
+
+_STREAMS = frozenset({"stream_in", "stream_out"})
+
+
+class SimClock:
+    """The simulated device's notion of "when this run may finish"."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self) -> None:
+        self.deadline = 0.0
+
+    def start(self, launch_seconds: float) -> None:
+        self.deadline = time.perf_counter() + launch_seconds
+
+    def advance(self, seconds: float) -> None:
+        self.deadline += seconds
+
+    def waited_for_host(self) -> None:
+        """The device stalled on the host: nothing it had computed can overlap that wait."""
+        now = time.perf_counter()
+        if now > self.deadline:
+            self.deadline = now
+
+    def sleep_until_deadline(self) -> None:
+        remaining = self.deadline - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+
+class Engine:
+    """One executable loaded on one device, with its device-resident memory."""
+
+    def __init__(
+        self,
+        executable: Executable,
+        anchors: list[Anchor],
+        cost: CostModel,
+        device_memory_bytes: int,
+        device_name: str,
+    ) -> None:
+        needed = executable.memoryBytes()
+        if needed > device_memory_bytes:
+            raise DeviceMemoryError(
+                f"executable {executable.name()!r} needs {needed / 2**20:.1f} MiB of device "
+                f"memory but {device_name} has {device_memory_bytes / 2**20:.1f} MiB"
+            )
+        self.executable = executable
+        self.memory: dict[str, np.ndarray] = {}
+        self._anchors = {a.handle(): a for a in anchors}
+        self._zero_time = executable.zeroTime() or cost.time_scale == 0
+        self._launch = 0.0 if self._zero_time else cost.launch_seconds()
+        self._step_seconds = {} if self._zero_time else _step_costs(executable, cost)
+        self._clock = SimClock()
+
+    def run(self, program_index: int, callbacks: Mapping[str, AnchorCallback]) -> None:
+        """Run one program to completion on the calling (device) thread."""
+        program = self.executable.program(program_index)
+        clock = self._clock
+        clock.start(self._launch)
+        step_seconds = self._step_seconds
+
+        def read_anchor(step: Step) -> np.ndarray:
+            anchor = self._anchors[step.anchor or ""]
+            info = anchor.tensorInfo()
+            offered = np.empty(info.shape(), dtype=info.numpyDType())
+            given = callbacks[anchor.handle()](offered)
+            clock.waited_for_host()
+            clock.advance(step_seconds.get(id(step), 0.0))
+            return offered if given is None else _checked(given, anchor)
+
+        def write_anchor(step: Step, value: np.ndarray) -> None:
+            clock.advance(step_seconds.get(id(step), 0.0))
+            clock.sleep_until_deadline()  # the host sees the data once the transfer ends
+            callbacks[step.anchor or ""](value)
+
+        def on_step(step: Step) -> None:
+            if step.op not in _STREAMS:
+                clock.advance(step_seconds.get(id(step), 0.0))
+
+        run_program(
+            self.executable,
+            program,
+            self.memory,
+            read_anchor,
+            write_anchor,
+            None if self._zero_time else on_step,
+        )
+        clock.sleep_until_deadline()
+
+
+def _checked(given: Any, anchor: Anchor) -> np.ndarray:
+    """A callback handed its own array instead of filling ours: it must be the anchor's."""
+    info = anchor.tensorInfo()
+    if (
+        not isinstance(given, np.ndarray)
+        or given.dtype != info.numpyDType()
+        or list(given.shape) != info.shape()
+    ):
+        shape = getattr(given, "shape", None)
+        dtype = getattr(given, "dtype", type(given).__name__)
+        raise TensorError(
+            f"callback for anchor {anchor.name()!r} returned {dtype} {shape}; "
+            f"expected {info.numpyDType()} {info.shape()} (or None after filling the buffer)"
+        )
+    return given
+
+
+def _step_costs(executable: Executable, cost: CostModel) -> dict[int, float]:
+    """Seconds per step, keyed by identity: computed once per load, looked up per run."""
+    costs: dict[int, float] = {}
+
+    def visit(steps: tuple[Step, ...]) -> None:
+        for step in steps:
+            costs[id(step)] = cost.step_seconds(step)
+            for branch in step.branches:
+                visit(branch)
+
+    for program in executable.programs():
+        visit(program.steps)
+    return costs

@@ -1,0 +1,219 @@
+"""DeviceManager on the simulated host: IDs, sizes, locks across processes, wait strategies."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ipuserve.errors import ConfigError, DeviceRequestError, DeviceUnavailableError
+from ipuserve.runtime.devices import (
+    DeviceConstraints,
+    DeviceManager,
+    DeviceWaitConfig,
+    DeviceWaitStrategy,
+)
+from ipuserve.runtime.simulator.config import SimulatorConfig, parse_ipus
+from ipuserve.runtime.simulator.inventory import device_slots
+
+NO_WAIT = DeviceWaitConfig(DeviceWaitStrategy.NO_WAIT)
+
+
+def manager(lock_dir: Path, ipus: int = 4, version: int = 2) -> DeviceManager:
+    return DeviceManager(SimulatorConfig(num_ipus=ipus, ipu_version=version, lock_dir=lock_dir))
+
+
+def test_device_ids_follow_poplar_numbering() -> None:
+    slots = device_slots(4)
+    assert [(s.device_id, s.ipus) for s in slots] == [
+        (0, (0,)),
+        (1, (1,)),
+        (2, (2,)),
+        (3, (3,)),
+        (4, (0, 1)),
+        (5, (2, 3)),
+        (6, (0, 1, 2, 3)),
+    ]
+    assert [s.num_ipus for s in device_slots(16)].count(16) == 1
+    assert len(device_slots(16)) == 16 + 8 + 4 + 2 + 1
+
+
+def test_environment_describes_the_host() -> None:
+    assert parse_ipus("8:21") == (8, 21)
+    config = SimulatorConfig.from_env({"IPUSERVE_SIM_IPUS": "2", "IPUSERVE_SIM_TIME_SCALE": "0.5"})
+    assert (config.num_ipus, config.ipu_version, config.time_scale) == (2, 2, 0.5)
+    for bad in ("four", "4:7", "-1"):
+        with pytest.raises(ConfigError, match="IPUSERVE_SIM_IPUS"):
+            parse_ipus(bad)
+    with pytest.raises(ConfigError, match="IPUSERVE_SIM_TIME_SCALE"):
+        SimulatorConfig.from_env({"IPUSERVE_SIM_TIME_SCALE": "fast"})
+
+
+def test_hardware_version(isolated_ipu_host: Path) -> None:
+    assert manager(isolated_ipu_host).ipuHardwareVersion() == 2
+    assert manager(isolated_ipu_host, version=21).ipuHardwareVersion() == 21
+    assert manager(isolated_ipu_host, ipus=0).ipuHardwareVersion() == 0
+
+
+def test_devices_are_exclusive_within_a_process(isolated_ipu_host: Path) -> None:
+    dm = manager(isolated_ipu_host)
+    held = [dm.getDevice(1, wait_config=NO_WAIT) for _ in range(4)]
+    assert sorted(d.getId() for d in held) == [0, 1, 2, 3]
+    assert dm.tryGetDevice(1, wait_config=NO_WAIT) is None
+    with pytest.raises(DeviceUnavailableError, match=r"no free a device with 1 IPU"):
+        dm.getDevice(1, wait_config=NO_WAIT)
+    with pytest.raises(DeviceUnavailableError):
+        dm.getSpecificDevice(4, wait_config=NO_WAIT)  # the pair {0,1} overlaps held IPUs
+    held[0].detach()
+    again = dm.getDevice(1, wait_config=NO_WAIT)
+    assert again.getId() == 0
+    for device in [again, *held[1:]]:
+        device.detach()
+    assert dm.getSpecificDevice(6, wait_config=NO_WAIT).ipus() == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("strategy", list(DeviceWaitStrategy))
+def test_impossible_requests_fail_at_once_whatever_the_strategy(
+    isolated_ipu_host: Path, strategy: DeviceWaitStrategy
+) -> None:
+    dm = manager(isolated_ipu_host)
+    wait = DeviceWaitConfig(strategy, timeout=timedelta(hours=1), sleepTime=timedelta(seconds=1))
+    with pytest.raises(DeviceRequestError, match=r"3 IPU\(s\) can never be attached.*1, 2, 4"):
+        dm.getDevice(3, wait_config=wait)
+    with pytest.raises(DeviceRequestError, match="8 IPU"):
+        dm.tryGetDevice(8, wait_config=wait)
+    with pytest.raises(DeviceRequestError, match="no device 7"):
+        dm.getSpecificDevice(7, wait_config=wait)
+
+
+def test_remote_buffer_constraint(isolated_ipu_host: Path) -> None:
+    with pytest.raises(DeviceRequestError, match="remote buffers"):
+        manager(isolated_ipu_host, version=1).getDevice(
+            1, constrains=DeviceConstraints(requiresRemoteBuffersSupport=True)
+        )
+    device = manager(isolated_ipu_host).getDevice(1, constrains=DeviceConstraints(True))
+    device.detach()
+
+
+def test_ipu_model_devices_need_no_lock(isolated_ipu_host: Path) -> None:
+    dm = manager(isolated_ipu_host)
+    everything = dm.getSpecificDevice(6)
+    model = dm.createIpuModelDevice(2, tiles_per_ipu=100)
+    small = dm.createSmallIpuModelDevice(1)
+    assert model.isIpuModel() and model.numIpus() == 2 and model.tilesPerIpu() == 100
+    assert small.memoryBytes() == 4 * 624 * 1024
+    for device in (everything, model, small):
+        device.detach()
+
+
+# -- two processes ----------------------------------------------------------------
+
+_HOLDER = textwrap.dedent("""
+    import sys
+    from ipuserve.runtime.devices import DeviceManager
+    device = DeviceManager().getSpecificDevice(int(sys.argv[1]))
+    print("held", device.getId(), flush=True)
+    sys.stdin.readline()
+    device.detach()
+    print("released", flush=True)
+""")
+
+
+@pytest.fixture
+def holder(isolated_ipu_host: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding device 0 (IPU 0) until told to let go."""
+    env = {**os.environ, "IPUSERVE_SIM_LOCK_DIR": str(isolated_ipu_host)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().split() == ["held", "0"]
+    with proc:  # closes the pipes
+        yield proc
+        proc.kill()
+
+
+def _release(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "released"
+
+
+def test_no_wait_fails_while_another_process_holds_the_ipu(
+    isolated_ipu_host: Path, holder: subprocess.Popen[str]
+) -> None:
+    dm = manager(isolated_ipu_host)
+    with pytest.raises(DeviceUnavailableError, match=r"without waiting \(NO_WAIT\).*\[0\]"):
+        dm.getSpecificDevice(0, wait_config=NO_WAIT)
+    assert dm.tryGetSpecificDevice(4, wait_config=NO_WAIT) is None
+    other = dm.getDevice(1, wait_config=NO_WAIT)  # IPU 1 is free
+    assert other.getId() == 1
+    other.detach()
+
+
+def test_wait_with_timeout_gives_up(isolated_ipu_host: Path, holder: subprocess.Popen[str]) -> None:
+    dm = manager(isolated_ipu_host)
+    wait = DeviceWaitConfig(DeviceWaitStrategy.WAIT_WITH_TIMEOUT, timeout=0.2, sleepTime=0.05)
+    with pytest.raises(DeviceUnavailableError, match=r"after waiting 0.2 s \(WAIT_WITH_TIMEOUT\)"):
+        dm.getSpecificDevice(0, wait_config=wait)
+
+
+class _Waiting(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("waiting for a free device"):
+            self.started.set()
+
+
+@pytest.mark.parametrize(
+    "strategy", [DeviceWaitStrategy.WAIT_WITH_TIMEOUT, DeviceWaitStrategy.WAIT_FOREVER]
+)
+def test_waiting_strategies_get_the_ipu_once_released(
+    isolated_ipu_host: Path, holder: subprocess.Popen[str], strategy: DeviceWaitStrategy
+) -> None:
+    dm = manager(isolated_ipu_host)
+    waiting = _Waiting()
+    logger = logging.getLogger("ipuserve.runtime.devices")
+    logger.addHandler(waiting)
+    logger.setLevel(logging.INFO)
+    got: list[object] = []
+    wait = DeviceWaitConfig(strategy, timeout=60, sleepTime=0.02)
+    thread = threading.Thread(target=lambda: got.append(dm.getSpecificDevice(0, wait_config=wait)))
+    try:
+        thread.start()
+        assert waiting.started.wait(30), "the manager never started waiting"
+        _release(holder)
+        thread.join(30)
+    finally:
+        logger.removeHandler(waiting)
+    assert len(got) == 1 and got[0].getId() == 0  # type: ignore[attr-defined]
+    got[0].detach()  # type: ignore[attr-defined]
+
+
+def test_a_killed_holder_releases_its_ipus(
+    isolated_ipu_host: Path, holder: subprocess.Popen[str]
+) -> None:
+    dm = manager(isolated_ipu_host)
+    assert dm.tryGetSpecificDevice(0, wait_config=NO_WAIT) is None
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    device = dm.getSpecificDevice(0, wait_config=NO_WAIT)
+    assert device.getId() == 0
+    device.detach()
