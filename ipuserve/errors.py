@@ -8,13 +8,13 @@ same in-process and across the network::
     IpuserveError
     ├── ConfigError                 bad configuration or CLI/environment value
     ├── ProtocolError               a frame that does not follow docs/protocol.md   BAD_MESSAGE
-    │   └── UnsupportedVersionError  another protocol version                      UNSUPPORTED_VERSION
+  │  └── UnsupportedVersionError  another protocol version  UNSUPPORTED_VERSION
     ├── RequestError                the request was understood and refused
     │   ├── UnknownModelError        no worker serves (or served) that model        UNKNOWN_MODEL
     │   ├── InvalidInputError        tensor name / dtype / shape / byte count        INVALID_INPUT
-    │   ├── PayloadTooLargeError     over the configured size limit                  PAYLOAD_TOO_LARGE
+  │  ├── PayloadTooLargeError  over the configured size limit  PAYLOAD_TOO_LARGE
     │   ├── OverloadedError          the model's queue is full                       OVERLOADED
-    │   └── DeadlineExceeded         the deadline passed before a result existed    DEADLINE_EXCEEDED
+  │  └── DeadlineExceeded  the deadline passed before a result existed  DEADLINE_EXCEEDED
     ├── ServingError                the system failed to produce a result
     │   ├── WorkerFailedError        workers died holding the request too often      WORKER_FAILED
     │   ├── InferenceError           the model raised while running                 INFERENCE_FAILED

@@ -145,7 +145,8 @@ class Device:
     def name(self) -> str:
         if self.isIpuModel():
             return f"IPU Model ({self.numIpus()} x {self._spec.name}, {self.tilesPerIpu()} tiles)"
-        return f"device {self.getId()} ({self.numIpus()} x IPU {self._spec.name}, IPUs {list(self.ipus())})"
+        ipus = list(self.ipus())
+        return f"device {self.getId()} ({self.numIpus()} x IPU {self._spec.name}, IPUs {ipus})"
 
     def injectFault(self, runs: int = 1) -> None:
         """Make the next ``runs`` program runs fail with an application runtime error."""
