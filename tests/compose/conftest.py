@@ -1,0 +1,83 @@
+"""Fixtures for the compose end-to-end tests: a Docker engine, the image, a running stack.
+
+Without a reachable Docker engine these tests are skipped, with the reason, unless
+``IPUSERVE_COMPOSE_REQUIRED=1`` (as .ci/run sets), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.compose.harness import (
+    DEFAULT_IMAGE,
+    IMAGE_ENV,
+    PROJECT_ENV,
+    REQUIRED_ENV,
+    ComposeProject,
+    EngineUnavailable,
+    compose_command,
+    engine_version,
+    ensure_image,
+    env_flag,
+    free_port,
+)
+
+WORKERS = 2
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> str:
+    """The version of the reachable Docker engine; skips (or fails, in CI) without one."""
+    try:
+        return engine_version()
+    except EngineUnavailable as exc:
+        reason = (
+            f"no Docker engine reachable ({exc}); start dockerd or set DOCKER_HOST to run "
+            f"the compose tests (.ci/run does, with {REQUIRED_ENV}=1)"
+        )
+        if env_flag(REQUIRED_ENV):
+            pytest.fail(f"{REQUIRED_ENV}=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def ipuserve_image(docker_engine: str) -> str:
+    return ensure_image(os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
+
+
+@pytest.fixture(scope="module")
+def stack(docker_engine: str, ipuserve_image: str) -> Iterator[ComposeProject]:
+    """compose.yaml brought up with one broker and two workers; torn down whatever happens."""
+    name = os.environ.get(PROJECT_ENV) or f"ipuserve-test-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    project = ComposeProject(
+        name=name,
+        command=compose_command(),
+        settings={
+            IMAGE_ENV: ipuserve_image,
+            "IPUSERVE_FRONTEND_PORT": f"127.0.0.1:{port}",
+            "IPUSERVE_MODEL": "mlp",
+        },
+    )
+    try:
+        project.up(workers=WORKERS)
+        project.wait_healthy(expected=1 + WORKERS)
+        yield project
+    finally:
+        print(f"--- compose project {name}: {project.health()}")
+        print(project.logs(tail=40))
+        try:
+            project.down()
+        finally:
+            leftover = project.remove_leftovers()
+        assert not leftover, f"`down` left containers behind: {leftover}"
+
+
+@pytest.fixture(scope="module")
+def frontend(stack: ComposeProject) -> str:
+    """The broker's frontend address as seen from the host."""
+    return f"tcp://{stack.settings['IPUSERVE_FRONTEND_PORT']}"
