@@ -1,0 +1,933 @@
+"""The ipuserve wire protocol: every message, and the only code that packs or parses frames.
+
+Every message is one ZeroMQ multipart message (a ROUTER adds the peer's routing
+identity in front; strip it before :func:`decode`)::
+
+    frame 0   tag        b"IPUS" + one version byte (PROTOCOL_VERSION)
+    frame 1   command    one byte, a :class:`Command`
+    frame 2   id         0..64 bytes: the client's request id, or the broker's job id
+    frame 3   header     a UTF-8 JSON object, at most Limits.max_header_bytes;
+                         its exact fields depend on the command (docs/protocol.md)
+    frame 4.. tensors    one raw frame per entry of header["tensors"], in order,
+                         C-ordered little-endian, exactly prod(shape) * itemsize bytes
+
+:func:`decode` validates all of it before anything uses it and raises
+:class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
+or :class:`PayloadTooLargeError` with a message that says what is wrong. Tensors are
+kept as the received frames (forwarded by reference) and read as read-only
+``np.frombuffer`` views; ``encode`` returns arrays as frames without copying them
+(non-contiguous or big-endian arrays are made contiguous once). Send with
+``send_multipart(frames, copy=False)``: pyzmq copies only frames below its copy
+threshold.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+import numpy as np
+import zmq
+
+from ipuserve.errors import (
+    InvalidInputError,
+    IpuserveError,
+    PayloadTooLargeError,
+    ProtocolError,
+    UnsupportedVersionError,
+    error_for_code,
+)
+
+PROTOCOL_TAG = b"IPUS"
+PROTOCOL_VERSION = 1
+TAG_FRAME = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
+MAX_ID_BYTES = 64
+MAX_NAME_CHARS = 256
+MAX_TIMING_KEYS = 32
+HEADER_FRAMES = 4
+
+#: dtype name -> wire dtype (little-endian); the allow-list.
+DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+}
+
+#: Anything pyzmq can send: bytes, a received zmq.Frame, a numpy array, a memoryview.
+Frame: TypeAlias = "bytes | zmq.Frame | np.ndarray[Any, Any] | memoryview"
+
+
+class Command(enum.IntEnum):
+    REQUEST = 0x01  # client -> broker
+    REPLY = 0x02  # broker -> client
+    ERROR = 0x03  # broker -> client
+    MODELS = 0x04  # client -> broker
+    MODELS_REPLY = 0x05  # broker -> client
+    PING = 0x06  # client -> broker
+    PONG = 0x07  # broker -> client
+    HELLO = 0x10  # worker -> broker
+    WELCOME = 0x11  # broker -> worker
+    JOB = 0x12  # broker -> worker
+    RESULT = 0x13  # worker -> broker
+    FAIL = 0x14  # worker -> broker
+    HEARTBEAT = 0x15  # both ways
+    RECONNECT = 0x16  # broker -> worker
+    BYE = 0x17  # worker -> broker
+
+
+_CMD_FRAMES = {c: bytes([c]) for c in Command}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What :func:`decode` accepts; the broker and worker make the payload limit configurable."""
+
+    max_payload_bytes: int = 64 << 20
+    max_header_bytes: int = 256 << 10
+    max_tensors: int = 64
+    max_rank: int = 8
+    max_elements: int = 1 << 36
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# ---------------------------------------------------------------- tensors and models
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A tensor's name, dtype name (from :data:`DTYPES`) and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What a worker serves: input/output specs at the compiled batch, and how it batches.
+
+    With ``batching_dim`` set, a request may have any size >= 1 along that dimension
+    (the same for every input); every other dimension must match. Without it, a
+    request's shapes must match exactly.
+    """
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batch_size: int = 1
+    batching_dim: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "batch_size": self.batch_size,
+            "batching_dim": self.batching_dim,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Tensors:
+    """Named tensors on the wire: specs plus one frame each (arrays, or received frames)."""
+
+    specs: tuple[TensorSpec, ...] = ()
+    frames: tuple[Frame, ...] = ()
+
+    @classmethod
+    def of(cls, arrays: Mapping[str, Any]) -> Tensors:
+        """Wrap arrays without copying (a non-contiguous or big-endian one is copied once)."""
+        specs, frames = [], []
+        for name, value in arrays.items():
+            array = _wire_array(name, value)
+            specs.append(TensorSpec(name, array.dtype.name, tuple(array.shape)))
+            frames.append(array)
+        return cls(tuple(specs), tuple(frames))
+
+    def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
+        """Read-only views of the frames, keyed by name."""
+        return {
+            spec.name: _view(spec, frame)
+            for spec, frame in zip(self.specs, self.frames, strict=True)
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return sum(spec.nbytes for spec in self.specs)
+
+    def header(self) -> list[dict[str, Any]]:
+        return [spec.to_json() for spec in self.specs]
+
+
+def _wire_array(name: str, value: Any) -> np.ndarray[Any, Any]:
+    array = np.asarray(value)
+    wire = DTYPES.get(array.dtype.name)
+    if wire is None:
+        raise InvalidInputError(
+            f"tensor {name!r} has dtype {array.dtype}; allowed: {', '.join(DTYPES)}"
+        )
+    if array.flags.c_contiguous and array.dtype.byteorder != ">":
+        return array
+    return np.ascontiguousarray(array, dtype=wire)
+
+
+def _view(spec: TensorSpec, frame: Frame) -> np.ndarray[Any, Any]:
+    if isinstance(frame, np.ndarray):
+        return frame
+    buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
+    array = np.frombuffer(buffer, dtype=DTYPES[spec.dtype]).reshape(spec.shape)
+    array.flags.writeable = False
+    return array
+
+
+def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+    """Raise InvalidInputError unless ``given`` matches the model's input specs."""
+    expected = {spec.name: spec for spec in model.inputs}
+    names = [spec.name for spec in given]
+    missing = [name for name in expected if name not in names]
+    if missing:
+        raise InvalidInputError(
+            f"model {model.name!r} needs inputs {', '.join(expected)}; "
+            f"missing: {', '.join(missing)}"
+        )
+    batches: dict[str, int] = {}
+    for spec in given:
+        want = expected.get(spec.name)
+        if want is None:
+            raise InvalidInputError(
+                f"model {model.name!r} has no input {spec.name!r} (inputs: {', '.join(expected)})"
+            )
+        _check_input(model, want, spec)
+        if model.batching_dim is not None:
+            batches[spec.name] = spec.shape[model.batching_dim]
+    if len(set(batches.values())) > 1:
+        raise InvalidInputError(
+            f"inputs of model {model.name!r} disagree on the batch size "
+            f"along dimension {model.batching_dim}: {batches}"
+        )
+
+
+def _check_input(model: ModelSpec, want: TensorSpec, got: TensorSpec) -> None:
+    where = f"input {got.name!r} of model {model.name!r}"
+    if got.dtype != want.dtype:
+        raise InvalidInputError(f"{where} must be {want.dtype}, got {got.dtype}")
+    dim = model.batching_dim
+    free = dim is not None and len(got.shape) == len(want.shape) and got.shape[dim] >= 1
+    fixed = [i for i in range(len(want.shape)) if not (free and i == dim)]
+    if len(got.shape) != len(want.shape) or any(got.shape[i] != want.shape[i] for i in fixed):
+        rule = "" if dim is None else f" (dimension {dim} may be any size >= 1)"
+        raise InvalidInputError(f"{where} must have shape {want.shape}{rule}, got {got.shape}")
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    COMMAND: ClassVar[Command] = Command.REQUEST
+    request_id: bytes
+    model: str
+    tensors: Tensors
+    timeout_ms: float | None = None
+
+    def encode(self) -> list[Frame]:
+        header: dict[str, Any] = {"model": self.model, "tensors": self.tensors.header()}
+        if self.timeout_ms is not None:
+            header["timeout_ms"] = self.timeout_ms
+        return _frames(self.COMMAND, self.request_id, header, self.tensors.frames)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    COMMAND: ClassVar[Command] = Command.REPLY
+    request_id: bytes
+    tensors: Tensors
+    timing: Mapping[str, float]
+
+    def encode(self) -> list[Frame]:
+        header = {"tensors": self.tensors.header(), "timing": dict(self.timing)}
+        return _frames(self.COMMAND, self.request_id, header, self.tensors.frames)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """An error for one request (or one job): a wire code from ipuserve.errors and a message."""
+
+    COMMAND: ClassVar[Command] = Command.ERROR
+    request_id: bytes
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, request_id: bytes, error: IpuserveError) -> ErrorReply:
+        return cls(request_id, error.code, str(error))
+
+    def exception(self) -> IpuserveError:
+        return error_for_code(self.code, self.message)
+
+    def encode(self) -> list[Frame]:
+        header = {"code": self.code, "message": self.message}
+        return _frames(self.COMMAND, self.request_id, header)
+
+
+@dataclass(frozen=True, slots=True)
+class ListModels:
+    COMMAND: ClassVar[Command] = Command.MODELS
+    request_id: bytes = b""
+
+    def encode(self) -> list[Frame]:
+        return _frames(self.COMMAND, self.request_id, {})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    worker_id: str
+    credit: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    spec: ModelSpec
+    queued: int
+    workers: tuple[WorkerLoad, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        workers = [
+            {"worker_id": w.worker_id, "credit": w.credit, "in_flight": w.in_flight}
+            for w in self.workers
+        ]
+        return {"spec": self.spec.to_json(), "queued": self.queued, "workers": workers}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsReply:
+    COMMAND: ClassVar[Command] = Command.MODELS_REPLY
+    request_id: bytes
+    models: tuple[ModelInfo, ...]
+
+    def encode(self) -> list[Frame]:
+        header = {"models": [m.to_json() for m in self.models]}
+        return _frames(self.COMMAND, self.request_id, header)
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    COMMAND: ClassVar[Command] = Command.PING
+    request_id: bytes = b""
+
+    def encode(self) -> list[Frame]:
+        return _frames(self.COMMAND, self.request_id, {})
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """Carries the broker's epoch: a random id chosen at start, so peers notice restarts."""
+
+    COMMAND: ClassVar[Command] = Command.PONG
+    request_id: bytes
+    epoch: str
+
+    def encode(self) -> list[Frame]:
+        return _frames(self.COMMAND, self.request_id, {"epoch": self.epoch})
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    COMMAND: ClassVar[Command] = Command.HELLO
+    worker_id: str
+    models: tuple[ModelSpec, ...]
+    credit: int
+
+    def encode(self) -> list[Frame]:
+        header = {
+            "worker_id": self.worker_id,
+            "credit": self.credit,
+            "models": [m.to_json() for m in self.models],
+        }
+        return _frames(self.COMMAND, b"", header)
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    COMMAND: ClassVar[Command] = Command.WELCOME
+    epoch: str
+    heartbeat_ms: int
+    liveness_ms: int
+
+    def encode(self) -> list[Frame]:
+        header = {
+            "epoch": self.epoch,
+            "heartbeat_ms": self.heartbeat_ms,
+            "liveness_ms": self.liveness_ms,
+        }
+        return _frames(self.COMMAND, b"", header)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A request forwarded to a worker; ``budget_ms`` is the time left before its deadline."""
+
+    COMMAND: ClassVar[Command] = Command.JOB
+    job_id: bytes
+    model: str
+    tensors: Tensors
+    budget_ms: float | None = None
+
+    def encode(self) -> list[Frame]:
+        header = {
+            "model": self.model,
+            "tensors": self.tensors.header(),
+            "budget_ms": self.budget_ms,
+        }
+        return _frames(self.COMMAND, self.job_id, header, self.tensors.frames)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    COMMAND: ClassVar[Command] = Command.RESULT
+    job_id: bytes
+    tensors: Tensors
+    timing: Mapping[str, float]
+
+    def encode(self) -> list[Frame]:
+        header = {"tensors": self.tensors.header(), "timing": dict(self.timing)}
+        return _frames(self.COMMAND, self.job_id, header, self.tensors.frames)
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    COMMAND: ClassVar[Command] = Command.FAIL
+    job_id: bytes
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
+        return cls(job_id, error.code, str(error))
+
+    def encode(self) -> list[Frame]:
+        return _frames(self.COMMAND, self.job_id, {"code": self.code, "message": self.message})
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Both ways. A worker reports ``in_flight`` and may change its ``credit`` (0 = draining)."""
+
+    COMMAND: ClassVar[Command] = Command.HEARTBEAT
+    in_flight: int | None = None
+    credit: int | None = None
+
+    def encode(self) -> list[Frame]:
+        header = {
+            k: v
+            for k, v in (("in_flight", self.in_flight), ("credit", self.credit))
+            if v is not None
+        }
+        return _frames(self.COMMAND, b"", header)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    COMMAND: ClassVar[Command] = Command.RECONNECT
+
+    def encode(self) -> list[Frame]:
+        return _frames(self.COMMAND, b"", {})
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """A worker leaves; the jobs it still held and will not answer are handed back."""
+
+    COMMAND: ClassVar[Command] = Command.BYE
+    handed_back: tuple[bytes, ...] = ()
+
+    def encode(self) -> list[Frame]:
+        return _frames(self.COMMAND, b"", {"handed_back": [j.hex() for j in self.handed_back]})
+
+
+Message: TypeAlias = (
+    Request
+    | Reply
+    | ErrorReply
+    | ListModels
+    | ModelsReply
+    | Ping
+    | Pong
+    | Hello
+    | Welcome
+    | Job
+    | Result
+    | Fail
+    | Heartbeat
+    | Reconnect
+    | Bye
+)
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _frames(
+    command: Command, ident: bytes, header: dict[str, Any], tensors: tuple[Frame, ...] = ()
+) -> list[Frame]:
+    body = _ENCODER.encode(header).encode("ascii")
+    return [TAG_FRAME, _CMD_FRAMES[command], ident, body, *tensors]
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def error_frames(ident: bytes, error: IpuserveError) -> list[Frame]:
+    """The ERROR message answering ``ident`` with ``error``."""
+    return ErrorReply.of(ident, error).encode()
+
+
+def peek_id(frames: Sequence[Frame]) -> bytes:
+    """The id frame of a message that may be malformed, to address an error reply (or b"")."""
+    if len(frames) > 2 and _nbytes(frames[2]) <= MAX_ID_BYTES:
+        return _small(frames[2])
+    return b""
+
+
+def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Validate and parse one message (without any routing identity)."""
+    command = _check_envelope(frames, limits)
+    kind = _KINDS[command]
+    fields = _header_fields(command, kind, frames[3], limits)
+    tensors = _tensors(fields, frames[HEADER_FRAMES:], command, limits)
+    return kind.build(_small(frames[2]), fields, tensors)
+
+
+#: (command, limits, header bytes) -> validated fields, for the hot commands whose
+#: headers repeat (a client sends the same model, names, dtypes and shapes again and
+#: again). The cached values are immutable (str, float, tuples of frozen specs).
+_FIELDS_CACHE: dict[tuple[Command, Limits, bytes], dict[str, Any]] = {}
+_FIELDS_CACHE_SIZE = 1024
+
+
+def _header_fields(command: Command, kind: _Kind, frame: Frame, limits: Limits) -> dict[str, Any]:
+    size = _nbytes(frame)
+    if size > limits.max_header_bytes:
+        raise ProtocolError(f"the header is {size} bytes; the limit is {limits.max_header_bytes}")
+    raw = _small(frame)
+    key = (command, limits, raw)
+    fields = _FIELDS_CACHE.get(key) if kind.cacheable else None
+    if fields is None:
+        fields = _check_fields(_parse_header(raw), kind.schema, f"{command.name} header", limits)
+        if kind.cacheable:
+            if len(_FIELDS_CACHE) >= _FIELDS_CACHE_SIZE:
+                _FIELDS_CACHE.clear()
+            _FIELDS_CACHE[key] = fields
+    return fields
+
+
+def _small(frame: Frame) -> bytes:
+    if isinstance(frame, bytes):
+        return frame
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def _nbytes(frame: Frame) -> int:
+    return frame.nbytes if isinstance(frame, np.ndarray | memoryview) else len(frame)
+
+
+def _check_envelope(frames: Sequence[Frame], limits: Limits) -> Command:
+    if len(frames) < HEADER_FRAMES:
+        raise ProtocolError(
+            f"a message needs at least {HEADER_FRAMES} frames "
+            f"(tag, command, id, header); got {len(frames)}"
+        )
+    tag = _small(frames[0])
+    if tag[:4] != PROTOCOL_TAG or len(tag) != 5:
+        raise ProtocolError(f"frame 0 must be the protocol tag {TAG_FRAME!r}; got {tag[:16]!r}")
+    if tag[4] != PROTOCOL_VERSION:
+        raise UnsupportedVersionError(
+            f"protocol version {tag[4]} is not supported; this peer speaks {PROTOCOL_VERSION}"
+        )
+    command = _command(_small(frames[1]))
+    if _nbytes(frames[2]) > MAX_ID_BYTES:
+        raise ProtocolError(
+            f"the id frame is {_nbytes(frames[2])} bytes; the limit is {MAX_ID_BYTES}"
+        )
+    extra = len(frames) - HEADER_FRAMES
+    allowed = limits.max_tensors if _KINDS[command].has_tensors else 0
+    if extra > allowed:
+        raise ProtocolError(f"{command.name} carries at most {allowed} tensor frames; got {extra}")
+    return command
+
+
+def _command(frame: bytes) -> Command:
+    if len(frame) != 1:
+        raise ProtocolError(f"the command frame must be 1 byte; got {len(frame)}")
+    try:
+        return Command(frame[0])
+    except ValueError:
+        raise ProtocolError(f"unknown command 0x{frame[0]:02x}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _parse_header(raw: bytes) -> dict[str, Any]:
+    try:
+        header = _DECODER.decode(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"the header is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ProtocolError(f"the header must be a JSON object; got {type(header).__name__}")
+    return header
+
+
+Check: TypeAlias = Callable[[Any, str, Limits], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    check: Check
+    required: bool = True
+
+
+def _check_fields(
+    header: dict[str, Any], schema: Mapping[str, _Field], where: str, limits: Limits
+) -> dict[str, Any]:
+    unknown = [key for key in header if key not in schema]
+    if unknown:
+        raise ProtocolError(
+            f"{where} has unknown field(s) {', '.join(unknown)}; "
+            f"expected {', '.join(schema) or 'none'}"
+        )
+    fields = {}
+    for key, field in schema.items():
+        if key in header:
+            fields[key] = field.check(header[key], f"{where} field {key!r}", limits)
+        elif field.required:
+            raise ProtocolError(f"{where} is missing field {key!r}")
+    return fields
+
+
+def _tensors(
+    fields: dict[str, Any], frames: Sequence[Frame], command: Command, limits: Limits
+) -> Tensors:
+    specs: tuple[TensorSpec, ...] = fields.get("tensors", ())
+    if len(frames) != len(specs):
+        raise ProtocolError(
+            f"{command.name} header lists {len(specs)} tensor(s) but "
+            f"{len(frames)} tensor frame(s) follow"
+        )
+    declared = sum(spec.nbytes for spec in specs)
+    if declared > limits.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"the tensors take {declared} bytes; the limit is {limits.max_payload_bytes}"
+        )
+    for spec, frame in zip(specs, frames, strict=True):
+        if _nbytes(frame) != spec.nbytes:
+            raise InvalidInputError(
+                f"tensor {spec.name!r} ({spec.dtype}{list(spec.shape)}) needs {spec.nbytes} "
+                f"bytes; its frame has {_nbytes(frame)}"
+            )
+    return Tensors(specs, tuple(frames))
+
+
+# ---------------------------------------------------------------- field checks
+
+
+def _kind(value: Any, types: type | tuple[type, ...], what: str, where: str) -> None:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
+        raise ProtocolError(f"{where} must be {what}; got {json.dumps(value)[:80]}")
+
+
+def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _name(value: Any, where: str, _limits: Limits) -> str:
+    _kind(value, str, f"a string of 1..{MAX_NAME_CHARS} characters", where)
+    if not 0 < len(value) <= MAX_NAME_CHARS:
+        raise ProtocolError(f"{where} must have 1..{MAX_NAME_CHARS} characters; got {len(value)}")
+    return str(value)
+
+
+def _text(value: Any, where: str, _limits: Limits) -> str:
+    _kind(value, str, "a string", where)
+    return str(value)
+
+
+def _count(value: Any, where: str, _limits: Limits) -> int:
+    _kind(value, int, "an integer >= 0", where)
+    if value < 0:
+        raise ProtocolError(f"{where} must be >= 0; got {value}")
+    return int(value)
+
+
+def _positive(value: Any, where: str, limits: Limits) -> int:
+    if _count(value, where, limits) < 1:
+        raise ProtocolError(f"{where} must be >= 1; got {value}")
+    return int(value)
+
+
+def _duration(value: Any, where: str, _limits: Limits) -> float:
+    _kind(value, (int, float), "a number of milliseconds > 0", where)
+    if not 0 < value < 1e12:
+        raise ProtocolError(f"{where} must be > 0 and < 1e12 milliseconds; got {value}")
+    return float(value)
+
+
+def _optional(check: Check) -> Check:
+    def checked(value: Any, where: str, limits: Limits) -> Any:
+        return None if value is None else check(value, where, limits)
+
+    return checked
+
+
+def _budget(value: Any, where: str, _limits: Limits) -> float | None:
+    if value is None:
+        return None
+    _kind(value, (int, float), "a number of milliseconds or null", where)
+    if not -1e12 < value < 1e12:
+        raise ProtocolError(f"{where} is out of range: {value}")
+    return float(value)
+
+
+def _code(value: Any, where: str, _limits: Limits) -> str:
+    _kind(value, str, "an error code", where)
+    if not (0 < len(value) <= 64 and value.replace("_", "").isalnum() and value.isupper()):
+        raise ProtocolError(f"{where} must be an UPPER_CASE error code; got {value[:80]!r}")
+    return str(value)
+
+
+def _timing(value: Any, where: str, _limits: Limits) -> dict[str, float]:
+    _kind(value, dict, "an object of numbers", where)
+    if len(value) > MAX_TIMING_KEYS:
+        raise ProtocolError(f"{where} has {len(value)} entries; the limit is {MAX_TIMING_KEYS}")
+    for key, number in value.items():
+        _name(key, f"{where} key", _limits)
+        _kind(number, (int, float), "an object of numbers", f"{where}[{key!r}]")
+    return {key: float(number) for key, number in value.items()}
+
+
+def _list(value: Any, where: str, limit: int) -> list[Any]:
+    _kind(value, list, "a list", where)
+    if len(value) > limit:
+        raise ProtocolError(f"{where} has {len(value)} entries; the limit is {limit}")
+    return value  # type: ignore[no-any-return]
+
+
+def _tensor_specs(value: Any, where: str, limits: Limits) -> tuple[TensorSpec, ...]:
+    items = _list(value, where, limits.max_tensors)
+    specs = tuple(_tensor_spec(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"{where} names a tensor twice: {names}")
+    return specs
+
+
+_SPEC_KEYS = {"name", "dtype", "shape"}
+
+
+def _tensor_spec(item: Any, where: str, limits: Limits) -> TensorSpec:
+    _kind(item, dict, "an object {name, dtype, shape}", where)
+    if item.keys() != _SPEC_KEYS:
+        raise ProtocolError(
+            f"{where} must have exactly the fields name, dtype, shape; got {', '.join(item)}"
+        )
+    name = _name(item["name"], f"{where}.name", limits)
+    dtype = item["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise InvalidInputError(
+            f"tensor {name!r} has dtype {json.dumps(dtype)[:40]}; allowed: {', '.join(DTYPES)}"
+        )
+    return TensorSpec(name, dtype, _shape(item["shape"], name, limits))
+
+
+def _shape(value: Any, name: str, limits: Limits) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > limits.max_rank:
+        raise InvalidInputError(
+            f"tensor {name!r} shape must be a list of at most "
+            f"{limits.max_rank} integers; got {json.dumps(value)[:80]}"
+        )
+    elements = 1
+    for dim in value:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+            raise InvalidInputError(
+                f"tensor {name!r} shape {json.dumps(value)[:80]} must hold integers >= 0"
+            )
+        elements *= min(dim, limits.max_elements + 1)  # bounded: never a huge product
+        if elements > limits.max_elements:
+            raise InvalidInputError(
+                f"tensor {name!r} shape {value} has more than {limits.max_elements} elements"
+            )
+    return tuple(value)
+
+
+def _model_spec(value: Any, where: str, limits: Limits) -> ModelSpec:
+    fields = _check_fields(_as_object(value, where), _MODEL_SCHEMA, where, limits)
+    spec = ModelSpec(
+        fields["name"],
+        fields["inputs"],
+        fields["outputs"],
+        fields["batch_size"],
+        fields["batching_dim"],
+    )
+    dim = spec.batching_dim
+    if dim is not None and any(dim >= len(t.shape) for t in spec.inputs + spec.outputs):
+        raise ProtocolError(f"{where}: batching_dim {dim} exceeds the rank of a tensor")
+    return spec
+
+
+def _as_object(value: Any, where: str) -> dict[str, Any]:
+    _kind(value, dict, "an object", where)
+    return value  # type: ignore[no-any-return]
+
+
+def _model_specs(value: Any, where: str, limits: Limits) -> tuple[ModelSpec, ...]:
+    items = _list(value, where, 1024)
+    return tuple(_model_spec(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+
+
+def _worker_load(value: Any, where: str, limits: Limits) -> WorkerLoad:
+    fields = _check_fields(_as_object(value, where), _LOAD_SCHEMA, where, limits)
+    return WorkerLoad(fields["worker_id"], fields["credit"], fields["in_flight"])
+
+
+def _model_info(value: Any, where: str, limits: Limits) -> ModelInfo:
+    fields = _check_fields(_as_object(value, where), _INFO_SCHEMA, where, limits)
+    return ModelInfo(fields["spec"], fields["queued"], fields["workers"])
+
+
+def _worker_loads(value: Any, where: str, limits: Limits) -> tuple[WorkerLoad, ...]:
+    items = _list(value, where, 100_000)
+    return tuple(_worker_load(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+
+
+def _model_infos(value: Any, where: str, limits: Limits) -> tuple[ModelInfo, ...]:
+    items = _list(value, where, 100_000)
+    return tuple(_model_info(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+
+
+def _job_ids(value: Any, where: str, _limits: Limits) -> tuple[bytes, ...]:
+    ids = []
+    for item in _list(value, where, 1_000_000):
+        _kind(item, str, "a list of hex job ids", where)
+        try:
+            job_id = bytes.fromhex(item)
+        except ValueError:
+            raise ProtocolError(f"{where} holds {item[:80]!r}, not a hex job id") from None
+        if len(job_id) > MAX_ID_BYTES:
+            raise ProtocolError(f"{where} holds a job id longer than {MAX_ID_BYTES} bytes")
+        ids.append(job_id)
+    return tuple(ids)
+
+
+_MODEL_SCHEMA = {
+    "name": _Field(_name),
+    "inputs": _Field(_tensor_specs),
+    "outputs": _Field(_tensor_specs),
+    "batch_size": _Field(_positive),
+    "batching_dim": _Field(_optional(_count)),
+}
+_LOAD_SCHEMA = {"worker_id": _Field(_name), "credit": _Field(_count), "in_flight": _Field(_count)}
+_INFO_SCHEMA = {
+    "spec": _Field(_model_spec),
+    "queued": _Field(_count),
+    "workers": _Field(_worker_loads),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    schema: Mapping[str, _Field]
+    build: Callable[[bytes, dict[str, Any], Tensors], Message]
+    has_tensors: bool = False
+    cacheable: bool = False
+
+
+_TENSORS = _Field(_tensor_specs)
+_KINDS: dict[Command, _Kind] = {
+    Command.REQUEST: _Kind(
+        {
+            "model": _Field(_name),
+            "tensors": _TENSORS,
+            "timeout_ms": _Field(_duration, required=False),
+        },
+        lambda i, f, t: Request(i, f["model"], t, f.get("timeout_ms")),
+        has_tensors=True,
+        cacheable=True,
+    ),
+    Command.REPLY: _Kind(
+        {"tensors": _TENSORS, "timing": _Field(_timing)},
+        lambda i, f, t: Reply(i, t, f["timing"]),
+        has_tensors=True,
+    ),
+    Command.ERROR: _Kind(
+        {"code": _Field(_code), "message": _Field(_text)},
+        lambda i, f, t: ErrorReply(i, f["code"], f["message"]),
+    ),
+    Command.MODELS: _Kind({}, lambda i, f, t: ListModels(i)),
+    Command.MODELS_REPLY: _Kind(
+        {"models": _Field(_model_infos)}, lambda i, f, t: ModelsReply(i, f["models"])
+    ),
+    Command.PING: _Kind({}, lambda i, f, t: Ping(i)),
+    Command.PONG: _Kind({"epoch": _Field(_name)}, lambda i, f, t: Pong(i, f["epoch"])),
+    Command.HELLO: _Kind(
+        {"worker_id": _Field(_name), "credit": _Field(_count), "models": _Field(_model_specs)},
+        lambda i, f, t: Hello(f["worker_id"], f["models"], f["credit"]),
+    ),
+    Command.WELCOME: _Kind(
+        {
+            "epoch": _Field(_name),
+            "heartbeat_ms": _Field(_positive),
+            "liveness_ms": _Field(_positive),
+        },
+        lambda i, f, t: Welcome(f["epoch"], f["heartbeat_ms"], f["liveness_ms"]),
+    ),
+    Command.JOB: _Kind(
+        {"model": _Field(_name), "tensors": _TENSORS, "budget_ms": _Field(_budget)},
+        lambda i, f, t: Job(i, f["model"], t, f["budget_ms"]),
+        has_tensors=True,
+        cacheable=True,
+    ),
+    Command.RESULT: _Kind(
+        {"tensors": _TENSORS, "timing": _Field(_timing)},
+        lambda i, f, t: Result(i, t, f["timing"]),
+        has_tensors=True,
+    ),
+    Command.FAIL: _Kind(
+        {"code": _Field(_code), "message": _Field(_text)},
+        lambda i, f, t: Fail(i, f["code"], f["message"]),
+    ),
+    Command.HEARTBEAT: _Kind(
+        {"in_flight": _Field(_count, required=False), "credit": _Field(_count, required=False)},
+        lambda i, f, t: Heartbeat(f.get("in_flight"), f.get("credit")),
+    ),
+    Command.RECONNECT: _Kind({}, lambda i, f, t: Reconnect()),
+    Command.BYE: _Kind({"handed_back": _Field(_job_ids)}, lambda i, f, t: Bye(f["handed_back"])),
+}
