@@ -1,0 +1,335 @@
+"""ipuserve.protocol: every command round-trips; every validation rule rejects what it should."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from ipuserve import protocol as p
+from ipuserve.errors import (
+    InvalidInputError,
+    IpuserveError,
+    OverloadedError,
+    PayloadTooLargeError,
+    ProtocolError,
+    UnsupportedVersionError,
+)
+
+SPEC = p.ModelSpec(
+    "add",
+    inputs=(p.TensorSpec("a", "float32", (4, 3)), p.TensorSpec("b", "int64", (4,))),
+    outputs=(p.TensorSpec("y", "float32", (4, 3)),),
+    batch_size=4,
+    batching_dim=0,
+)
+
+
+def tensors(**arrays: Any) -> p.Tensors:
+    return p.Tensors.of(arrays)
+
+
+ROUND_TRIPS: list[p.Message] = [
+    p.Request(b"r1", "add", tensors(a=np.ones((2, 3), np.float32)), timeout_ms=250.0),
+    p.Request(b"", "m", tensors()),
+    p.Reply(b"r1", tensors(y=np.arange(6.0).reshape(2, 3)), {"broker_queue_us": 12.0}),
+    p.ErrorReply(b"r1", "OVERLOADED", "model 'add' has 1000 queued requests"),
+    p.ListModels(b"q"),
+    p.ModelsReply(b"q", (p.ModelInfo(SPEC, 3, (p.WorkerLoad("host:1", 8, 2),)),)),
+    p.Ping(b"x"),
+    p.Pong(b"x", "9f8e"),
+    p.Hello("host:1", (SPEC,), 8),
+    p.Welcome("9f8e", 1000, 3000),
+    p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), budget_ms=-5.0),
+    p.Job(b"\x00\x02", "add", tensors(), budget_ms=None),
+    p.Result(b"\x00\x01", tensors(y=np.zeros((1, 3), np.float32)), {"device_us": 3.5}),
+    p.Fail(b"\x00\x01", "INFERENCE_FAILED", "boom"),
+    p.Heartbeat(in_flight=3),
+    p.Heartbeat(in_flight=0, credit=0),
+    p.Heartbeat(),
+    p.Reconnect(),
+    p.Bye((b"\x00\x01", b"\xff" * 8)),
+]
+
+
+def _same(a: p.Message, b: p.Message) -> bool:
+    tensors_a = getattr(a, "tensors", None)
+    if tensors_a is None:
+        return a == b
+    arrays_a, arrays_b = tensors_a.arrays(), b.tensors.arrays()  # type: ignore[union-attr]
+    same_arrays = arrays_a.keys() == arrays_b.keys() and all(
+        np.array_equal(arrays_a[k], arrays_b[k]) and arrays_a[k].dtype == arrays_b[k].dtype
+        for k in arrays_a
+    )
+    return same_arrays and tensors_a.specs == b.tensors.specs  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("message", ROUND_TRIPS, ids=lambda m: type(m).__name__)
+def test_every_command_round_trips_in_process(message: p.Message) -> None:
+    assert _same(p.decode(message.encode()), message)
+
+
+@pytest.mark.parametrize("message", ROUND_TRIPS, ids=lambda m: type(m).__name__)
+def test_every_command_round_trips_over_zeromq(
+    message: p.Message, pair: tuple[zmq.Socket[Any], zmq.Socket[Any]]
+) -> None:
+    sender, receiver = pair
+    sender.send_multipart(message.encode(), copy=False)
+    assert _same(p.decode(receiver.recv_multipart(copy=False)), message)
+
+
+@pytest.fixture
+def pair() -> Any:
+    context = zmq.Context.instance()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    a.bind("inproc://protocol-test")
+    b.connect("inproc://protocol-test")
+    yield a, b
+    a.close(linger=0)
+    b.close(linger=0)
+
+
+def test_received_tensors_are_read_only_views_of_the_frames(pair: Any) -> None:
+    sender, receiver = pair
+    big = np.arange(1 << 16, dtype=np.float32)
+    sender.send_multipart(p.Request(b"r", "m", tensors(x=big)).encode(), copy=False)
+    frames = receiver.recv_multipart(copy=False)
+    view = p.decode(frames).tensors.arrays()["x"]  # type: ignore[union-attr]
+    assert not view.flags.writeable
+    assert np.array_equal(view, big)
+    assert np.shares_memory(view, np.frombuffer(frames[4].buffer, np.uint8))
+
+
+def test_contiguous_arrays_are_sent_as_they_are_and_others_made_contiguous_once() -> None:
+    a = np.ones((4, 4), np.float32)
+    t = tensors(a=a, b=a.T, c=a.astype(">f4"))
+    assert t.frames[0] is a
+    assert t.frames[1].flags.c_contiguous  # type: ignore[union-attr]
+    assert t.frames[2].dtype.byteorder in "<="  # type: ignore[union-attr]
+    assert [s.dtype for s in t.specs] == ["float32"] * 3
+    assert np.array_equal(p.decode(p.Request(b"", "m", t).encode()).tensors.arrays()["b"], a.T)  # type: ignore[union-attr]
+
+
+def test_error_reply_turns_back_into_the_same_exception_type() -> None:
+    frames = p.error_frames(b"r9", OverloadedError("queue full"))
+    reply = p.decode(frames)
+    assert isinstance(reply, p.ErrorReply) and reply.request_id == b"r9"
+    error = reply.exception()
+    assert type(error) is OverloadedError and str(error) == "queue full"
+    unknown = p.ErrorReply(b"", "SOMETHING_NEW", "x").exception()
+    assert type(unknown) is IpuserveError
+
+
+def test_encoding_an_unsupported_dtype_is_an_invalid_input() -> None:
+    with pytest.raises(InvalidInputError, match="complex64"):
+        tensors(z=np.zeros(2, np.complex64))
+
+
+# ---------------------------------------------------------------- validation
+
+
+def frames_with(
+    header: dict[str, Any] | bytes, *tensor_frames: bytes, cmd: int = 0x01
+) -> list[Any]:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return [p.TAG_FRAME, bytes([cmd]), b"id", raw, *tensor_frames]
+
+
+def request(shape: Any = (2,), dtype: Any = "float32", **extra: Any) -> dict[str, Any]:
+    spec = {
+        "name": "x",
+        "dtype": dtype,
+        "shape": list(shape) if isinstance(shape, tuple) else shape,
+    }
+    return {"model": "m", "tensors": [spec], **extra}
+
+
+F8 = bytes(8)
+LIMITS = p.Limits(
+    max_payload_bytes=1024, max_header_bytes=512, max_tensors=3, max_rank=3, max_elements=10_000
+)
+
+BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
+    ("empty message", [b""], ProtocolError, "at least 4 frames"),
+    ("too few frames", [p.TAG_FRAME, b"\x01", b""], ProtocolError, "at least 4 frames"),
+    ("wrong tag", [b"HTTP/", b"\x01", b"", b"{}"], ProtocolError, "protocol tag"),
+    ("short tag", [b"IPUS", b"\x06", b"", b"{}"], ProtocolError, "protocol tag"),
+    ("wrong version", [b"IPUS\x09", b"\x06", b"", b"{}"], UnsupportedVersionError, "version 9"),
+    ("empty command", [p.TAG_FRAME, b"", b"", b"{}"], ProtocolError, "1 byte"),
+    ("long command", [p.TAG_FRAME, b"\x01\x01", b"", b"{}"], ProtocolError, "1 byte"),
+    ("unknown command", [p.TAG_FRAME, b"\xee", b"", b"{}"], ProtocolError, "unknown command 0xee"),
+    ("id too long", [p.TAG_FRAME, b"\x06", b"i" * 65, b"{}"], ProtocolError, "id frame is 65"),
+    ("header too big", frames_with(b"{" + b" " * 600 + b"}"), ProtocolError, "header is 602"),
+    ("header not utf-8", frames_with(b"\xff\xfe"), ProtocolError, "UTF-8 JSON"),
+    ("header not json", frames_with(b"{model:"), ProtocolError, "UTF-8 JSON"),
+    (
+        "header NaN",
+        frames_with(b'{"model":"m","tensors":[],"timeout_ms":NaN}'),
+        ProtocolError,
+        "UTF-8 JSON",
+    ),
+    ("header not object", frames_with(b"[1,2]"), ProtocolError, "JSON object; got list"),
+    ("missing field", frames_with({"tensors": []}), ProtocolError, "missing field 'model'"),
+    ("unknown field", frames_with({**request(), "x": 1}, F8), ProtocolError, "unknown field"),
+    (
+        "wrong field type",
+        frames_with({"model": 5, "tensors": []}),
+        ProtocolError,
+        "'model' must be a string",
+    ),
+    ("empty model name", frames_with({"model": "", "tensors": []}), ProtocolError, "1..256"),
+    ("timeout zero", frames_with(request(timeout_ms=0), F8), ProtocolError, "> 0"),
+    ("timeout bool", frames_with(request(timeout_ms=True), F8), ProtocolError, "milliseconds"),
+    ("tensors not list", frames_with({"model": "m", "tensors": {}}), ProtocolError, "a list"),
+    (
+        "too many tensors listed",
+        frames_with({"model": "m", "tensors": [{}] * 4}),
+        ProtocolError,
+        "limit is 3",
+    ),
+    (
+        "tensor spec fields",
+        frames_with({"model": "m", "tensors": [{"name": "x"}]}),
+        ProtocolError,
+        "exactly the fields",
+    ),
+    (
+        "dtype not allowed",
+        frames_with(request(dtype="complex64"), F8),
+        InvalidInputError,
+        "complex64",
+    ),
+    ("dtype object", frames_with(request(dtype="object"), F8), InvalidInputError, "allowed"),
+    ("negative dim", frames_with(request(shape=(-1,))), InvalidInputError, "integers >= 0"),
+    ("float dim", frames_with(request(shape=[2.0]), F8), InvalidInputError, "integers >= 0"),
+    ("bool dim", frames_with(request(shape=[True]), F8), InvalidInputError, "integers >= 0"),
+    ("shape not list", frames_with(request(shape="2")), InvalidInputError, "list of at most"),
+    ("rank too big", frames_with(request(shape=(1, 1, 1, 1)), F8), InvalidInputError, "at most 3"),
+    (
+        "huge shape",
+        frames_with(request(shape=(1 << 62, 1 << 62, 1 << 62))),
+        InvalidInputError,
+        "more than 10000 elements",
+    ),
+    (
+        "duplicate names",
+        frames_with({"model": "m", "tensors": [request()["tensors"][0]] * 2}),
+        InvalidInputError,
+        "twice",
+    ),
+    ("frames missing", frames_with(request()), ProtocolError, "1 tensor(s) but 0"),
+    ("frames extra", frames_with(request(), F8, F8), ProtocolError, "1 tensor(s) but 2"),
+    ("too many frames", frames_with(request(), F8, F8, F8, F8), ProtocolError, "at most 3"),
+    ("byte count", frames_with(request(), bytes(7)), InvalidInputError, "needs 8 bytes"),
+    (
+        "payload too large",
+        frames_with(request(shape=(300,)), bytes(1200)),
+        PayloadTooLargeError,
+        "limit is 1024",
+    ),
+    ("tensors on a PING", frames_with({}, F8, cmd=0x06), ProtocolError, "at most 0"),
+    (
+        "bad error code",
+        frames_with({"code": "lower", "message": ""}, cmd=0x03),
+        ProtocolError,
+        "UPPER_CASE",
+    ),
+    ("bad bye id", frames_with({"handed_back": ["zz"]}, cmd=0x17), ProtocolError, "hex job id"),
+    (
+        "negative credit",
+        frames_with({"worker_id": "w", "credit": -1, "models": []}, cmd=0x10),
+        ProtocolError,
+        ">= 0",
+    ),
+    (
+        "bad model spec",
+        frames_with({"worker_id": "w", "credit": 1, "models": [{}]}, cmd=0x10),
+        ProtocolError,
+        "missing field 'name'",
+    ),
+    (
+        "batching dim out of rank",
+        frames_with(
+            {"worker_id": "w", "credit": 1, "models": [{**SPEC.to_json(), "batching_dim": 2}]},
+            cmd=0x10,
+        ),
+        ProtocolError,
+        "batching_dim 2",
+    ),
+    (
+        "timing not numbers",
+        frames_with({"tensors": [], "timing": {"a": "x"}}, cmd=0x13),
+        ProtocolError,
+        "numbers",
+    ),
+    (
+        "welcome zero heartbeat",
+        frames_with({"epoch": "e", "heartbeat_ms": 0, "liveness_ms": 1}, cmd=0x11),
+        ProtocolError,
+        ">= 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frames", "error", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
+def test_decode_rejects(frames: list[Any], error: type[IpuserveError], message: str) -> None:
+    with pytest.raises(error) as info:
+        p.decode(frames, LIMITS)
+    assert type(info.value) is error
+    assert message in str(info.value)
+
+
+def test_peek_id_addresses_replies_to_malformed_messages() -> None:
+    assert p.peek_id([p.TAG_FRAME, b"\x01", b"req-7", b"junk"]) == b"req-7"
+    assert p.peek_id([b""]) == b""
+    assert p.peek_id([b"x", b"y", b"i" * 65]) == b""
+
+
+def test_a_cached_header_is_still_validated_against_its_frames() -> None:
+    ok = frames_with(request(), F8)
+    assert isinstance(p.decode(ok, LIMITS), p.Request)
+    with pytest.raises(InvalidInputError, match="needs 8 bytes"):
+        p.decode(frames_with(request(), bytes(4)), LIMITS)
+
+
+# ---------------------------------------------------------------- check_inputs
+
+
+def specs(**shapes: tuple[str, tuple[int, ...]]) -> list[p.TensorSpec]:
+    return [p.TensorSpec(name, dtype, shape) for name, (dtype, shape) in shapes.items()]
+
+
+def test_check_inputs_accepts_any_batch_along_the_batching_dim() -> None:
+    p.check_inputs(SPEC, specs(a=("float32", (7, 3)), b=("int64", (7,))))
+    fixed = p.ModelSpec("f", SPEC.inputs, SPEC.outputs, 4, None)
+    p.check_inputs(fixed, specs(a=("float32", (4, 3)), b=("int64", (4,))))
+
+
+@pytest.mark.parametrize(
+    ("given", "model", "message"),
+    [
+        (specs(a=("float32", (2, 3))), SPEC, "missing: b"),
+        (specs(a=("float32", (2, 3)), b=("int64", (2,)), c=("int64", (2,))), SPEC, "no input 'c'"),
+        (specs(a=("float64", (2, 3)), b=("int64", (2,))), SPEC, "must be float32, got float64"),
+        (specs(a=("float32", (2, 4)), b=("int64", (2,))), SPEC, "must have shape (4, 3)"),
+        (specs(a=("float32", (2, 3, 1)), b=("int64", (2,))), SPEC, "must have shape"),
+        (specs(a=("float32", (0, 3)), b=("int64", (0,))), SPEC, "any size >= 1"),
+        (specs(a=("float32", (2, 3)), b=("int64", (3,))), SPEC, "disagree on the batch size"),
+        (
+            specs(a=("float32", (2, 3)), b=("int64", (2,))),
+            p.ModelSpec("f", SPEC.inputs, SPEC.outputs, 4, None),
+            "must have shape (4, 3), got",
+        ),
+    ],
+)
+def test_check_inputs_says_what_is_wrong(
+    given: list[p.TensorSpec], model: p.ModelSpec, message: str
+) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        p.check_inputs(model, given)
+    assert message in str(info.value)
