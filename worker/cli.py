@@ -2,6 +2,140 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
 import click
 
-commands: list[click.Command] = []
+from ipuserve.clikit import option, parse_duration_ms
+from ipuserve.errors import IpuserveError
+from ipuserve.worker.config import WorkerConfig, default_worker_id
+
+log = logging.getLogger(__name__)
+
+
+@click.command("worker")
+@option("--broker", required=True, help="The broker's backend endpoint, e.g. tcp://HOST:5556.")
+@option(
+    "--model",
+    "models",
+    multiple=True,
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Model file(s) making one model (repeat the option; the env var takes a "
+    "space-separated list).",
+)
+@option("--name", default=None, help="Model name clients use [default: the model file's name].")
+@option("--replicas", default=1, type=click.IntRange(min=1), help="Replicas (one device each).")
+@option(
+    "--batching-dim",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Dimension along which requests of any size are packed into the compiled batch.",
+)
+@option(
+    "--batch-timeout-ms",
+    default=1.0,
+    type=float,
+    callback=parse_duration_ms,
+    help="Flush a partial batch after this long.",
+)
+@option(
+    "--ipus",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Size of this process's simulated IPU inventory (sets IPUSERVE_SIM_IPUS).",
+)
+@option(
+    "--credit",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Requests held at once [default: what the runner can hold].",
+)
+@option(
+    "--heartbeat-ms",
+    default=1000.0,
+    type=click.FloatRange(min=1.0),
+    help="Longest gap between heartbeats to the broker.",
+)
+@option("--worker-id", default=None, help="Name shown by `ipuserve models` [default: host:pid].")
+@option(
+    "--drain-timeout-ms",
+    default=10_000.0,
+    type=float,
+    callback=parse_duration_ms,
+    help="On SIGTERM, finish held requests for at most this long, then hand back the rest.",
+)
+@option(
+    "--reconnect-max-ms",
+    default=5000.0,
+    type=click.FloatRange(min=1.0),
+    help="Longest wait between attempts to reach the broker.",
+)
+def worker(
+    broker: str,
+    models: tuple[str, ...],
+    name: str | None,
+    replicas: int,
+    batching_dim: int | None,
+    batch_timeout_ms: float,
+    ipus: int | None,
+    credit: int | None,
+    heartbeat_ms: float,
+    worker_id: str | None,
+    drain_timeout_ms: float,
+    reconnect_max_ms: float,
+) -> None:
+    """Serve a model from a ModelRunner to the broker until SIGTERM."""
+    config = WorkerConfig(
+        broker=broker,
+        worker_id=worker_id or default_worker_id(),
+        credit=credit,
+        heartbeat_ms=heartbeat_ms,
+        handshake_timeout_ms=max(3 * heartbeat_ms, 1000.0),
+        reconnect_max_ms=reconnect_max_ms,
+        drain_timeout_ms=drain_timeout_ms,
+    )
+    if ipus is not None:
+        os.environ["IPUSERVE_SIM_IPUS"] = str(ipus)
+    backend = _runner_backend(
+        list(models),
+        name=name,
+        replicas=replicas,
+        batching_dim=batching_dim,
+        batch_timeout_ms=batch_timeout_ms,
+        credit=credit,
+    )
+    sys.exit(serve(backend, config))
+
+
+def _runner_backend(model_paths: list[str], **options: Any) -> Any:
+    try:
+        from ipuserve.worker.runner_backend import RunnerBackend
+    except ImportError as exc:
+        raise click.ClickException(f"the ModelRunner backend is not available: {exc}") from exc
+    try:
+        return RunnerBackend(model_paths, **options)
+    except IpuserveError as exc:
+        raise click.ClickException(f"cannot serve {', '.join(model_paths)}: {exc}") from exc
+
+
+def serve(backend: Any, config: WorkerConfig) -> int:
+    """Run a WorkerNode on this (main) thread until SIGTERM/SIGINT drains it; the exit code."""
+    from ipuserve.worker.node import WorkerNode
+
+    node = WorkerNode(backend, config)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.warning("worker received %s: draining", signal.Signals(signum).name)
+        node.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return node.run()
+
+
+commands: list[click.Command] = [worker]

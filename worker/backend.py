@@ -1,0 +1,170 @@
+"""The seam between a worker's socket loop and whatever computes the results.
+
+The socket thread (:mod:`ipuserve.worker.node`) validates each job against the
+:class:`ModelSpec` the backend described, then calls :meth:`Backend.submit`. The
+backend runs the job on its own thread(s) and calls ``done(job, outcome)`` from
+there exactly once per submitted job, with a :class:`Result` or an
+:class:`~ipuserve.errors.IpuserveError` (never another exception type). ``done`` is
+cheap and thread-safe: it hands the outcome to the socket thread.
+
+``Result.timing`` should hold ``queue_us`` (submit to start of execution) and
+``device_us`` (execution); the worker turns them into the wire's
+``worker_queue_us`` / ``device_us`` and passes any other keys on to the client.
+
+``TensorSpec`` and ``ModelSpec`` are defined by :mod:`ipuserve.protocol` (HELLO
+carries them) and re-exported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ipuserve.errors import (
+    ClosedError,
+    DeadlineExceeded,
+    InferenceError,
+    IpuserveError,
+    UnavailableError,
+    UnknownModelError,
+)
+from ipuserve.protocol import ModelSpec, TensorSpec
+
+__all__ = ["Backend", "Done", "FunctionBackend", "Job", "ModelSpec", "Result", "TensorSpec"]
+
+log = logging.getLogger(__name__)
+
+Array = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request as the backend sees it. ``deadline`` is in ``time.monotonic()`` seconds."""
+
+    job_id: bytes
+    model: str
+    inputs: Mapping[str, Array]
+    deadline: float | None = None
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.deadline is not None and (now or time.monotonic()) >= self.deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    outputs: Mapping[str, Array]
+    timing: Mapping[str, float] = field(default_factory=dict)
+
+
+Done = Callable[[Job, "Result | IpuserveError"], None]
+
+
+class Backend(Protocol):
+    def describe(self) -> list[ModelSpec]:
+        """The models this backend serves (what HELLO announces)."""
+        ...
+
+    def capacity(self) -> int:
+        """How many jobs it can usefully hold at once: the worker's default credit."""
+        ...
+
+    def submit(self, job: Job, done: Done) -> None:
+        """Start ``job``; may raise IpuserveError at once for a job it refuses."""
+        ...
+
+    def close(self) -> None:
+        """Stop; every job submitted and not yet done is answered (with an error if need be)."""
+        ...
+
+
+ModelFn = Callable[[Mapping[str, Array]], Mapping[str, Any]]
+
+_STOP = None
+
+
+class FunctionBackend:
+    """Runs a numpy function per model on ``threads`` threads: the reference backend.
+
+    Jobs past their deadline when a thread picks them up are answered
+    DeadlineExceeded without running. An exception from the function becomes an
+    InferenceError that names the model.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[ModelSpec, ModelFn],
+        *,
+        threads: int = 1,
+        capacity: int | None = None,
+    ) -> None:
+        self._models = {spec.name: (spec, fn) for spec, fn in models.items()}
+        self._capacity = capacity if capacity is not None else 2 * threads
+        self._jobs: queue.SimpleQueue[tuple[Job, Done, float] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"function-backend-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def describe(self) -> list[ModelSpec]:
+        return [spec for spec, _fn in self._models.values()]
+
+    def capacity(self) -> int:
+        return self._capacity
+
+    def submit(self, job: Job, done: Done) -> None:
+        if self._closed:
+            raise ClosedError("the backend is closed")
+        if job.model not in self._models:
+            raise UnknownModelError(f"this worker does not serve model {job.model!r}")
+        self._jobs.put((job, done, time.monotonic()))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _thread in self._threads:
+            self._jobs.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+        self._answer_leftovers()
+
+    def _answer_leftovers(self) -> None:
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                job, done, _submitted = item
+                done(job, UnavailableError("the worker's backend closed before running the job"))
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, done, submitted = item
+            done(job, self._execute(job, submitted))
+
+    def _execute(self, job: Job, submitted: float) -> Result | IpuserveError:
+        started = time.monotonic()
+        if job.expired(started):
+            return DeadlineExceeded(f"job for model {job.model!r} expired before it ran")
+        _spec, fn = self._models[job.model]
+        try:
+            outputs = {name: np.asarray(value) for name, value in fn(job.inputs).items()}
+        except IpuserveError as exc:
+            return exc
+        except Exception as exc:
+            log.warning("model %r raised %r", job.model, exc)
+            return InferenceError(f"model {job.model!r} raised {type(exc).__name__}: {exc}")
+        finished = time.monotonic()
+        timing = {"queue_us": (started - submitted) * 1e6, "device_us": (finished - started) * 1e6}
+        return Result(outputs, timing)

@@ -1,0 +1,468 @@
+"""A worker node: the socket loop between the broker and a :class:`Backend`.
+
+One thread (the caller of :meth:`WorkerNode.run`, normally the main thread) owns the
+DEALER socket; nothing else touches it. Backend threads report outcomes through a
+:class:`Mailbox` (a deque plus an eventfd the loop polls beside the socket).
+
+Life of a connection: fresh DEALER -> HELLO -> WELCOME (epoch, heartbeat, liveness)
+-> serve JOBs, heartbeat both ways. The loop leaves a connection when the broker is
+silent past its liveness window, asks us to RECONNECT (it restarted and does not
+know us) or shows a new epoch; it then reconnects with exponential backoff on a
+fresh socket. Results of jobs received under an older epoch are dropped: that
+broker is gone and its successor never heard of those jobs. On :meth:`request_stop`
+(SIGTERM) it drains: credit 0, finish what runs within the drain timeout, send the
+results, hand the rest back in BYE, exit.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.errors import (
+    DeadlineExceeded,
+    InferenceError,
+    IpuserveError,
+    OverloadedError,
+    UnknownModelError,
+)
+from ipuserve.worker.backend import Backend, Job, Result
+from ipuserve.worker.config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+Outcome = tuple[Job, "Result | IpuserveError"]
+
+
+class Mailbox:
+    """Outcomes from backend threads to the socket thread.
+
+    ``put`` writes the eventfd only on the empty -> non-empty transition; the check
+    and the append share a lock with ``take``'s swap, so a wake-up is never lost
+    (``take`` clears the eventfd *before* swapping, so a put racing with it at worst
+    causes one spurious wake-up).
+    """
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._items: deque[Outcome] = deque()
+        self._lock = threading.Lock()
+
+    def put(self, job: Job, outcome: Result | IpuserveError) -> None:
+        with self._lock:
+            was_empty = not self._items
+            self._items.append((job, outcome))
+        if was_empty:
+            os.eventfd_write(self.fd, 1)
+
+    def wake(self) -> None:
+        os.eventfd_write(self.fd, 1)
+
+    def take(self) -> deque[Outcome]:
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        with self._lock:
+            items, self._items = self._items, deque()
+        return items
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Exit(enum.Enum):
+    """Why the loop left a connection."""
+
+    STOP = "stop requested"
+    SILENT = "broker silent past its liveness window"
+    RECONNECT = "broker asked us to reconnect (it does not know us)"
+    NEW_EPOCH = "broker restarted (new epoch)"
+
+
+@dataclass(slots=True)
+class Held:
+    """A job this worker holds, and which broker epoch gave it to us."""
+
+    job: Job
+    epoch: str
+    received: float
+    submitted: float = 0.0
+
+
+@dataclass(slots=True)
+class Session:
+    socket: zmq.Socket[Any]
+    epoch: str
+    heartbeat_s: float
+    liveness_s: float
+    last_heard: float
+    next_heartbeat: float = 0.0
+
+
+class WorkerNode:
+    """Serves one backend to one broker until stopped; :meth:`run` returns the exit code."""
+
+    def __init__(
+        self, backend: Backend, config: WorkerConfig, context: zmq.Context[Any] | None = None
+    ) -> None:
+        self._backend = backend
+        self._config = config
+        self._context = context or zmq.Context.instance()
+        self._models = {spec.name: spec for spec in backend.describe()}
+        self._credit = config.credit or backend.capacity()
+        self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
+        self._mailbox = Mailbox()
+        self._stopping = False
+        self._session: Session | None = None
+        self._epoch: str | None = None
+        self._jobs: dict[bytes, Held] = {}
+        self._waiting: deque[Held] = deque()
+        self._running = 0
+        self._unsent: list[Outcome] = []
+        self._draining: list[bytes] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def request_stop(self) -> None:
+        """Ask the loop to drain and exit; safe from a signal handler or another thread."""
+        self._stopping = True
+        self._mailbox.wake()
+
+    def run(self) -> int:
+        log.info(
+            "worker %s starting: models %s, credit %d, broker %s",
+            self._config.worker_id,
+            ", ".join(self._models),
+            self._credit,
+            self._config.broker,
+        )
+        try:
+            return self._run()
+        except Exception:
+            log.exception("worker %s: the socket loop crashed", self._config.worker_id)
+            return 1
+        finally:
+            self._close_session(linger=0)
+            self._backend.close()
+            self._mailbox.close()
+            log.info("worker %s closed", self._config.worker_id)
+
+    def _run(self) -> int:
+        while not self._stopping:
+            if not self._connect():
+                break
+            why = self._serve()
+            log.warning("worker %s leaves the broker: %s", self._config.worker_id, why.value)
+            if why is Exit.STOP:
+                self._drain()
+                return 0
+            self._close_session(linger=0)
+        log.info("worker %s stopping while disconnected", self._config.worker_id)
+        return 0
+
+    # ------------------------------------------------------------ connecting
+
+    def _connect(self) -> bool:
+        """HELLO until WELCOME, backing off between attempts; False if asked to stop."""
+        delay = self._config.reconnect_min_ms / 1000
+        while not self._stopping:
+            if self._handshake():
+                return True
+            log.info("no WELCOME from %s; retrying in %.0f ms", self._config.broker, delay * 1e3)
+            self._wait(delay)
+            delay = min(2 * delay, self._config.reconnect_max_ms / 1000)
+        return False
+
+    def _handshake(self) -> bool:
+        sock = self._new_socket()
+        hello = wire.Hello(self._config.worker_id, tuple(self._models.values()), self._credit)
+        sock.send_multipart(hello.encode(), copy=False)
+        deadline = time.monotonic() + self._config.handshake_timeout_ms / 1000
+        poller = self._poller(sock)
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            events = dict(poller.poll(left * 1000))
+            if self._mailbox.fd in events:
+                self._unsent.extend(self._finish(self._mailbox.take()))
+            if sock in events and self._welcomed(sock):
+                return True
+        sock.close(linger=0)
+        return False
+
+    def _welcomed(self, sock: zmq.Socket[Any]) -> bool:
+        try:
+            message = wire.decode(sock.recv_multipart(copy=False), self._limits)
+        except IpuserveError as exc:
+            log.warning("malformed message during the handshake: %s", exc)
+            return False
+        if not isinstance(message, wire.Welcome):
+            return False
+        self._start_session(sock, message)
+        return True
+
+    def _start_session(self, sock: zmq.Socket[Any], welcome: wire.Welcome) -> None:
+        if welcome.epoch != self._epoch:
+            self._forget_epoch(self._epoch)
+        self._epoch = welcome.epoch
+        heartbeat_s = min(self._config.heartbeat_ms, welcome.heartbeat_ms) / 1000
+        now = time.monotonic()
+        self._session = Session(sock, welcome.epoch, heartbeat_s, welcome.liveness_ms / 1000, now)
+        log.info(
+            "worker %s registered with %s (epoch %s, credit %d)",
+            self._config.worker_id,
+            self._config.broker,
+            welcome.epoch,
+            self._credit,
+        )
+        unsent, self._unsent = self._unsent, []
+        for job, outcome in unsent:
+            self._answer(job, outcome)
+
+    def _forget_epoch(self, epoch: str | None) -> None:
+        """Drop what an older broker gave us: its waiting jobs and its unsent results."""
+        if epoch is None:
+            return
+        dropped = len(self._unsent) + len(self._waiting)
+        for job, _outcome in self._unsent:
+            self._jobs.pop(job.job_id, None)
+        for held in self._waiting:
+            self._jobs.pop(held.job.job_id, None)
+        self._unsent.clear()
+        self._waiting.clear()
+        log.warning("dropped %d results/jobs of the old broker epoch %s", dropped, epoch)
+
+    def _new_socket(self) -> zmq.Socket[Any]:
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes + (1 << 20))
+        sock.connect(self._config.broker)
+        return sock
+
+    def _poller(self, sock: zmq.Socket[Any]) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._mailbox.fd, zmq.POLLIN)
+        return poller
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep, but wake at once for a stop request (the mailbox fd is its doorbell)."""
+        deadline = time.monotonic() + seconds
+        poller = zmq.Poller()
+        poller.register(self._mailbox.fd, zmq.POLLIN)
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            if poller.poll(left * 1000):
+                self._unsent.extend(self._finish(self._mailbox.take()))
+
+    def _close_session(self, linger: int) -> None:
+        if self._session is not None:
+            self._session.socket.close(linger=linger)
+            self._session = None
+
+    # ------------------------------------------------------------ serving
+
+    def _serve(self) -> Exit:
+        session = self._session
+        assert session is not None
+        poller = self._poller(session.socket)
+        while not self._stopping:
+            events = dict(poller.poll(self._timeout_ms(session)))
+            if session.socket in events and (why := self._read(session)) is not None:
+                return why
+            if self._mailbox.fd in events:
+                self._deliver()
+            if (why := self._tick(session)) is not None:
+                return why
+        return Exit.STOP
+
+    def _timeout_ms(self, session: Session) -> float:
+        now = time.monotonic()
+        wake = min(session.next_heartbeat, session.last_heard + session.liveness_s)
+        return max(0.0, (wake - now) * 1000)
+
+    def _read(self, session: Session) -> Exit | None:
+        """Handle every message waiting on the socket."""
+        while True:
+            try:
+                frames = session.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            session.last_heard = time.monotonic()
+            why = self._on_message(session, frames)
+            if why is not None:
+                return why
+
+    def _on_message(self, session: Session, frames: list[Any]) -> Exit | None:
+        try:
+            message = wire.decode(frames, self._limits)
+        except IpuserveError as exc:
+            self._on_malformed(frames, exc)
+            return None
+        if isinstance(message, wire.Job):
+            self._on_job(message)
+        elif isinstance(message, wire.Reconnect):
+            return Exit.RECONNECT
+        elif isinstance(message, wire.Welcome) and message.epoch != session.epoch:
+            return Exit.NEW_EPOCH
+        return None
+
+    def _on_malformed(self, frames: list[Any], error: IpuserveError) -> None:
+        log.warning("malformed message from the broker: %s", error)
+        is_job = len(frames) > 1 and bytes(frames[1]) == bytes([wire.Command.JOB])
+        if is_job and (job_id := wire.peek_id(frames)):
+            self._send(wire.Fail.of(job_id, error))
+
+    def _on_job(self, message: wire.Job) -> None:
+        if self._draining is not None:
+            self._draining.append(message.job_id)
+            return
+        if message.job_id in self._jobs:
+            return  # a re-sent job we already hold
+        try:
+            held = self._accept(message)
+        except IpuserveError as exc:
+            self._send(wire.Fail.of(message.job_id, exc))
+            return
+        self._jobs[message.job_id] = held
+        self._waiting.append(held)
+        self._submit_waiting()
+
+    def _accept(self, message: wire.Job) -> Held:
+        """Validate a job (the broker checked too) and stamp its deadline."""
+        spec = self._models.get(message.model)
+        if spec is None:
+            raise UnknownModelError(f"this worker does not serve model {message.model!r}")
+        wire.check_inputs(spec, message.tensors.specs)
+        if len(self._jobs) >= 2 * self._credit:
+            raise OverloadedError(
+                f"worker holds {len(self._jobs)} jobs; its credit is {self._credit}"
+            )
+        now = time.monotonic()
+        budget = message.budget_ms
+        if budget is not None and budget <= 0:
+            raise DeadlineExceeded("the job's deadline passed before it reached the worker")
+        deadline = None if budget is None else now + budget / 1000
+        job = Job(message.job_id, message.model, message.tensors.arrays(), deadline)
+        assert self._epoch is not None
+        return Held(job, self._epoch, now)
+
+    def _submit_waiting(self) -> None:
+        """Hand waiting jobs to the backend while fewer than credit run."""
+        while self._waiting and self._running < self._credit:
+            held = self._waiting.popleft()
+            if held.job.expired():
+                self._jobs.pop(held.job.job_id, None)
+                self._send(
+                    wire.Fail.of(
+                        held.job.job_id,
+                        DeadlineExceeded("the job's deadline passed while it waited at the worker"),
+                    )
+                )
+                continue
+            held.submitted = time.monotonic()
+            self._running += 1
+            try:
+                self._backend.submit(held.job, self._mailbox.put)
+            except IpuserveError as exc:
+                self._running -= 1
+                self._jobs.pop(held.job.job_id, None)
+                self._send(wire.Fail.of(held.job.job_id, exc))
+
+    def _deliver(self) -> None:
+        for job, outcome in self._finish(self._mailbox.take()):
+            self._answer(job, outcome)
+
+    def _finish(self, outcomes: deque[Outcome]) -> list[Outcome]:
+        """Account for finished jobs; keep the outcomes still worth sending."""
+        keep = []
+        for job, outcome in outcomes:
+            self._running -= 1
+            held = self._jobs.get(job.job_id)
+            if held is not None and held.job is job:
+                keep.append((job, outcome))
+        self._submit_waiting()
+        return keep
+
+    def _answer(self, job: Job, outcome: Result | IpuserveError) -> None:
+        held = self._jobs.pop(job.job_id)
+        if held.epoch != self._epoch:
+            log.debug("dropping the result of job %s from epoch %s", job.job_id.hex(), held.epoch)
+            return
+        if isinstance(outcome, IpuserveError):
+            self._send(wire.Fail.of(job.job_id, outcome))
+            return
+        try:
+            message: wire.Result | wire.Fail = wire.Result(
+                job.job_id, wire.Tensors.of(outcome.outputs), self._timing(held, outcome)
+            )
+        except IpuserveError as exc:
+            message = wire.Fail.of(job.job_id, InferenceError(f"unsendable outputs: {exc}"))
+        self._send(message)
+
+    @staticmethod
+    def _timing(held: Held, result: Result) -> dict[str, float]:
+        timing = {k: v for k, v in result.timing.items() if k != "queue_us"}
+        waited = (held.submitted - held.received) * 1e6 + result.timing.get("queue_us", 0.0)
+        timing["worker_queue_us"] = waited
+        timing["worker_us"] = (time.monotonic() - held.received) * 1e6
+        return timing
+
+    def _tick(self, session: Session) -> Exit | None:
+        now = time.monotonic()
+        if now - session.last_heard > session.liveness_s:
+            return Exit.SILENT
+        if now >= session.next_heartbeat:
+            self._send(wire.Heartbeat(in_flight=len(self._jobs)))
+            session.next_heartbeat = now + session.heartbeat_s
+        return None
+
+    def _send(self, message: wire.Message) -> None:
+        """Send without ever blocking the loop; a message the broker cannot take is dropped."""
+        if self._session is None:
+            return
+        try:
+            self._session.socket.send_multipart(message.encode(), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("broker not accepting messages; dropped %s", type(message).__name__)
+
+    # ------------------------------------------------------------ draining
+
+    def _drain(self) -> None:
+        """Credit 0, finish what runs (within the drain timeout), hand back the rest."""
+        session = self._session
+        assert session is not None
+        self._draining = [held.job.job_id for held in self._waiting]
+        for job_id in self._draining:
+            self._jobs.pop(job_id, None)
+        self._waiting.clear()
+        self._send(wire.Heartbeat(in_flight=len(self._jobs), credit=0))
+        self._finish_running(session)
+        handed_back = self._draining + list(self._jobs)
+        self._send(wire.Bye(tuple(handed_back)))
+        log.warning(
+            "worker %s drained: handed back %d job(s)", self._config.worker_id, len(handed_back)
+        )
+        self._close_session(linger=self._config.bye_linger_ms)
+
+    def _finish_running(self, session: Session) -> None:
+        deadline = time.monotonic() + self._config.drain_timeout_ms / 1000
+        poller = self._poller(session.socket)
+        while self._jobs and (left := deadline - time.monotonic()) > 0:
+            wait = min(left, max(0.0, session.next_heartbeat - time.monotonic()))
+            events = dict(poller.poll(wait * 1000))
+            if session.socket in events and self._read(session) is not None:
+                return  # the broker forgot us: nobody to send results to
+            if self._mailbox.fd in events:
+                self._deliver()
+            if time.monotonic() >= session.next_heartbeat:
+                self._send(wire.Heartbeat(in_flight=len(self._jobs), credit=0))
+                session.next_heartbeat = time.monotonic() + session.heartbeat_s
