@@ -68,9 +68,11 @@ class DeviceWaitConfig:
         timeout: timedelta | float = timedelta(0),
         sleepTime: timedelta | float = timedelta(seconds=15),
     ) -> None:
-        if not isinstance(strategy, DeviceWaitStrategy):
-            strategy, timeout, sleepTime = DeviceWaitStrategy.WAIT_WITH_TIMEOUT, strategy, timeout
-        self.strategy = strategy
+        if isinstance(strategy, DeviceWaitStrategy):
+            self.strategy = strategy
+        else:  # C++'s DeviceWaitConfig(timeout, sleepTime) shorthand
+            self.strategy = DeviceWaitStrategy.WAIT_WITH_TIMEOUT
+            timeout, sleepTime = strategy, timeout
         self.timeout = timedelta(seconds=_seconds(timeout))
         self.sleepTime = timedelta(seconds=_seconds(sleepTime))
         if self.timeout < timedelta(0) or self.sleepTime <= timedelta(0):

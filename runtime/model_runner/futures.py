@@ -1,0 +1,155 @@
+"""What ``executeAsync`` returns, and the bookkeeping of one request in flight.
+
+:class:`OutputFuture` behaves like the spec's Python future (``wait()``,
+``future[name]``) and also like a ``concurrent.futures.Future``
+(``result``, ``exception``, ``done``, ``add_done_callback``) so servers can be
+told of completion without a thread per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ipuserve.errors import RequestTimeoutError
+from ipuserve.runtime.model_runner.memory import TensorResult
+from ipuserve.runtime.model_runner.monitoring import Monitor, RequestTrace
+
+if TYPE_CHECKING:
+    from ipuserve.runtime.model_runner.replica import Replica
+
+
+class OutputFuture(Mapping[str, TensorResult]):
+    def __init__(self, names: list[str], replica: Replica) -> None:
+        self._names = names
+        self._replica = replica
+        self._future: Future[dict[str, TensorResult]] = Future()
+        self.trace: RequestTrace | None = None
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every output is ready (or the request failed)."""
+        try:
+            self._future.exception(timeout)
+        except FutureTimeout:
+            raise RequestTimeoutError(self._timeout_message(timeout)) from None
+
+    def result(self, timeout: float | None = None) -> dict[str, TensorResult]:
+        self.wait(timeout)
+        return self._future.result()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.wait(timeout)
+        return self._future.exception()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def add_done_callback(self, fn: Callable[[OutputFuture], object]) -> None:
+        """``fn(self)`` runs once the request finished -- on the device thread, so keep it short."""
+        self._future.add_done_callback(lambda _f: fn(self))
+
+    def __getitem__(self, name: str) -> TensorResult:
+        return self.result()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        waiting = self._replica.waiting_for()
+        where = (
+            f"replica {self._replica.index} is waiting for input tensor {waiting!r}"
+            if waiting
+            else f"replica {self._replica.index} has not produced them yet"
+        )
+        return f"outputs {self._names} not ready after {timeout} s: {where}"
+
+    # completion (runtime side) -----------------------------------------------
+    def _resolve(self, outputs: dict[str, TensorResult]) -> None:
+        try:
+            self._future.set_result(outputs)
+        except InvalidStateError:  # already failed (e.g. closed) -- first outcome wins
+            pass
+
+    def _fail(self, error: BaseException) -> None:
+        try:
+            self._future.set_exception(error)
+        except InvalidStateError:
+            pass
+
+
+class Request:
+    """One request's progress through the queues; every callback runs on the device thread."""
+
+    __slots__ = (
+        "future",
+        "inputs_left",
+        "monitor",
+        "outputs",
+        "outputs_left",
+        "samples",
+        "t_enqueued",
+        "t_read_complete",
+        "t_read_start",
+        "t_submit",
+        "user_outputs",
+    )
+
+    def __init__(
+        self,
+        future: OutputFuture,
+        *,
+        inputs: int,
+        outputs: int,
+        samples: int,
+        user_outputs: bool,
+        monitor: Monitor,
+        t_submit: float,
+    ) -> None:
+        self.future = future
+        self.inputs_left = inputs
+        self.outputs_left = outputs
+        self.samples = samples
+        self.user_outputs = user_outputs
+        self.monitor = monitor
+        self.outputs: dict[str, TensorResult] = {}
+        self.t_submit = t_submit
+        self.t_enqueued = t_submit
+        self.t_read_start = 0.0
+        self.t_read_complete = 0.0
+
+    def read_started(self) -> None:
+        if not self.t_read_start:
+            self.t_read_start = time.perf_counter()
+
+    def read_completed(self) -> None:
+        self.inputs_left -= 1
+        if self.inputs_left == 0:
+            self.t_read_complete = time.perf_counter()
+
+    def output_written(self, name: str, array: np.ndarray) -> None:
+        self.outputs[name] = TensorResult.wrap(array, user_allocated=self.user_outputs)
+        self.outputs_left -= 1
+        if self.outputs_left == 0:
+            self._finish()
+
+    def _finish(self) -> None:
+        done = time.perf_counter()
+        start = self.t_read_start or self.t_enqueued
+        computed_from = self.t_read_complete or start
+        trace = RequestTrace(
+            request_duration_us=(done - self.t_submit) * 1e6,
+            read_preparation_duration_us=(self.t_enqueued - self.t_submit) * 1e6,
+            read_queue_duration_us=(start - self.t_enqueued) * 1e6,
+            computation_duration_us=(done - computed_from) * 1e6,
+        )
+        self.future.trace = trace
+        self.monitor.record(trace)
+        self.future._resolve(self.outputs)

@@ -1,0 +1,281 @@
+"""One replica of a ModelRunner: a device, a session on it, its queues and its device loop.
+
+The device thread runs the main programs back to back for as long as the
+replica lives; each run pulls inputs from the queues (waiting, and flushing on
+timeout as docs/architecture.md §1.3 describes) and pushes outputs back. User
+threads only enqueue. The replica's lock makes "enqueue every tensor of a
+request" atomic with respect to a flush, so all queues advance together and
+padded rows never reach a caller.
+
+A failed run fails every request the replica holds (their samples can no
+longer be matched to outputs), resets the queues and, for a device fault,
+either reloads the executable (``auto_reset``) or leaves the replica unusable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ipuserve.errors import ClosedError, DeviceFaultError, IpuserveError, RuntimeUsageError
+from ipuserve.runtime.devices import Device
+from ipuserve.runtime.model_runner.config import NANOSECONDS_MAX, ModelRunnerConfig
+from ipuserve.runtime.model_runner.futures import OutputFuture, Request
+from ipuserve.runtime.model_runner.io_plan import IoPlan
+from ipuserve.runtime.model_runner.memory import InputMemoryView, OutputMemoryView
+from ipuserve.runtime.model_runner.monitoring import Monitor
+from ipuserve.runtime.popef.types import Model, TensorType
+from ipuserve.runtime.predicates import ringSizeMultForMainProgs
+from ipuserve.runtime.queues import IQueue
+from ipuserve.runtime.session import Session, SessionConfig, constant_callback, empty_callback
+
+log = logging.getLogger(__name__)
+
+_LOCK_PATIENCE_S = 0.05  # a flush never waits long for a producer; the next timeout retries
+
+
+class Replica:
+    def __init__(
+        self,
+        index: int,
+        model: Model,
+        device: Device,
+        *,
+        owns_device: bool,
+        config: ModelRunnerConfig,
+        plan: IoPlan,
+    ) -> None:
+        self.index = index
+        self.device = device
+        self._owns_device = owns_device
+        self._config = config
+        self._plan = plan
+        self._timeout_ns, batch_timeout, parallel_timeout = config.durations_ns()
+        replicated = config.replication_factor > 1 and parallel_timeout != NANOSECONDS_MAX
+        self._partial_timeout_ns = parallel_timeout if replicated else batch_timeout
+        self.lock = threading.Lock()
+        self.monitor = Monitor(config.request_tracepoints_buffer_size)
+        self._pending: set[Request] = set()
+        self._waiting_for: str | None = None
+        self._error: BaseException | None = None
+        self._stopping = False
+        self.session = Session(model, SessionConfig(check_package_hash=False))
+        self._bind_constants()
+        self.session.bindToDevice(device)
+        self.queues = self.session.createQueueManager(
+            ringSizeMultForMainProgs(model, config.ring_buffer_size_multiplier),
+            batch_dim=plan.batch_dim,
+            timeout_ns=self._timeout_ns,
+            timeout_callback=self._on_read_timeout,
+            read_timeout_policy=self._read_timeout,
+        )
+        self._track_waits()
+        self._loop = device.thread.submit(self._run_forever)
+
+    # -- user side ----------------------------------------------------------------
+    def submit(
+        self,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray] | None,
+        output_names: list[str],
+        samples: int,
+        t_submit: float,
+    ) -> OutputFuture:
+        future = OutputFuture(output_names, self)
+        request = Request(
+            future,
+            inputs=len(inputs),
+            outputs=len(output_names),
+            samples=samples,
+            user_outputs=outputs is not None,
+            monitor=self.monitor,
+            t_submit=t_submit,
+        )
+        with self.lock:
+            self._check_usable()
+            try:
+                self._enqueue(request, inputs, outputs, output_names, samples)
+            except ClosedError:
+                self._check_usable()  # a failing run disconnected us: say why
+                raise
+            self._pending.add(request)
+        request.t_enqueued = time.perf_counter()
+        future.add_done_callback(lambda _f: self._pending.discard(request))
+        return future
+
+    def _enqueue(
+        self,
+        request: Request,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray] | None,
+        names: list[str],
+        samples: int,
+    ) -> None:
+        for name, array in inputs.items():
+            self.queues.inputs[name].enqueue(
+                array, None, request.read_started, request.read_completed, tag=request
+            )
+        for name in names:
+            queue = self.queues.outputs[name]
+            target = outputs.get(name) if outputs is not None else None
+            size = None if target is not None else samples * queue.sampleBytes()
+            queue.enqueue(target, size, _writer(request, name), tag=request)
+
+    def waiting_for(self) -> str | None:
+        return self._waiting_for
+
+    def _check_usable(self) -> None:
+        if self._stopping:
+            raise ClosedError("the ModelRunner is closed")
+        if self._error is not None:
+            raise RuntimeUsageError(
+                f"replica {self.index} is unusable after a device error ({self._error}); "
+                "set ModelRunnerConfig.auto_reset to recover automatically"
+            ) from self._error
+
+    # -- device side ----------------------------------------------------------------
+    def _run_forever(self) -> None:
+        while not self._stopping:
+            try:
+                self.session.runMainPrograms()
+            except Exception as error:
+                if self._stopping:
+                    break
+                if not self._recover(error):
+                    break
+            else:
+                self.monitor.record_batch()
+
+    def _recover(self, error: Exception) -> bool:
+        """Fail what we hold; return False when the replica must stop for good."""
+        log.warning("replica %d: run failed: %s", self.index, error)
+        self.queues.disconnectAll()  # frees a producer blocked on a full ring
+        with self.lock:
+            failed = error if isinstance(error, IpuserveError) else _wrapped(error)
+            for request in list(self._pending):
+                request.future._fail(failed)
+            self._pending.clear()
+            self.queues.resetAll()
+            if isinstance(error, DeviceFaultError) and not self._config.auto_reset:
+                self._error = error
+                return False
+        if isinstance(error, DeviceFaultError):
+            log.info("replica %d: auto_reset -- reloading the executable", self.index)
+            self.session.reload()
+        return True
+
+    def _read_timeout(self, _queue: IQueue, filled: int, first_time: float | None) -> int:
+        """A partial batch waits batch_size_timeout_ns from its first sample's arrival."""
+        limit = self._partial_timeout_ns
+        if filled and self._config.is_batch_size_timeout_enabled and limit != NANOSECONDS_MAX:
+            waited = (time.monotonic() - first_time) * 1e9 if first_time else 0.0
+            return max(1, int(limit - waited))
+        return self._timeout_ns
+
+    def _on_read_timeout(self, ring: Any) -> None:
+        if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
+            return
+        try:
+            if self._stopping or (self._config.flush_on_waiting_outputs and not self._pending):
+                return
+            self._flush(ring.label())
+        finally:
+            self.lock.release()
+
+    def _flush(self, waited: str) -> None:
+        inputs = InputMemoryView(
+            {name: q.paddingSamples() for name, q in self.queues.inputs.items()}
+        )
+        for name, count in inputs.items():
+            inputs[name] = np.zeros(self._plan.sample_shape(name, count), self._plan.dtype(name))
+        outputs = OutputMemoryView({name: None for name in self.queues.outputs})
+        callback = self._config.flush_callback
+        if callback is not None:
+            replaced = callback(waited, inputs, outputs)
+            if replaced is not None:
+                inputs, outputs = replaced
+        padded = 0
+        for name, padding in inputs.items():
+            padded = max(padded, self.queues.inputQueue(name).flush(padding))
+        for name in outputs:
+            self.queues.outputQueue(name).flush()
+        if padded:
+            self.monitor.record_flush(padded)
+        log.debug(
+            "replica %d flushed %d padding samples (waited for %r)", self.index, padded, waited
+        )
+
+    # -- wiring -----------------------------------------------------------------------
+    def _bind_constants(self) -> None:
+        """Frozen inputs and save-program outputs never go through queues."""
+        for name, array in self._plan.frozen.items():
+            self.session.setCallbackForAnchor(self._plan.handle(name), constant_callback(array))
+        saves: dict[str, Any] = self._config.replica_to_save_programs_outputs.get(self.index, {})
+        for anchor in self._plan.save_outputs:
+            target = saves.get(anchor.name()) if self._config.run_save_programs else None
+            self.session.setCallbackForAnchor(
+                anchor.handle(),
+                _copy_into(target) if target is not None else empty_callback(anchor),
+            )
+
+    def _track_waits(self) -> None:
+        """Remember which input the device is blocked on, for timeout messages."""
+        for name, queue in self.queues.inputs.items():
+            self.session.setCallbackForAnchor(
+                self._plan.handle(name), self._tracked(name, queue.device_callback())
+            )
+
+    def _tracked(
+        self, name: str, callback: Callable[[np.ndarray], Any]
+    ) -> Callable[[np.ndarray], Any]:
+        def read(buffer: np.ndarray) -> Any:
+            self._waiting_for = name
+            result = callback(buffer)
+            self._waiting_for = None
+            return result
+
+        return read
+
+    # -- shutdown --------------------------------------------------------------------
+    def close(self, timeout: float = 30.0) -> None:
+        self._stopping = True
+        self.queues.disconnectAll()  # the device finishes its current run on dummy data
+        self._loop.exception(timeout)
+        closed = ClosedError("the ModelRunner was closed before this request completed")
+        for request in list(self._pending):
+            request.future._fail(closed)
+        self._pending.clear()
+        try:
+            if self._config.run_save_programs and self._plan.flow_has_save:
+                self.session.runSavePrograms()
+        finally:
+            self.session.unloadFromDevice()
+            if self._owns_device:
+                self.device.detach()
+
+
+def _writer(request: Request, name: str) -> Callable[[np.ndarray], None]:
+    return lambda array: request.output_written(name, array)
+
+
+def _copy_into(target: np.ndarray) -> Callable[[np.ndarray], None]:
+    def copy(data: np.ndarray) -> None:
+        np.copyto(target, data.reshape(target.shape))
+
+    return copy
+
+
+def _wrapped(error: Exception) -> IpuserveError:
+    from ipuserve.errors import InferenceError
+
+    wrapped = InferenceError(f"the model failed while running: {error}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+__all__ = ["Replica", "TensorType"]
