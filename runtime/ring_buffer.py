@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 #: Called (on the consumer's thread, without the ring's lock) each time a readLock()
 #: wait outlasts its timeout.
-ReadTimeoutCallback: TypeAlias = "Callable[[SpscRingBuffer[Any]], None]"
+ReadTimeoutCallback: TypeAlias = Callable[["SpscRingBuffer[Any]"], None]
 
 
 class SpscRingBuffer(Generic[T]):

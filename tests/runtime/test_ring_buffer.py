@@ -236,8 +236,12 @@ def test_zero_timeout_waits_forever_without_calling_back() -> None:
 
 def test_timeout_callback_stops_when_invalidated() -> None:
     calls = []
-    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "stop", lambda r: (calls.append(1), r.invalidate()),
-                                             timeout_ns=100_000)
+
+    def give_up(ring: SpscRingBuffer[int]) -> None:
+        calls.append(1)
+        ring.invalidate()
+
+    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "stop", give_up, timeout_ns=100_000)
     rb.readLock()
     assert not rb.isValid()
     assert calls == [1]
