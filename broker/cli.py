@@ -2,6 +2,118 @@
 
 from __future__ import annotations
 
+import logging
+import signal
+
 import click
 
-commands: list[click.Command] = []
+from ipuserve.clikit import option
+from ipuserve.errors import ConfigError
+from ipuserve.protocol import DEFAULT_LIMITS
+
+log = logging.getLogger(__name__)
+
+
+@click.command("broker")
+@option("--frontend", default="tcp://*:5555", help="Endpoint clients connect to.")
+@option("--backend", default="tcp://*:5556", help="Endpoint workers connect to.")
+@option(
+    "--heartbeat-ms",
+    default=1000,
+    type=click.IntRange(min=1),
+    help="Interval of the broker's heartbeats to workers (sent to them in WELCOME).",
+)
+@option(
+    "--liveness-ms",
+    default=3000,
+    type=click.IntRange(min=1),
+    help="A worker silent this long is dropped and its requests re-queued.",
+)
+@option(
+    "--grace-ms",
+    default=None,
+    type=click.IntRange(min=0),
+    help="After start, queue requests for models nobody serves yet for this long "
+    "[default: --liveness-ms].",
+)
+@option(
+    "--queue-limit",
+    default=1000,
+    type=click.IntRange(min=1),
+    help="Queued requests per model before OVERLOADED.",
+)
+@option(
+    "--max-attempts",
+    default=3,
+    type=click.IntRange(min=1),
+    help="Workers that may die holding one request before WORKER_FAILED.",
+)
+@option(
+    "--max-payload-bytes",
+    default=DEFAULT_LIMITS.max_payload_bytes,
+    type=click.IntRange(min=1),
+    help="Largest total tensor payload of one message.",
+)
+@option(
+    "--client-hwm",
+    default=1000,
+    type=click.IntRange(min=1),
+    help="Replies queued for a client that stopped reading before they are dropped.",
+)
+@option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(min=0, max=65535),
+    help="Serve Prometheus metrics over HTTP on this port (0: any free port).",
+)
+@option("--metrics-host", default="0.0.0.0", help="Address the metrics endpoint binds.")
+def broker(
+    frontend: str,
+    backend: str,
+    heartbeat_ms: int,
+    liveness_ms: int,
+    grace_ms: int | None,
+    queue_limit: int,
+    max_attempts: int,
+    max_payload_bytes: int,
+    client_hwm: int,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Balance requests from clients across workers until SIGTERM."""
+    from ipuserve.broker.config import BrokerConfig
+    from ipuserve.broker.loop import Broker
+
+    try:
+        config = BrokerConfig(
+            frontend=frontend,
+            backend=backend,
+            heartbeat_ms=heartbeat_ms,
+            liveness_ms=liveness_ms,
+            grace_ms=grace_ms,
+            queue_limit=queue_limit,
+            max_attempts=max_attempts,
+            max_payload_bytes=max_payload_bytes,
+            client_hwm=client_hwm,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+        )
+        server = Broker(config)
+    except (ConfigError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    def stop(signum: int, _frame: object) -> None:
+        log.warning("broker received %s: stopping", signal.Signals(signum).name)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    click.echo(
+        f"ipuserve broker: frontend {server.frontend_endpoint}, backend "
+        f"{server.backend_endpoint}, epoch {server.epoch}",
+        err=True,
+    )
+    server.run()
+
+
+commands: list[click.Command] = [broker]

@@ -1,0 +1,72 @@
+"""What the broker does with each client command: REQUEST, MODELS, PING."""
+
+from __future__ import annotations
+
+import time
+
+from ipuserve import protocol as wire
+from ipuserve.broker.scheduler import Scheduler
+from ipuserve.errors import ProtocolError, UnknownModelError
+
+
+class ClientHandlers:
+    def __init__(self, scheduler: Scheduler, epoch: str, grace_until: float) -> None:
+        self._scheduler = scheduler
+        self._registry = scheduler.registry
+        self._jobs = scheduler.jobs
+        self._epoch = epoch
+        #: Until then, requests for models nobody serves yet are queued, not refused.
+        self.grace_until: float | None = grace_until
+
+    def handle(self, client: bytes, message: wire.Message) -> None:
+        """Raises IpuserveError for anything to refuse; the loop turns it into ERROR."""
+        if isinstance(message, wire.Request):
+            self.on_request(client, message)
+        elif isinstance(message, wire.Ping):
+            self._send(client, wire.Pong(message.request_id, self._epoch))
+        elif isinstance(message, wire.ListModels):
+            self._send(client, wire.ModelsReply(message.request_id, self.models()))
+        else:
+            raise ProtocolError(f"{message.COMMAND.name} is not a client command")
+
+    def on_request(self, client: bytes, request: wire.Request) -> None:
+        if self._jobs.pending(client, request.request_id):
+            self._scheduler.metrics.resent.inc()
+            return  # a re-sent request still pending: its one reply is on the way
+        now = time.monotonic()
+        self._check_schema(request, now)
+        job = self._jobs.create(
+            client, request.request_id, request.model, request.tensors, now, request.timeout_ms
+        )
+        try:
+            self._scheduler.place(job)
+        except Exception:
+            self._jobs.finish(job)
+            raise
+        self._scheduler.deadlines.add(job)
+        self._scheduler.metrics.requests.inc(model=request.model)
+
+    def _check_schema(self, request: wire.Request, now: float) -> None:
+        spec = self._registry.specs.get(request.model)
+        if spec is not None:
+            wire.check_inputs(spec, request.tensors.specs)
+        elif self.grace_until is None or now >= self.grace_until:
+            known = ", ".join(sorted(self._registry.specs)) or "none"
+            raise UnknownModelError(f"no worker serves model {request.model!r} (models: {known})")
+
+    def models(self) -> tuple[wire.ModelInfo, ...]:
+        queues = self._scheduler.dispatcher.queues
+        return tuple(
+            wire.ModelInfo(
+                spec,
+                len(queues[name]) if name in queues else 0,
+                tuple(
+                    wire.WorkerLoad(w.worker_id, w.credit, len(w.in_flight))
+                    for w in self._registry.serving.get(name, ())
+                ),
+            )
+            for name, spec in sorted(self._registry.specs.items())
+        )
+
+    def _send(self, client: bytes, message: wire.Message) -> None:
+        self._scheduler.outbox.to_client(client, message.encode())

@@ -1,0 +1,49 @@
+"""The broker's settings: one dataclass, filled by the CLI (or a test) at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ipuserve.errors import ConfigError
+from ipuserve.protocol import DEFAULT_LIMITS
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    """How the broker listens, balances and judges liveness.
+
+    A worker silent for ``liveness_ms`` is dropped and its jobs re-queued; a job is
+    tried on at most ``max_attempts`` workers that die holding it. For one
+    ``grace_ms`` after start (default: one liveness window) requests for models
+    nobody serves yet are queued, because workers may be reconnecting after a
+    broker restart. ``queue_limit`` bounds each model's queue; ``client_hwm`` bounds
+    the replies queued for one client that stopped reading (more are dropped).
+    """
+
+    frontend: str = "tcp://*:5555"
+    backend: str = "tcp://*:5556"
+    heartbeat_ms: int = 1000
+    liveness_ms: int = 3000
+    grace_ms: int | None = None
+    queue_limit: int = 1000
+    max_attempts: int = 3
+    max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
+    client_hwm: int = 1000
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = None
+    shutdown_linger_ms: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_ms", "liveness_ms", "queue_limit", "max_attempts", "client_hwm"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.liveness_ms < self.heartbeat_ms:
+            raise ConfigError("liveness_ms must be at least heartbeat_ms")
+        if self.grace_ms is not None and self.grace_ms < 0:
+            raise ConfigError(f"grace_ms must be >= 0, got {self.grace_ms}")
+        if self.max_payload_bytes < 1:
+            raise ConfigError(f"max_payload_bytes must be >= 1, got {self.max_payload_bytes}")
+
+    @property
+    def startup_grace_s(self) -> float:
+        return (self.liveness_ms if self.grace_ms is None else self.grace_ms) / 1000

@@ -1,0 +1,108 @@
+"""Per-model bounded queues and the choice of worker: credit-based, least loaded first.
+
+Pure bookkeeping, no sockets: the scheduler asks :meth:`Dispatcher.choose` for a
+worker and queues the job when none has spare credit; when a worker frees credit it
+asks :meth:`Dispatcher.next_for` for the oldest job among the models it serves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ipuserve.broker.jobs import JobEntry, State
+from ipuserve.broker.registry import Registry, Worker
+from ipuserve.errors import OverloadedError
+
+
+class ModelQueue:
+    """A FIFO of queued jobs. Jobs answered while queued (expired, or answered by a
+    late result) stay in the deque as DONE and are skipped; ``len`` counts live ones."""
+
+    __slots__ = ("_jobs", "_live", "limit", "model")
+
+    def __init__(self, model: str, limit: int) -> None:
+        self.model = model
+        self.limit = limit
+        self._jobs: deque[JobEntry] = deque()
+        self._live = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push(self, job: JobEntry) -> None:
+        if self._live >= self.limit:
+            raise OverloadedError(
+                f"model {self.model!r} has {self._live} queued requests (the limit); "
+                "try again later"
+            )
+        self._append(job, front=False)
+
+    def push_front(self, job: JobEntry) -> None:
+        """Re-queue a job that was already admitted (its worker died): never refused."""
+        self._append(job, front=True)
+
+    def _append(self, job: JobEntry, front: bool) -> None:
+        job.state = State.QUEUED
+        job.worker = None
+        (self._jobs.appendleft if front else self._jobs.append)(job)
+        self._live += 1
+
+    def head(self) -> JobEntry | None:
+        while self._jobs and self._jobs[0].state is not State.QUEUED:
+            self._jobs.popleft()
+        return self._jobs[0] if self._jobs else None
+
+    def pop(self) -> JobEntry | None:
+        job = self.head()
+        if job is not None:
+            self._jobs.popleft()
+            self._live -= 1
+        return job
+
+    def forget(self) -> None:
+        """One queued job was answered another way (the caller marked it DONE)."""
+        self._live -= 1
+
+    def live_jobs(self) -> list[JobEntry]:
+        return [job for job in self._jobs if job.state is State.QUEUED]
+
+
+class Dispatcher:
+    def __init__(self, registry: Registry, queue_limit: int) -> None:
+        self._registry = registry
+        self._limit = queue_limit
+        self.queues: dict[str, ModelQueue] = {}
+
+    def choose(self, model: str) -> Worker | None:
+        """The least-loaded worker serving ``model`` with spare credit, if any."""
+        best: Worker | None = None
+        for worker in self._registry.serving.get(model, ()):
+            if worker.spare > 0 and (best is None or worker.load < best.load):
+                best = worker
+        return best
+
+    def queue(self, model: str) -> ModelQueue:
+        queue = self.queues.get(model)
+        if queue is None:
+            queue = self.queues[model] = ModelQueue(model, self._limit)
+        return queue
+
+    def enqueue(self, job: JobEntry) -> None:
+        self.queue(job.model).push(job)
+
+    def requeue(self, job: JobEntry) -> None:
+        self.queue(job.model).push_front(job)
+
+    def forget(self, job: JobEntry) -> None:
+        self.queues[job.model].forget()
+
+    def next_for(self, worker: Worker) -> JobEntry | None:
+        """The oldest queued job among the models ``worker`` serves."""
+        best: ModelQueue | None = None
+        oldest = float("inf")
+        for model in worker.models:
+            queue = self.queues.get(model)
+            head = queue.head() if queue is not None else None
+            if head is not None and head.received < oldest:
+                best, oldest = queue, head.received
+        return best.pop() if best is not None else None

@@ -1,0 +1,114 @@
+"""Jobs: one per accepted request, from admission until its one reply.
+
+A job keeps the request's tensor frames by reference until the reply, so it can be
+sent to another worker if the first one dies. Job ids start with a random per-broker
+prefix: a late result from a worker that served a previous broker can never match a
+job of this one.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ipuserve.protocol import Tensors
+
+if TYPE_CHECKING:
+    from ipuserve.broker.registry import Worker
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(slots=True, eq=False)
+class JobEntry:
+    job_id: bytes
+    client: bytes
+    request_id: bytes
+    model: str
+    tensors: Tensors
+    received: float
+    deadline: float | None
+    timeout_ms: float | None
+    state: State = State.QUEUED
+    attempts: int = 0
+    worker: Worker | None = None
+    dispatched: float = 0.0
+
+    def budget_ms(self, now: float) -> float | None:
+        return None if self.deadline is None else (self.deadline - now) * 1000
+
+
+class JobTable:
+    """Live jobs by id, and by (client identity, request id) to spot re-sent requests."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(4)
+        self._ids = itertools.count(1)
+        self._jobs: dict[bytes, JobEntry] = {}
+        self._keys: dict[tuple[bytes, bytes], JobEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def live(self) -> list[JobEntry]:
+        return list(self._jobs.values())
+
+    def pending(self, client: bytes, request_id: bytes) -> bool:
+        return (client, request_id) in self._keys
+
+    def create(
+        self,
+        client: bytes,
+        request_id: bytes,
+        model: str,
+        tensors: Tensors,
+        now: float,
+        timeout_ms: float | None,
+    ) -> JobEntry:
+        job_id = self._prefix + next(self._ids).to_bytes(8, "big")
+        deadline = None if timeout_ms is None else now + timeout_ms / 1000
+        job = JobEntry(job_id, client, request_id, model, tensors, now, deadline, timeout_ms)
+        self._jobs[job_id] = job
+        self._keys[(client, request_id)] = job
+        return job
+
+    def get(self, job_id: bytes) -> JobEntry | None:
+        return self._jobs.get(job_id)
+
+    def finish(self, job: JobEntry) -> None:
+        job.state = State.DONE
+        self._jobs.pop(job.job_id, None)
+        self._keys.pop((job.client, job.request_id), None)
+
+
+class Deadlines:
+    """A heap of job deadlines; entries of jobs already done are skipped lazily."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, JobEntry]] = []
+        self._seq = itertools.count()
+
+    def add(self, job: JobEntry) -> None:
+        if job.deadline is not None:
+            heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
+
+    def next_due(self) -> float | None:
+        while self._heap and self._heap[0][2].state is State.DONE:
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def expired(self, now: float) -> list[JobEntry]:
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            job = heapq.heappop(self._heap)[2]
+            if job.state is not State.DONE:
+                due.append(job)
+        return due

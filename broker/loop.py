@@ -1,0 +1,192 @@
+"""The broker: one thread, one poll loop over the client and worker ROUTERs.
+
+Each turn reads what the sockets hold (worker messages first: their results free
+credit), then runs the timers: deadlines, heartbeats and liveness, the end of the
+start-up grace. Nothing here blocks: sends that cannot go are dropped and counted
+(:mod:`ipuserve.broker.outbox`). :meth:`Broker.stop` may be called from any thread
+or a signal handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.broker.clients import ClientHandlers
+from ipuserve.broker.config import BrokerConfig
+from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
+from ipuserve.broker.outbox import Outbox
+from ipuserve.broker.registry import Registry
+from ipuserve.broker.scheduler import Scheduler
+from ipuserve.broker.workers import WorkerHandlers
+from ipuserve.errors import IpuserveError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+#: Messages read from one socket per turn before the other socket and the timers get theirs.
+BATCH = 256
+
+
+class Broker:
+    """Binds on construction (so the endpoints are known), serves in :meth:`run`."""
+
+    def __init__(self, config: BrokerConfig, context: zmq.Context[Any] | None = None) -> None:
+        self.config = config
+        self.epoch = secrets.token_hex(8)
+        self.metrics = BrokerMetrics()
+        self._context = context or zmq.Context.instance()
+        self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
+        self._frontend = self._router(config.frontend, sndhwm=config.client_hwm, handover=True)
+        self._backend = self._router(config.backend, sndhwm=100_000, handover=False)
+        self.frontend_endpoint = _endpoint(self._frontend)
+        self.backend_endpoint = _endpoint(self._backend)
+        self.registry = Registry()
+        self.scheduler = Scheduler(
+            config, self.registry, Outbox(self._frontend, self._backend, self.metrics), self.metrics
+        )
+        now = time.monotonic()
+        self._clients = ClientHandlers(self.scheduler, self.epoch, now + config.startup_grace_s)
+        welcome = wire.Welcome(self.epoch, config.heartbeat_ms, config.liveness_ms)
+        self._workers = WorkerHandlers(self.scheduler, welcome)
+        self._next_beat = now
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._stopping = False
+        self.metrics_server: MetricsServer | None = None
+
+    def _router(self, endpoint: str, *, sndhwm: int, handover: bool) -> zmq.Socket[Any]:
+        sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
+        sock.setsockopt(zmq.SNDHWM, sndhwm)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_payload_bytes + (1 << 20))
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise OSError(f"cannot bind {endpoint}: {exc}") from exc
+        return sock
+
+    # ------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        """Ask the loop to finish; safe from any thread and from a signal handler."""
+        self._stopping = True
+        os.eventfd_write(self._wake, 1)
+
+    def run(self) -> None:
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
+        log.info(
+            "broker listening: frontend=%s backend=%s epoch=%s metrics-port=%s",
+            self.frontend_endpoint,
+            self.backend_endpoint,
+            self.epoch,
+            self.metrics_server.port if self.metrics_server else "off",
+        )
+        try:
+            self._loop()
+            log.info("broker stopping: stop requested")
+        except Exception:
+            log.exception("broker loop crashed")
+            raise
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self.scheduler.shutdown(UnavailableError("the broker is shutting down"))
+        self._frontend.close(linger=self.config.shutdown_linger_ms)
+        self._backend.close(linger=0)
+        os.close(self._wake)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        log.info("broker closed")
+
+    # ------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._backend, zmq.POLLIN)
+        poller.register(self._frontend, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        while not self._stopping:
+            events = dict(poller.poll(self._timeout_ms()))
+            if self._backend in events:
+                self._drain(self._backend, self._on_worker)
+            if self._frontend in events:
+                self._drain(self._frontend, self._on_client)
+            self._on_timers(time.monotonic())
+
+    @staticmethod
+    def _drain(sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
+        for _ in range(BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _on_client(self, frames: list[Any]) -> None:
+        client, body = frames[0].bytes, frames[1:]
+        try:
+            self._clients.handle(client, wire.decode(body, self._limits))
+        except IpuserveError as exc:
+            self._refuse(client, body, exc)
+        except Exception:
+            log.exception("failed to handle a client message")
+            self._refuse(client, body, IpuserveError("internal broker error; see its log"))
+
+    def _refuse(self, client: bytes, body: list[Any], error: IpuserveError) -> None:
+        self.metrics.errors.inc(code=error.code)
+        self.scheduler.outbox.to_client(client, wire.error_frames(wire.peek_id(body), error))
+
+    def _on_worker(self, frames: list[Any]) -> None:
+        identity, body = frames[0].bytes, frames[1:]
+        now = time.monotonic()
+        worker = self.registry.get(identity)
+        if worker is not None:
+            worker.last_seen = now
+        try:
+            message = wire.decode(body, self._limits)
+        except IpuserveError as exc:
+            self._workers.on_malformed(worker, body, exc)
+            return
+        self._workers.handle(identity, worker, message, now)
+
+    # ------------------------------------------------------------ timers
+
+    def _timeout_ms(self) -> int:
+        due = [self._next_beat, self._clients.grace_until, self.scheduler.deadlines.next_due()]
+        wake = min(t for t in due if t is not None)
+        return max(0, int((wake - time.monotonic()) * 1000) + 1)
+
+    def _on_timers(self, now: float) -> None:
+        self.scheduler.expire(now)
+        if now >= self._next_beat:
+            self._workers.beat(now)
+            self._update_gauges()
+            self._next_beat = now + self.config.heartbeat_ms / 1000
+        grace_until = self._clients.grace_until
+        if grace_until is not None and now >= grace_until:
+            self._clients.grace_until = None
+            self.scheduler.end_grace()
+
+    def _update_gauges(self) -> None:
+        self.metrics.workers.set(len(self.registry.workers))
+        self.metrics.in_flight.set(sum(len(w.in_flight) for w in self.registry.workers.values()))
+        for model, queue in self.scheduler.dispatcher.queues.items():
+            self.metrics.queued.set(len(queue), model=model)
+
+
+def _endpoint(sock: zmq.Socket[Any]) -> str:
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))

@@ -1,0 +1,75 @@
+"""Registered workers, and the models they serve (with the schema requests must match)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ipuserve.broker.jobs import JobEntry
+from ipuserve.protocol import Hello, ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    """A worker as the broker sees it. ``in_flight`` holds every job the worker still has,
+    including jobs already answered another way (expired, or won by another worker's
+    result): until the worker answers them they use its credit."""
+
+    identity: bytes
+    worker_id: str
+    models: tuple[str, ...]
+    credit: int
+    last_seen: float
+    in_flight: dict[bytes, JobEntry] = field(default_factory=dict)
+
+    @property
+    def spare(self) -> int:
+        return self.credit - len(self.in_flight)
+
+    @property
+    def load(self) -> float:
+        return len(self.in_flight) / self.credit if self.credit else float("inf")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.workers: dict[bytes, Worker] = {}
+        self.specs: dict[str, ModelSpec] = {}
+        self.serving: dict[str, list[Worker]] = {}
+
+    def get(self, identity: bytes) -> Worker | None:
+        return self.workers.get(identity)
+
+    def by_worker_id(self, worker_id: str) -> Worker | None:
+        return next((w for w in self.workers.values() if w.worker_id == worker_id), None)
+
+    def add(self, identity: bytes, hello: Hello, now: float) -> Worker:
+        """Register a worker for each model whose schema agrees with what is known."""
+        models = tuple(spec.name for spec in hello.models if self._accept(hello.worker_id, spec))
+        worker = Worker(identity, hello.worker_id, models, hello.credit, now)
+        self.workers[identity] = worker
+        for name in models:
+            self.serving.setdefault(name, []).append(worker)
+        return worker
+
+    def _accept(self, worker_id: str, spec: ModelSpec) -> bool:
+        known = self.specs.get(spec.name)
+        if known is None or known == spec or not self.serving.get(spec.name):
+            self.specs[spec.name] = spec
+            return True
+        log.error(
+            "worker %s announces model %r with another schema than the workers already "
+            "serving it; not routing that model to it",
+            worker_id,
+            spec.name,
+        )
+        return False
+
+    def remove(self, worker: Worker) -> None:
+        self.workers.pop(worker.identity, None)
+        for name in worker.models:
+            serving = self.serving.get(name, [])
+            if worker in serving:
+                serving.remove(worker)

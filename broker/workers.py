@@ -1,0 +1,90 @@
+"""What the broker does with each worker command, and how it judges worker liveness."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ipuserve import protocol as wire
+from ipuserve.broker.registry import Worker
+from ipuserve.broker.scheduler import Scheduler
+from ipuserve.errors import IpuserveError, error_for_code
+
+log = logging.getLogger(__name__)
+
+
+class WorkerHandlers:
+    def __init__(self, scheduler: Scheduler, welcome: wire.Welcome) -> None:
+        self._scheduler = scheduler
+        self._registry = scheduler.registry
+        self._outbox = scheduler.outbox
+        self._welcome = welcome.encode()
+        self._heartbeat = wire.Heartbeat().encode()
+        self._reconnect = wire.Reconnect().encode()
+        self._liveness_s = welcome.liveness_ms / 1000
+
+    def handle(
+        self, identity: bytes, worker: Worker | None, message: wire.Message, now: float
+    ) -> None:
+        if isinstance(message, wire.Hello):
+            self.on_hello(identity, message, now)
+        elif isinstance(message, wire.Result):
+            self._scheduler.on_outcome(worker, message.job_id, message)
+        elif isinstance(message, wire.Fail):
+            error = error_for_code(message.code, message.message)
+            self._scheduler.on_outcome(worker, message.job_id, error)
+        elif worker is not None and isinstance(message, wire.Heartbeat):
+            self.on_heartbeat(worker, message)
+        elif worker is not None and isinstance(message, wire.Bye):
+            self._scheduler.drop_worker(worker, "left", message.handed_back)
+        elif worker is not None:
+            log.warning("worker %s sent %s; ignored", worker.worker_id, message.COMMAND.name)
+        if worker is None and not isinstance(message, wire.Hello | wire.Bye):
+            self._outbox.to_worker(identity, self._reconnect)
+
+    def on_hello(self, identity: bytes, hello: wire.Hello, now: float) -> None:
+        old = self._registry.get(identity) or self._registry.by_worker_id(hello.worker_id)
+        if old is not None:
+            self._scheduler.drop_worker(old, "re-registered")
+        new_specs = [s for s in hello.models if s.name not in self._registry.specs]
+        worker = self._registry.add(identity, hello, now)
+        log.info(
+            "worker %s registered: models %s, credit %d",
+            worker.worker_id,
+            ", ".join(worker.models) or "none",
+            worker.credit,
+        )
+        for spec in new_specs:
+            self._scheduler.model_registered(spec)
+        if not self._outbox.to_worker(identity, self._welcome):
+            self._scheduler.drop_worker(worker, "unreachable")
+            return
+        self._scheduler.pump(worker)
+
+    def on_heartbeat(self, worker: Worker, heartbeat: wire.Heartbeat) -> None:
+        if heartbeat.credit is not None and heartbeat.credit != worker.credit:
+            log.info(
+                "worker %s changes its credit %d -> %d",
+                worker.worker_id,
+                worker.credit,
+                heartbeat.credit,
+            )
+            worker.credit = heartbeat.credit
+            self._scheduler.pump(worker)
+
+    def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
+        """Nobody to answer: count it; a RESULT we cannot read fails its job instead."""
+        self._scheduler.metrics.dropped.inc(reason="malformed_from_worker")
+        name = worker.worker_id if worker is not None else "an unregistered peer"
+        log.warning("malformed message from %s: %s", name, error)
+        job_id = wire.peek_id(frames)
+        if worker is not None and job_id in worker.in_flight:
+            self._scheduler.on_outcome(worker, job_id, error)
+
+    def beat(self, now: float) -> None:
+        """Heartbeat every worker; drop the ones silent past the liveness window."""
+        for worker in list(self._registry.workers.values()):
+            if now - worker.last_seen > self._liveness_s:
+                self._scheduler.drop_worker(worker, "silent")
+            elif not self._outbox.to_worker(worker.identity, self._heartbeat):
+                self._scheduler.drop_worker(worker, "unreachable")

@@ -1,0 +1,96 @@
+"""A worker process with a FunctionBackend: what the fabric's tests run as workers.
+
+    python tests/fn_worker.py --broker tcp://127.0.0.1:PORT --model add [--delay-ms 20]
+
+Models (all with batching dimension 0):
+  add    x, y: float32 [B, 8]  ->  z = x + 2 * y
+  echo   x: uint8 [B, N]        ->  y = x          (N from --echo-bytes)
+  fail   x: float32 [B, 8]     ->  raises ValueError (INFERENCE_FAILED)
+``--delay-ms`` makes every job take at least that long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ipuserve.protocol import ModelSpec, TensorSpec
+from ipuserve.worker.backend import FunctionBackend, ModelFn
+from ipuserve.worker.cli import serve
+from ipuserve.worker.config import WorkerConfig
+
+WIDTH = 8
+
+
+def models(args: argparse.Namespace) -> dict[ModelSpec, ModelFn]:
+    def delayed(fn: ModelFn) -> ModelFn:
+        def run(inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+            if args.delay_ms:
+                time.sleep(args.delay_ms / 1000)
+            return fn(inputs)
+
+        return run
+
+    def fail(_inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        raise ValueError("this model always fails")
+
+    f32 = (TensorSpec("x", "float32", (4, WIDTH)), TensorSpec("y", "float32", (4, WIDTH)))
+    table: dict[str, tuple[ModelSpec, ModelFn]] = {
+        "add": (
+            ModelSpec("add", f32, (TensorSpec("z", "float32", (4, WIDTH)),), 4, 0),
+            lambda t: {"z": t["x"] + 2 * t["y"]},
+        ),
+        "echo": (
+            ModelSpec(
+                "echo",
+                (TensorSpec("x", "uint8", (1, args.echo_bytes)),),
+                (TensorSpec("y", "uint8", (1, args.echo_bytes)),),
+                1,
+                0,
+            ),
+            lambda t: {"y": t["x"]},
+        ),
+        "fail": (ModelSpec("fail", f32[:1], f32[:1], 4, 0), fail),
+    }
+    return {table[name][0]: delayed(table[name][1]) for name in args.model}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--broker", required=True)
+    parser.add_argument("--model", action="append", choices=["add", "echo", "fail"])
+    parser.add_argument("--worker-id", default=None)
+    parser.add_argument("--credit", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--echo-bytes", type=int, default=1024)
+    parser.add_argument("--heartbeat-ms", type=float, default=50.0)
+    parser.add_argument("--handshake-ms", type=float, default=300.0)
+    parser.add_argument("--reconnect-max-ms", type=float, default=200.0)
+    parser.add_argument("--drain-timeout-ms", type=float, default=10_000.0)
+    args = parser.parse_args()
+    args.model = args.model or ["add"]
+    logging.basicConfig(
+        level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    backend = FunctionBackend(models(args), threads=args.threads, capacity=args.credit)
+    options: dict[str, Any] = {} if args.worker_id is None else {"worker_id": args.worker_id}
+    config = WorkerConfig(
+        broker=args.broker,
+        credit=args.credit,
+        heartbeat_ms=args.heartbeat_ms,
+        handshake_timeout_ms=args.handshake_ms,
+        reconnect_min_ms=20.0,
+        reconnect_max_ms=args.reconnect_max_ms,
+        drain_timeout_ms=args.drain_timeout_ms,
+        **options,
+    )
+    return serve(backend, config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Process fixtures shared by the test packages: real brokers and workers on loopback.
+
+Everything waits on something that happened — a log line, a PONG, a reply — with a
+timeout; nothing sleeps. Every process started through :class:`Processes` is killed
+at teardown, and its output is printed when a test fails.
+
+    procs = Processes()                               # or the ``processes`` fixture
+    broker = start_broker(procs, "--heartbeat-ms", "50")
+    worker = start_worker(procs, broker, model="add")  # waits for its registration
+    with RawClient(broker.frontend) as client:
+        reply = client.call("add", {"x": x, "y": y})
+
+``start_worker`` takes ``argv=`` (a function of the broker's backend endpoint that
+returns a command line), so the same tests can run real ``ipuserve worker``
+processes once the runner backend exists; the default runs tests/fn_worker.py, a
+FunctionBackend worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from ipuserve import protocol as wire
+
+FN_WORKER = Path(__file__).with_name("fn_worker.py")
+START_TIMEOUT = 20.0
+REPLY_TIMEOUT = 20.0
+
+# ---------------------------------------------------------------- processes
+
+
+class Proc:
+    """A child process whose merged stdout/stderr is collected line by line."""
+
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        self.name, self.argv = name, argv
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            text=True,
+            bufsize=1,
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def mark(self) -> int:
+        """A position in the output; wait_for(..., since=mark) looks only after it."""
+        with self._changed:
+            return len(self.lines)
+
+    def wait_for(
+        self, pattern: str, timeout: float = START_TIMEOUT, since: int = 0
+    ) -> re.Match[str]:
+        """The first output line after ``since`` matching ``pattern`` (waits for it)."""
+        regex, deadline, seen = re.compile(pattern), time.monotonic() + timeout, since
+        with self._changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if match := regex.search(line):
+                        return match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.popen.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(
+                        f"{self.name}: no line matching {pattern!r} "
+                        f"(exit code {self.popen.poll()}):\n{self.output()}"
+                    )
+                self._changed.wait(left)
+
+    def output(self) -> str:
+        return "\n".join(f"  [{self.name}] {line}" for line in list(self.lines))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=10)
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = START_TIMEOUT) -> int:
+        return self.popen.wait(timeout=timeout)
+
+
+class Processes:
+    """Starts processes and kills every one of them at :meth:`close` (teardown)."""
+
+    def __init__(self) -> None:
+        self.started: list[Proc] = []
+
+    def start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        proc = Proc(name, argv, env)
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.started:
+            proc.kill()
+
+    def output(self) -> str:
+        return "\n".join(proc.output() for proc in self.started)
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """Processes killed at teardown; their output shows in the report of a failed test."""
+    procs = Processes()
+    try:
+        yield procs
+    finally:
+        procs.close()
+        print(f"--- output of the test's processes ---\n{procs.output()}")
+
+
+# ---------------------------------------------------------------- broker and workers
+
+
+@dataclass
+class BrokerProc:
+    proc: Proc
+    frontend: str
+    backend: str
+    epoch: str
+    metrics_port: int | None
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def metrics_url(self) -> str:
+        assert self.metrics_port is not None, "start the broker with metrics=True"
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+
+_LISTENING = r"broker listening: frontend=(\S+) backend=(\S+) epoch=(\S+) metrics-port=(\S+)"
+
+
+def start_broker(
+    procs: Processes,
+    *args: str,
+    frontend: str = "tcp://127.0.0.1:*",
+    backend: str = "tcp://127.0.0.1:*",
+    metrics: bool = True,
+    heartbeat_ms: int = 50,
+    liveness_ms: int = 400,
+    grace_ms: int = 0,
+) -> BrokerProc:
+    """Start ``ipuserve broker``; ready once it logged its endpoints and answered a PING."""
+    argv = [
+        sys.executable,
+        "-m",
+        "ipuserve",
+        "--log-level",
+        "INFO",
+        "broker",
+        "--frontend",
+        frontend,
+        "--backend",
+        backend,
+        "--heartbeat-ms",
+        str(heartbeat_ms),
+        "--liveness-ms",
+        str(liveness_ms),
+        "--grace-ms",
+        str(grace_ms),
+        *args,
+    ]
+    if metrics:
+        argv += ["--metrics-host", "127.0.0.1", "--metrics-port", "0"]
+    proc = procs.start("broker", argv)
+    found = proc.wait_for(_LISTENING)
+    port = None if found[4] == "off" else int(found[4])
+    broker = BrokerProc(proc, found[1], found[2], found[3], port, argv)
+    assert ping(broker.frontend) == broker.epoch
+    return broker
+
+
+def restart_broker(procs: Processes, old: BrokerProc) -> BrokerProc:
+    """kill -9 the broker and start a new one on the same ports."""
+    old.proc.kill()
+    argv = list(old.argv)
+    argv[argv.index("--frontend") + 1] = old.frontend
+    argv[argv.index("--backend") + 1] = old.backend
+    proc = procs.start("broker2", argv)
+    found = proc.wait_for(_LISTENING)
+    port = None if found[4] == "off" else int(found[4])
+    broker = BrokerProc(proc, found[1], found[2], found[3], port, argv)
+    assert ping(broker.frontend) == broker.epoch
+    return broker
+
+
+WorkerArgv = Callable[[str], list[str]]
+
+
+def fn_worker_argv(model: str = "add", *args: str) -> WorkerArgv:
+    """A FunctionBackend worker (tests/fn_worker.py) serving ``model``."""
+
+    def argv(backend: str) -> list[str]:
+        return [
+            sys.executable,
+            str(FN_WORKER),
+            "--broker",
+            backend,
+            "--model",
+            model,
+            "--heartbeat-ms",
+            "50",
+            "--handshake-ms",
+            "300",
+            "--reconnect-max-ms",
+            "200",
+            *args,
+        ]
+
+    return argv
+
+
+_REGISTERED = r"worker (\S+) registered with \S+ \(epoch "
+_worker_names = itertools.count(1)
+
+
+def start_worker(
+    procs: Processes, broker: BrokerProc, argv: WorkerArgv | None = None, *, name: str | None = None
+) -> Proc:
+    """Start a worker; ready once it logged its registration with this broker's epoch."""
+    name = name or f"worker{next(_worker_names)}"
+    proc = procs.start(name, (argv or fn_worker_argv())(broker.backend))
+    proc.wait_for(_REGISTERED + broker.epoch)
+    return proc
+
+
+def wait_registered(proc: Proc, broker: BrokerProc, since: int = 0) -> None:
+    proc.wait_for(_REGISTERED + broker.epoch, since=since)
+
+
+# ---------------------------------------------------------------- a raw client
+
+
+class RawClient:
+    """A bare DEALER speaking the protocol: what tests use instead of the real Client."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, endpoint: str, *, rcvhwm: int | None = None) -> None:
+        self.context = zmq.Context.instance()
+        self.socket: zmq.Socket[Any] = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if rcvhwm is not None:
+            self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
+            self.socket.setsockopt(zmq.RCVBUF, 4096)
+        self.socket.connect(endpoint)
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+    def send_frames(self, frames: list[Any]) -> None:
+        self.socket.send_multipart(frames, copy=False)
+
+    def send(self, message: wire.Message) -> None:
+        self.send_frames(message.encode())  # type: ignore[arg-type]
+
+    def request(
+        self,
+        model: str,
+        arrays: Mapping[str, Any],
+        timeout_ms: float | None = None,
+        request_id: bytes | None = None,
+    ) -> bytes:
+        request_id = request_id or b"r%d" % next(self._ids)
+        self.send(wire.Request(request_id, model, wire.Tensors.of(arrays), timeout_ms))
+        return request_id
+
+    def recv(self, timeout: float = REPLY_TIMEOUT) -> wire.Message:
+        if not self.socket.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no message within {timeout} s")
+        return wire.decode(self.socket.recv_multipart(copy=False))
+
+    def call(
+        self,
+        model: str,
+        arrays: Mapping[str, Any],
+        timeout_ms: float | None = None,
+        timeout: float = REPLY_TIMEOUT,
+    ) -> wire.Message:
+        request_id = self.request(model, arrays, timeout_ms)
+        while True:
+            reply = self.recv(timeout)
+            if getattr(reply, "request_id", None) == request_id:
+                return reply
+
+    def models(self) -> tuple[wire.ModelInfo, ...]:
+        self.send(wire.ListModels(b"models"))
+        reply = self.recv()
+        assert isinstance(reply, wire.ModelsReply), reply
+        return reply.models
+
+
+def ping(frontend: str, timeout: float = START_TIMEOUT) -> str:
+    """PING the broker; its epoch."""
+    with RawClient(frontend) as client:
+        client.send(wire.Ping(b"ping"))
+        pong = client.recv(timeout)
+    assert isinstance(pong, wire.Pong), pong
+    return pong.epoch
+
+
+# ---------------------------------------------------------------- models and metrics
+
+ADD_WIDTH = 8
+
+
+def add_inputs(rows: int = 2, seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.standard_normal((rows, ADD_WIDTH), dtype=np.float32),
+        "y": rng.standard_normal((rows, ADD_WIDTH), dtype=np.float32),
+    }
+
+
+def add_expected(inputs: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    return inputs["x"] + 2 * inputs["y"]
+
+
+def assert_add_reply(reply: wire.Message, inputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+    assert isinstance(reply, wire.Reply), reply
+    np.testing.assert_allclose(reply.tensors.arrays()["z"], add_expected(inputs), rtol=1e-6)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value}."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            samples[key] = float(value)
+    return samples
