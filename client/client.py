@@ -1,0 +1,143 @@
+"""The Python client of an ipuserve broker.
+
+::
+
+    with Client("tcp://broker:5555", timeout=10) as client:
+        outputs = client.infer("mlp", {"x": batch})          # blocks
+        future = client.infer_async("mlp", {"x": batch})      # concurrent.futures.Future
+        print(future.result()["y"], future.timing)
+
+One client is meant to be shared by every thread of a process: callers never
+touch the socket; a single background I/O thread owns it (see
+:mod:`ipuserve.client.io_loop`). Results are read-only ``np.frombuffer`` views of
+the received frames (no copies); copy them to modify them. Inputs are sent
+without copies too, so do not modify an input array until its future is done.
+
+Futures complete on the I/O thread, so done-callbacks must be quick; a callback
+may call :meth:`Client.infer_async`, which then sends at once (this is how the
+bench chains requests). Errors the broker or a worker report are raised as the
+class they reported (:mod:`ipuserve.errors`); a request whose timeout passes
+with no reply fails with :class:`DeadlineExceeded`, and the timeout travels with
+the request so the fabric stops working on it too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from types import TracebackType
+from typing import Any, TypeVar
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop
+from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
+from ipuserve.errors import DeadlineExceeded
+
+_DEFAULT: Any = object()
+T = TypeVar("T")
+_RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
+
+
+class Client:
+    """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``).
+
+    ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
+    timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
+    socket identity; by default it is random and unique per client, which lets
+    the broker recognise re-sent requests after a reconnect.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        timeout: float | None = 30.0,
+        *,
+        config: ClientConfig | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.address = address
+        self.config = config or ClientConfig()
+        self.timeout = timeout
+        self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
+        self._ids = itertools.count(1)
+        self._io = IoLoop(self._connect(context or zmq.Context.instance()), self.config)
+        self._io.thread.start()
+
+    def _connect(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
+        sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.config.reconnect_max_s * 1000))
+        sock.connect(self.address)
+        return sock
+
+    # ------------------------------------------------------------------ requests
+
+    def infer_async(
+        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = _DEFAULT
+    ) -> InferFuture:
+        """Send one request; the future holds ``{output name: read-only array}``.
+
+        Raises at once what is known locally: :class:`ClosedError` after
+        :meth:`close`, :class:`InvalidInputError` for a dtype the wire does not carry.
+        """
+        timeout = self.timeout if timeout is _DEFAULT else timeout
+        request_id = next(self._ids).to_bytes(8, "little")
+        tensors = wire.Tensors.of(inputs)
+        timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
+        message = wire.Request(request_id, model, tensors, timeout_ms)
+        future = InferFuture(request_id)
+        self._io.submit(Pending(message, future, timeout, parse_reply))
+        return future
+
+    def infer(
+        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = _DEFAULT
+    ) -> Arrays:
+        """Send one request and wait for its outputs (raises the reported error class)."""
+        timeout = self.timeout if timeout is _DEFAULT else timeout
+        return _wait(self.infer_async(model, inputs, timeout=timeout), timeout)
+
+    def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
+        """The broker's models: their specs, queue depth, and each worker's credit/in-flight."""
+        timeout = self.timeout if timeout is _DEFAULT else timeout
+        future: Future[list[wire.ModelInfo]] = Future()
+        message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
+        self._io.submit(Pending(message, future, timeout, parse_models))
+        return _wait(future, timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def stats(self) -> ClientStats:
+        """Counters: sent, re-sent, replies, dropped (duplicate or late) replies, epoch, ..."""
+        return self._io.stats
+
+    def close(self) -> None:
+        """Fail pending requests with :class:`ClosedError` and stop the I/O thread."""
+        self._io.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.address!r}, timeout={self.timeout})"
+
+
+def _wait(future: Future[T], timeout: float | None) -> T:
+    """The future's result; the I/O thread fails it at its deadline, the grace is a backstop."""
+    try:
+        return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)
+    except FutureTimeout:
+        raise DeadlineExceeded(f"no reply within {timeout} s") from None

@@ -1,0 +1,302 @@
+"""The client's I/O thread: the only code that touches the client's DEALER socket.
+
+Callers hand :class:`Pending` requests over through :meth:`IoLoop.submit` — a
+deque plus a :class:`Waker` written only on the empty -> non-empty transition;
+the check and the append share a lock with the thread's swap, and the thread
+clears the waker *before* swapping, so a wake-up is never lost (a racing
+submit causes at most one spurious one). Code already running on this thread
+(future callbacks) sends directly instead: no hand-off, no hop.
+
+Liveness: a PING goes out at connect and every ``ping_interval_s`` while
+requests are pending; PONG carries the broker's epoch. A new epoch (the broker
+restarted and lost its queue) or silence past ``liveness_s`` re-sends every
+pending request with its original id; the broker drops duplicates it still
+holds, and replies for ids no longer pending are dropped here and counted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.client.pending import EXPECTS, Pending
+from ipuserve.client.waker import Waker
+from ipuserve.errors import (
+    ClosedError,
+    DeadlineExceeded,
+    IpuserveError,
+    ProtocolError,
+    UnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """Tuning of one client; the defaults suit a broker on the same network."""
+
+    timeout_s: float | None = 30.0
+    ping_interval_s: float = 1.0
+    liveness_s: float = 3.0
+    reconnect_max_s: float = 2.0
+    send_hwm: int = 100_000
+    recv_batch: int = 256
+    routing_id: bytes | None = None
+
+
+@dataclass
+class ClientStats:
+    """Counters kept by the I/O thread (read them from anywhere; they only grow)."""
+
+    sent: int = 0
+    resent: int = 0
+    replies: int = 0
+    dropped_replies: int = 0
+    malformed: int = 0
+    expired: int = 0
+    epoch_changes: int = 0
+    epoch: str | None = None
+
+
+class IoLoop:
+    """Owns the socket, the pending table, the deadlines and the broker's liveness."""
+
+    def __init__(self, sock: zmq.Socket[Any], config: ClientConfig) -> None:
+        self.config = config
+        self.stats = ClientStats()
+        self._sock = sock
+        self._waker = Waker()
+        self._inbox: deque[Pending] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pending: dict[bytes, Pending] = {}
+        self._deadlines: list[tuple[int, int, bytes]] = []
+        self._seq = itertools.count()
+        self._last_heard = time.monotonic()
+        self._next_ping = 0.0
+        self.thread = threading.Thread(target=self._run, name="ipuserve-client-io", daemon=True)
+
+    # ------------------------------------------------------------ any thread
+
+    def submit(self, pending: Pending) -> None:
+        """Hand a request to the I/O thread (or send it now when called on it)."""
+        if threading.current_thread() is self.thread:
+            if self._closed:
+                raise ClosedError("the client is closed")
+            self._send_new(pending)
+            return
+        with self._lock:
+            if self._closed:
+                raise ClosedError("the client is closed")
+            was_empty = not self._inbox
+            self._inbox.append(pending)
+        if was_empty:
+            self._waker.wake()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._waker.wake()
+        if threading.current_thread() is not self.thread and self.thread.is_alive():
+            self.thread.join()
+        if not self.thread.is_alive():
+            self._waker.close()
+
+    # ------------------------------------------------------------ I/O thread
+
+    def _run(self) -> None:
+        error: IpuserveError = ClosedError("the client is closed")
+        try:
+            self._ping(time.monotonic())
+            self._loop()
+        except Exception as exc:  # never leave callers waiting on a dead thread
+            log.exception("client I/O thread failed")
+            error = UnavailableError(f"the client's I/O thread failed: {exc!r}")
+        finally:
+            with self._lock:
+                self._closed = True
+                leftovers = [*self._pending.values(), *self._inbox]
+                self._pending.clear()
+                self._inbox.clear()
+            self._sock.close(linger=0)
+            _fail(leftovers, error)
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._waker.fileno(), zmq.POLLIN)
+        while not self._closed:
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if self._waker.fileno() in events:
+                self._take_inbox()
+            if self._sock in events:
+                self._receive()
+            self._tick()
+
+    def _take_inbox(self) -> None:
+        self._waker.clear()
+        with self._lock:
+            items, self._inbox = self._inbox, deque()
+        for pending in items:
+            self._send_new(pending)
+
+    def _send_new(self, pending: Pending) -> None:
+        now = time.monotonic()
+        if not self._pending:  # idle until now: silence so far means nothing
+            self._last_heard = now
+            self._ping(now)
+        self._pending[pending.request_id] = pending
+        if pending.deadline_ns is not None:
+            entry = (pending.deadline_ns, next(self._seq), pending.request_id)
+            heapq.heappush(self._deadlines, entry)
+        self._send(pending)
+        self.stats.sent += 1
+
+    def _send(self, pending: Pending) -> None:
+        try:
+            _send_frames(self._sock, pending.frames(time.perf_counter_ns()))
+        except zmq.Again:
+            pass  # queue full while the broker is away: the liveness re-send covers it
+
+    def _ping(self, now: float) -> None:
+        self._next_ping = now + self.config.ping_interval_s
+        try:
+            _send_frames(self._sock, wire.Ping().encode())
+        except zmq.Again:
+            pass
+
+    def _receive(self) -> None:
+        for _ in range(self.config.recv_batch):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._last_heard = time.monotonic()
+            self._on_frames(frames)
+
+    def _on_frames(self, frames: list[zmq.Frame]) -> None:
+        try:
+            message = wire.decode(frames)
+        except IpuserveError as exc:
+            self._on_malformed(frames, exc)
+            return
+        if isinstance(message, wire.Pong):
+            self._on_pong(message)
+        elif isinstance(message, wire.ErrorReply):
+            self._finish(message.request_id, lambda p: p.future.set_exception(message.exception()))
+        elif isinstance(message, wire.Reply | wire.ModelsReply):
+            self._on_answer(message)
+        else:
+            self._on_malformed(
+                frames, ProtocolError(f"a client never expects {message.COMMAND.name}")
+            )
+
+    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
+        pending = self._pending.get(message.request_id)
+        if pending is not None and EXPECTS[type(pending.message)] is not type(message):
+            error = ProtocolError(f"{message.COMMAND.name} does not answer this request")
+            self._finish(message.request_id, lambda p: p.future.set_exception(error))
+            return
+        self._finish(message.request_id, lambda p: _resolve(p, message))
+
+    def _on_malformed(self, frames: list[zmq.Frame], error: IpuserveError) -> None:
+        """A reply we cannot read fails its request (when its id is readable), never the loop."""
+        self.stats.malformed += 1
+        log.warning("malformed message from the broker: %s", error)
+        request_id = wire.peek_id(frames)
+        if request_id in self._pending:
+            self._finish(request_id, lambda p: p.future.set_exception(error))
+
+    def _finish(self, request_id: bytes, settle: Any) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is None:
+            self.stats.dropped_replies += 1
+            return
+        self.stats.replies += 1
+        if not pending.future.done():
+            settle(pending)  # runs the future's callbacks on this thread
+
+    def _on_pong(self, pong: wire.Pong) -> None:
+        known = self.stats.epoch
+        self.stats.epoch = pong.epoch
+        if known is not None and known != pong.epoch:
+            log.warning("broker restarted (epoch %s -> %s); re-sending", known, pong.epoch)
+            self.stats.epoch_changes += 1
+            self._resend_all()
+
+    def _resend_all(self) -> None:
+        for pending in list(self._pending.values()):
+            self._send(pending)
+            self.stats.resent += 1
+
+    def _tick(self) -> None:
+        self._expire(time.perf_counter_ns())
+        if not self._pending:
+            return
+        now = time.monotonic()
+        if now - self._last_heard > self.config.liveness_s:
+            log.warning(
+                "broker silent for %.1f s; re-sending %d",
+                now - self._last_heard,
+                len(self._pending),
+            )
+            self._last_heard = now
+            self._resend_all()
+        if now >= self._next_ping:
+            self._ping(now)
+
+    def _expire(self, now_ns: int) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now_ns:
+            _, _, request_id = heapq.heappop(self._deadlines)
+            pending = self._pending.get(request_id)
+            if pending is None or pending.deadline_ns is None or pending.deadline_ns > now_ns:
+                continue
+            del self._pending[request_id]
+            self.stats.expired += 1
+            pending.future.set_exception(
+                DeadlineExceeded(
+                    f"no reply within {pending.timeout_s} s (request {request_id.hex()})"
+                )
+            )
+
+    def _poll_timeout_ms(self) -> int:
+        if self._inbox:
+            return 0
+        waits = []
+        if self._deadlines:
+            waits.append((self._deadlines[0][0] - time.perf_counter_ns()) / 1e6)
+        if self._pending:
+            waits.append((self._next_ping - time.monotonic()) * 1e3)
+        return -1 if not waits else max(int(min(waits)) + 1, 0)
+
+
+def _send_frames(sock: zmq.Socket[Any], frames: list[wire.Frame]) -> None:
+    """Send without blocking and without copying big frames (pyzmq copies small ones)."""
+    sock.send_multipart(frames, zmq.NOBLOCK, copy=False)  # type: ignore[arg-type]
+
+
+def _fail(leftovers: list[Pending], error: IpuserveError) -> None:
+    for pending in leftovers:
+        if not pending.future.done():
+            pending.future.set_exception(type(error)(str(error)))
+
+
+def _resolve(pending: Pending, message: wire.Message) -> None:
+    try:
+        result = pending.parse(message, pending)
+    except IpuserveError as exc:
+        pending.future.set_exception(exc)
+    else:
+        pending.future.set_result(result)

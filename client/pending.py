@@ -1,0 +1,100 @@
+"""The client's view of one outstanding request: its future, its message, its deadline.
+
+Owned by the client's I/O thread once handed over; callers only ever see the
+:class:`InferFuture`. The request *message* (not its frames) is kept until the
+reply so it can be re-sent after a broker restart with the same id and with the
+time it has left as its timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipuserve import protocol as wire
+from ipuserve.client.stats import Timing
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+class InferFuture(Future[Arrays]):
+    """A ``concurrent.futures.Future`` of a result, plus where its time went.
+
+    ``timing`` is set just before the result (``None`` for errors and models()):
+    the fabric's ``broker_queue_us``, ``worker_queue_us``, ``device_us`` and
+    ``worker_us`` from the reply header, and ``total_us`` measured by the client
+    from ``infer_async`` to the reply.
+    """
+
+    def __init__(self, request_id: bytes) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.timing: Timing | None = None
+
+
+Message = wire.Request | wire.ListModels
+
+
+@dataclass(slots=True)
+class Pending:
+    """One request between hand-over and reply; only the I/O thread touches it."""
+
+    message: Message
+    future: Future[Any]
+    timeout_s: float | None
+    parse: Callable[[wire.Message, Pending], Any]
+    started_ns: int = field(default_factory=time.perf_counter_ns)
+    deadline_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None:
+            self.deadline_ns = self.started_ns + int(self.timeout_s * 1e9)
+
+    @property
+    def request_id(self) -> bytes:
+        return self.message.request_id
+
+    def frames(self, now_ns: int) -> list[wire.Frame]:
+        """The message to (re)send now; a request's timeout is what is left of it."""
+        message = self.message
+        if isinstance(message, wire.Request) and self.deadline_ns is not None:
+            left_ms = max((self.deadline_ns - now_ns) / 1e6, 0.001)
+            message = dataclasses.replace(message, timeout_ms=round(left_ms, 3))
+        return message.encode()
+
+
+def parse_reply(message: wire.Message, pending: Pending) -> Arrays:
+    """A REPLY's tensors as read-only views; the timing goes on the future."""
+    assert isinstance(message, wire.Reply)
+    future = pending.future
+    if isinstance(future, InferFuture):
+        future.timing = timing_of(message.timing, pending.started_ns)
+    return message.tensors.arrays()
+
+
+def parse_models(message: wire.Message, _pending: Pending) -> list[wire.ModelInfo]:
+    assert isinstance(message, wire.ModelsReply)
+    return list(message.models)
+
+
+def timing_of(reported: Mapping[str, float], started_ns: int) -> Timing:
+    return Timing(
+        total_us=(time.perf_counter_ns() - started_ns) / 1e3,
+        broker_queue_us=reported.get("broker_queue_us", 0.0),
+        worker_queue_us=reported.get("worker_queue_us", 0.0),
+        device_us=reported.get("device_us", 0.0),
+        worker_us=reported.get("worker_us", 0.0),
+    )
+
+
+#: which reply command answers which request
+EXPECTS: dict[type[Message], type[wire.Message]] = {
+    wire.Request: wire.Reply,
+    wire.ListModels: wire.ModelsReply,
+}

@@ -1,0 +1,136 @@
+"""A minimal broker stand-in for client tests: a real ROUTER socket speaking protocol.py.
+
+It runs on its own thread, answers PING with its epoch, MODELS with a fixed list,
+and hands every REQUEST to a ``handler`` that returns the reply message (or None
+to stay silent). Tests use it where the real broker cannot be steered: a restart
+that loses requests, duplicate replies, malformed frames, every error code.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.errors import IpuserveError
+
+Handler = Callable[[wire.Request], "list[wire.Frame] | wire.Message | None"]
+
+ADD = wire.ModelSpec(
+    "add",
+    inputs=(wire.TensorSpec("a", "float32", (2, 3)), wire.TensorSpec("b", "float32", (2, 3))),
+    outputs=(wire.TensorSpec("y", "float32", (2, 3)),),
+    batch_size=2,
+    batching_dim=0,
+)
+
+
+def add_handler(request: wire.Request) -> wire.Message:
+    """``y = a + b`` computed with numpy; timing as a worker would report it."""
+    arrays = request.tensors.arrays()
+    try:
+        y = arrays["a"] + arrays["b"]
+    except KeyError as exc:
+        return wire.ErrorReply(request.request_id, "INVALID_INPUT", f"missing {exc}")
+    timing = {"broker_queue_us": 5.0, "worker_queue_us": 7.0, "device_us": 11.0, "worker_us": 20.0}
+    return wire.Reply(request.request_id, wire.Tensors.of({"y": y}), timing)
+
+
+class FakeBroker:
+    """A ROUTER on ``address`` (bound at start); :meth:`restart` rebinds with a new epoch."""
+
+    def __init__(self, handler: Handler = add_handler, address: str | None = None) -> None:
+        self.handler = handler
+        self.address = address or ""
+        self.epoch = uuid.uuid4().hex
+        self.requests: list[wire.Request] = []
+        self.pings = 0
+        self.duplicate_replies = 1  # how many times each reply is sent
+        self.silent = False  # swallow everything, pings included (a hung broker)
+        self._context: zmq.Context[Any] = zmq.Context.instance()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    def start(self) -> FakeBroker:
+        self._stop.clear()
+        self._ready.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def restart(self) -> None:
+        """Lose everything in flight and come back on the same address with a new epoch."""
+        self.stop()
+        self.epoch = uuid.uuid4().hex
+        self.start()
+
+    def _bind(self) -> zmq.Socket[Any]:
+        sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if self.address:
+            sock.bind(self.address)
+        else:
+            sock.bind("tcp://127.0.0.1:*")
+            self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return sock
+
+    def _run(self) -> None:
+        sock = self._bind()
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if sock.poll(20):
+                    frames = sock.recv_multipart(copy=False)
+                    self._answer(sock, frames[0].bytes, frames[1:])
+        finally:
+            sock.close(linger=0)
+
+    def _answer(self, sock: zmq.Socket[Any], peer: bytes, frames: list[Any]) -> None:
+        try:
+            message = wire.decode(frames)
+        except IpuserveError as exc:
+            self._send(sock, peer, wire.error_frames(wire.peek_id(frames), exc))
+            return
+        reply = self._reply_to(message)
+        if reply is None or self.silent:
+            return
+        out = reply if isinstance(reply, list) else reply.encode()
+        for _ in range(self.duplicate_replies):
+            self._send(sock, peer, out)
+
+    def _reply_to(self, message: wire.Message) -> list[wire.Frame] | wire.Message | None:
+        if isinstance(message, wire.Ping):
+            self.pings += 1
+            return wire.Pong(message.request_id, self.epoch)
+        if isinstance(message, wire.ListModels):
+            load = wire.WorkerLoad("w1", credit=8, in_flight=1)
+            return wire.ModelsReply(message.request_id, (wire.ModelInfo(ADD, 0, (load,)),))
+        if isinstance(message, wire.Request):
+            self.requests.append(message)
+            return self.handler(message)
+        return None
+
+    @staticmethod
+    def _send(sock: zmq.Socket[Any], peer: bytes, frames: list[wire.Frame]) -> None:
+        sock.send_multipart([peer, *frames], copy=False)  # type: ignore[list-item]
+
+
+def inputs(seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    return {
+        "a": rng.standard_normal((2, 3)).astype(np.float32),
+        "b": rng.standard_normal((2, 3)).astype(np.float32),
+    }

@@ -1,0 +1,256 @@
+"""Client against a real ROUTER peer (tests/client/fake_broker.py): results, errors, liveness."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve import errors
+from ipuserve import protocol as wire
+from ipuserve.client.client import Client
+from ipuserve.client.io_loop import ClientConfig
+from tests.client.fake_broker import ADD, FakeBroker, add_handler, inputs
+
+FAST = ClientConfig(ping_interval_s=0.05, liveness_s=0.3)
+
+
+@pytest.fixture
+def broker() -> Iterator[FakeBroker]:
+    fake = FakeBroker().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def client(broker: FakeBroker) -> Iterator[Client]:
+    with Client(broker.address, timeout=10, config=FAST) as c:
+        yield c
+
+
+def expected(arrays: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    return arrays["a"] + arrays["b"]
+
+
+class Counter:
+    """Fires ``reached`` when ``add`` was called ``target`` times (no sleeps needed)."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.count = target, 0
+        self.reached = threading.Event()
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+            if self.count >= self.target:
+                self.reached.set()
+
+
+def counting(handler: Any, counter: Counter) -> Any:
+    def wrapped(request: wire.Request) -> Any:
+        counter.add()
+        return handler(request)
+
+    return wrapped
+
+
+# ---------------------------------------------------------------- results
+
+
+def test_infer_returns_the_numpy_result_as_a_read_only_view(client: Client) -> None:
+    given = inputs(1)
+    out = client.infer("add", given)
+    assert list(out) == ["y"]
+    np.testing.assert_array_equal(out["y"], expected(given))
+    assert not out["y"].flags.writeable
+
+
+def test_infer_async_returns_a_future_with_timing(client: Client) -> None:
+    given = inputs(2)
+    future = client.infer_async("add", given)
+    np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+    assert future.timing is not None
+    assert (future.timing.broker_queue_us, future.timing.device_us) == (5.0, 11.0)
+    assert future.timing.total_us > 0
+
+
+def test_requests_carry_their_timeout_and_unique_ids(client: Client, broker: FakeBroker) -> None:
+    for seed in range(3):
+        client.infer("add", inputs(seed), timeout=2.5)
+    ids = [r.request_id for r in broker.requests]
+    assert len(set(ids)) == 3
+    assert all(r.timeout_ms is not None and 0 < r.timeout_ms <= 2500 for r in broker.requests)
+
+
+def test_many_threads_share_one_client(client: Client) -> None:
+    failures: list[str] = []
+
+    def caller(seed: int) -> None:
+        for i in range(40):
+            given = inputs(seed * 1000 + i)
+            out = client.infer("add", given)
+            if not np.array_equal(out["y"], expected(given)):
+                failures.append(f"thread {seed} request {i}")
+
+    threads = [threading.Thread(target=caller, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert client.stats.replies == 8 * 40
+
+
+def test_done_callbacks_can_chain_requests_on_the_io_thread(client: Client) -> None:
+    done: Future[list[bool]] = Future()
+    checks: list[bool] = []
+
+    def next_request(n: int) -> None:
+        given = inputs(n)
+        future = client.infer_async("add", given)
+        future.add_done_callback(lambda f: on_done(f, n, given))
+
+    def on_done(future: Any, n: int, given: dict[str, np.ndarray[Any, Any]]) -> None:
+        checks.append(bool(np.array_equal(future.result()["y"], expected(given))))
+        assert threading.current_thread().name == "ipuserve-client-io"
+        if n < 20:
+            next_request(n + 1)
+        else:
+            done.set_result(checks)
+
+    next_request(0)
+    assert done.result(10) == [True] * 21
+
+
+def test_models_lists_the_brokers_models(client: Client) -> None:
+    [info] = client.models()
+    assert info.spec == ADD
+    assert [(w.worker_id, w.credit, w.in_flight) for w in info.workers] == [("w1", 8, 1)]
+
+
+# ---------------------------------------------------------------- errors
+
+
+ERROR_CLASSES = [
+    errors.UnknownModelError,
+    errors.InvalidInputError,
+    errors.PayloadTooLargeError,
+    errors.OverloadedError,
+    errors.DeadlineExceeded,
+    errors.WorkerFailedError,
+    errors.InferenceError,
+    errors.UnavailableError,
+    errors.ProtocolError,
+    errors.UnsupportedVersionError,
+]
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.code)
+def test_reported_errors_are_raised_as_their_class(
+    broker: FakeBroker, cls: type[errors.IpuserveError]
+) -> None:
+    broker.handler = lambda r: wire.ErrorReply(r.request_id, cls.code, f"told {cls.__name__}")
+    with (
+        Client(broker.address, timeout=10, config=FAST) as client,
+        pytest.raises(cls, match=f"told {cls.__name__}") as caught,
+    ):
+        client.infer("add", inputs())
+    assert type(caught.value) is cls
+
+
+def test_a_malformed_reply_fails_its_request_with_protocol_error(broker: FakeBroker) -> None:
+    broker.handler = lambda r: [wire.TAG_FRAME, bytes([wire.Command.REPLY]), r.request_id, b"{oops"]
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        with pytest.raises(errors.ProtocolError, match="JSON"):
+            client.infer("add", inputs())
+        assert client.stats.malformed == 1
+
+
+def test_a_reply_with_a_short_tensor_frame_fails_with_invalid_input(broker: FakeBroker) -> None:
+    def short(r: wire.Request) -> list[wire.Frame]:
+        frames = add_handler(r).encode()
+        return [*frames[:-1], b"\0" * 4]
+
+    broker.handler = short
+    with (
+        Client(broker.address, timeout=10, config=FAST) as client,
+        pytest.raises(errors.InvalidInputError, match="needs 24 bytes"),
+    ):
+        client.infer("add", inputs())
+
+
+def test_a_dtype_the_wire_cannot_carry_is_refused_locally(client: Client) -> None:
+    with pytest.raises(errors.InvalidInputError, match="complex"):
+        client.infer_async("add", {"a": np.zeros(2, np.complex64)})
+
+
+def test_no_reply_within_the_timeout_raises_deadline_exceeded(broker: FakeBroker) -> None:
+    broker.handler = lambda r: None
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        with pytest.raises(errors.DeadlineExceeded, match=r"no reply within 0\.2"):
+            client.infer("add", inputs(), timeout=0.2)
+        assert client.stats.expired == 1
+    assert broker.requests[0].timeout_ms is not None and broker.requests[0].timeout_ms <= 200
+
+
+# ---------------------------------------------------------------- liveness and shutdown
+
+
+def test_requests_lost_in_a_broker_restart_are_resent_once_answered(broker: FakeBroker) -> None:
+    arrived = Counter(5)
+    broker.handler = counting(lambda r: None, arrived)  # the old broker loses them
+    with Client(broker.address, timeout=20, config=FAST) as client:
+        given = [inputs(i) for i in range(5)]
+        futures = [client.infer_async("add", g) for g in given]
+        assert arrived.reached.wait(10)
+        first_ids = [r.request_id for r in broker.requests]
+        broker.handler = add_handler
+        broker.duplicate_replies = 2
+        broker.restart()
+        for future, g in zip(futures, given, strict=True):
+            np.testing.assert_array_equal(future.result(10)["y"], expected(g))
+        client.models()  # a round trip after every duplicate reply
+        assert client.stats.epoch_changes == 1
+        assert client.stats.dropped_replies >= 5
+        resent = {r.request_id for r in broker.requests[5:]}
+        assert set(first_ids) <= resent
+
+
+def test_a_silent_broker_gets_the_pending_requests_again(broker: FakeBroker) -> None:
+    seen: set[bytes] = set()
+
+    def hung_until_resent(request: wire.Request) -> wire.Message | None:
+        if request.request_id not in seen:  # swallowed, like every PING so far
+            seen.add(request.request_id)
+            return None
+        broker.silent = False
+        return add_handler(request)
+
+    broker.handler = hung_until_resent
+    broker.silent = True
+    with Client(broker.address, timeout=20, config=FAST) as client:
+        given = inputs(7)
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+        assert client.stats.resent >= 1
+        assert client.stats.epoch_changes == 0
+        assert len({r.request_id for r in broker.requests}) == 1
+
+
+def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -> None:
+    arrived = Counter(3)
+    broker.handler = counting(lambda r: None, arrived)
+    client = Client(broker.address, timeout=None, config=FAST)
+    futures = [client.infer_async("add", inputs(i)) for i in range(3)]
+    assert arrived.reached.wait(10)
+    client.close()
+    for future in futures:
+        with pytest.raises(errors.ClosedError):
+            future.result(5)
+    with pytest.raises(errors.ClosedError):
+        client.infer_async("add", inputs())
+    client.close()  # idempotent
