@@ -1,0 +1,102 @@
+"""``ipuserve model``: write the example models and inspect model files.
+
+``ipuserve model example mlp mlp.popef --weights-file mlp-weights.popef`` writes a
+model; ``ipuserve model inspect mlp.popef mlp-weights.popef`` prints what the spec's
+``popef_dump`` would (``--json`` for machines). A file that cannot be read gives a
+one-line error and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ipuserve.clikit import option
+from ipuserve.errors import ModelFileError
+from ipuserve.runtime.popef import dump, examples
+from ipuserve.runtime.popef.container import write_model
+from ipuserve.runtime.popef.reader import load_model
+from ipuserve.runtime.popef.types import DataType, Model
+
+_PER_EXAMPLE = "the example's own"
+
+
+@click.group("model")
+def model() -> None:
+    """Write example models and inspect model files (the spec's popef_dump)."""
+
+
+@model.command("example")
+@click.argument("name", type=click.Choice(list(examples.EXAMPLES)))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@option("--weights-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        show_default="none: tensor data goes into OUT",
+        help="Write the tensor data (weights) to this second file.")
+@option("--batch-size", type=click.IntRange(min=1), default=None, show_default=_PER_EXAMPLE,
+        help="Compiled batch size (simple/noop/branches: 1, mlp: 16).")
+@option("--seed", type=int, default=None, show_default="0",
+        help="Seed of the weights (simple, mlp, branches).")
+@option("--batch-dim", type=click.IntRange(0, 1), default=None, show_default="0",
+        help="Dimension of the batch in the I/O tensors (simple, noop).")
+@option("--dtype", type=click.Choice([t.value for t in DataType]), default=None,
+        show_default="float32", help="Element type (mlp: float16 or float32; noop: any).")
+@option("--input-size", type=click.IntRange(min=1), default=None, show_default="784",
+        help="mlp: features per input sample.")
+@option("--hidden-size", type=click.IntRange(min=1), default=None, show_default="1024",
+        help="mlp: width of each hidden layer.")
+@option("--layers", type=click.IntRange(min=0), default=None, show_default="2",
+        help="mlp: number of hidden layers.")
+@option("--outputs", type=click.IntRange(min=1), default=None, show_default="10",
+        help="mlp: number of logits.")
+@option("--elements", type=click.IntRange(min=1), default=None, show_default="1024",
+        help="noop: elements per sample (1048576 float32 = 4 MiB).")
+def example(name: str, out: Path, weights_file: Path | None, **chosen: Any) -> None:
+    """Write example model NAME to OUT (and its weights to --weights-file, if given)."""
+    opts = {key: value for key, value in chosen.items() if value is not None}
+    _check_applicable(name, opts)
+    try:
+        built = examples.build(name, **opts)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    paths = write_model(built, out, weights_file)
+    click.echo(_written(built, paths))
+
+
+@model.command("inspect")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of text.")
+def inspect(files: tuple[Path, ...], as_json: bool) -> None:
+    """Describe the model held by FILES (several files may make one model)."""
+    try:
+        loaded = load_model(files)
+    except ModelFileError as e:
+        raise click.ClickException(str(e)) from None
+    description = dump.describe(loaded)
+    click.echo(json.dumps(description, indent=2) if as_json else dump.render(description))
+
+
+def _check_applicable(name: str, opts: dict[str, Any]) -> None:
+    accepted = examples.options(name)
+    stray = [key for key in opts if key not in accepted]
+    if stray:
+        raise click.UsageError(f"{_flags(stray)} does not apply to the {name!r} example "
+                               f"(it takes {_flags(accepted)})")
+
+
+def _flags(keys: list[str]) -> str:
+    return ", ".join("--" + key.replace("_", "-") for key in keys)
+
+
+def _written(built: Model, paths: list[Path]) -> str:
+    meta = built.metadata
+    contents = (["metadata, executable, tensor data"] if len(paths) == 1
+                else ["metadata, executable", "tensor data"])
+    tensors = f" ({len(built.tensorData)} tensors)" if built.tensorData else ""
+    lines = [f"wrote example model {meta.modelName()!r} (batch size {meta.batchSize()}, "
+             f"executable sha256 {built.executable.hash()[:16]}...):"]
+    lines += [f"  {path}: {what}{tensors if 'tensor' in what else ''}"
+              for path, what in zip(paths, contents, strict=True)]
+    return "\n".join(lines)
