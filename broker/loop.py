@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,7 +57,8 @@ class Broker:
         welcome = wire.Welcome(self.epoch, config.heartbeat_ms, config.liveness_ms)
         self._workers = WorkerHandlers(self.scheduler, welcome)
         self._next_beat = now
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_lock = threading.RLock()
         self._stopping = False
         self.metrics_server: MetricsServer | None = None
 
@@ -79,8 +81,10 @@ class Broker:
 
     def stop(self) -> None:
         """Ask the loop to finish; safe from any thread and from a signal handler."""
-        self._stopping = True
-        os.eventfd_write(self._wake, 1)
+        with self._wake_lock:  # an RLock: a signal handler may interrupt _shutdown
+            self._stopping = True
+            if self._wake is not None:
+                os.eventfd_write(self._wake, 1)
 
     def run(self) -> None:
         if self.config.metrics_port is not None:
@@ -107,7 +111,10 @@ class Broker:
         self.scheduler.shutdown(UnavailableError("the broker is shutting down"))
         self._frontend.close(linger=self.config.shutdown_linger_ms)
         self._backend.close(linger=0)
-        os.close(self._wake)
+        with self._wake_lock:
+            if self._wake is not None:
+                os.close(self._wake)
+            self._wake = None
         if self.metrics_server is not None:
             self.metrics_server.close()
         log.info("broker closed")
@@ -118,6 +125,7 @@ class Broker:
         poller = zmq.Poller()
         poller.register(self._backend, zmq.POLLIN)
         poller.register(self._frontend, zmq.POLLIN)
+        assert self._wake is not None
         poller.register(self._wake, zmq.POLLIN)
         while not self._stopping:
             events = dict(poller.poll(self._timeout_ms()))

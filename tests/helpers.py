@@ -284,6 +284,7 @@ class RawClient:
             self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
             self.socket.setsockopt(zmq.RCVBUF, 4096)
         self.socket.connect(endpoint)
+        self.stash: list[wire.Message] = []
 
     def __enter__(self) -> RawClient:
         return self
@@ -312,6 +313,12 @@ class RawClient:
         return request_id
 
     def recv(self, timeout: float = REPLY_TIMEOUT) -> wire.Message:
+        """The next message (one set aside by :meth:`models` first)."""
+        if self.stash:
+            return self.stash.pop(0)
+        return self._recv(timeout)
+
+    def _recv(self, timeout: float) -> wire.Message:
         if not self.socket.poll(int(timeout * 1000)):
             raise TimeoutError(f"no message within {timeout} s")
         return wire.decode(self.socket.recv_multipart(copy=False))
@@ -330,9 +337,10 @@ class RawClient:
                 return reply
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
+        """The broker's MODELS answer; other messages arriving first are kept for recv()."""
         self.send(wire.ListModels(b"models"))
-        reply = self.recv()
-        assert isinstance(reply, wire.ModelsReply), reply
+        while not isinstance(reply := self._recv(REPLY_TIMEOUT), wire.ModelsReply):
+            self.stash.append(reply)
         return reply.models
 
 

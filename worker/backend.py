@@ -151,7 +151,10 @@ class FunctionBackend:
     def _run(self) -> None:
         while (item := self._jobs.get()) is not None:
             job, done, submitted = item
-            done(job, self._execute(job, submitted))
+            if self._closed:
+                done(job, UnavailableError("the worker's backend closed before running the job"))
+            else:
+                done(job, self._execute(job, submitted))
 
     def _execute(self, job: Job, submitted: float) -> Result | IpuserveError:
         started = time.monotonic()

@@ -46,26 +46,29 @@ Outcome = tuple[Job, "Result | IpuserveError"]
 class Mailbox:
     """Outcomes from backend threads to the socket thread.
 
-    ``put`` writes the eventfd only on the empty -> non-empty transition; the check
-    and the append share a lock with ``take``'s swap, so a wake-up is never lost
-    (``take`` clears the eventfd *before* swapping, so a put racing with it at worst
-    causes one spurious wake-up).
+    ``put`` writes the eventfd only on the empty -> non-empty transition; the check,
+    the append and the write share a lock with ``take``'s swap, so a wake-up is never
+    lost (``take`` clears the eventfd *before* swapping, so a put racing with it at
+    worst causes one spurious wake-up).
     """
 
     def __init__(self) -> None:
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._items: deque[Outcome] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: wake() may run in a signal handler
+        self._closed = False
 
     def put(self, job: Job, outcome: Result | IpuserveError) -> None:
         with self._lock:
             was_empty = not self._items
             self._items.append((job, outcome))
-        if was_empty:
-            os.eventfd_write(self.fd, 1)
+            if was_empty and not self._closed:
+                os.eventfd_write(self.fd, 1)
 
     def wake(self) -> None:
-        os.eventfd_write(self.fd, 1)
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self.fd, 1)
 
     def take(self) -> deque[Outcome]:
         try:
@@ -77,7 +80,9 @@ class Mailbox:
         return items
 
     def close(self) -> None:
-        os.close(self.fd)
+        with self._lock:
+            self._closed = True
+            os.close(self.fd)
 
 
 class Exit(enum.Enum):
@@ -186,11 +191,11 @@ class WorkerNode:
     def _handshake(self) -> bool:
         sock = self._new_socket()
         hello = wire.Hello(self._config.worker_id, tuple(self._models.values()), self._credit)
-        sock.send_multipart(hello.encode(), copy=False)
+        sock.send_multipart(hello.encode(), copy=False)  # type: ignore[arg-type]
         deadline = time.monotonic() + self._config.handshake_timeout_ms / 1000
         poller = self._poller(sock)
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            events = dict(poller.poll(left * 1000))
+            events = dict(poller.poll(int(left * 1000) + 1))
             if self._mailbox.fd in events:
                 self._unsent.extend(self._finish(self._mailbox.take()))
             if sock in events and self._welcomed(sock):
@@ -241,7 +246,7 @@ class WorkerNode:
         log.warning("dropped %d results/jobs of the old broker epoch %s", dropped, epoch)
 
     def _new_socket(self) -> zmq.Socket[Any]:
-        sock = self._context.socket(zmq.DEALER)
+        sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes + (1 << 20))
@@ -260,7 +265,7 @@ class WorkerNode:
         poller = zmq.Poller()
         poller.register(self._mailbox.fd, zmq.POLLIN)
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            if poller.poll(left * 1000):
+            if poller.poll(int(left * 1000) + 1):
                 self._unsent.extend(self._finish(self._mailbox.take()))
 
     def _close_session(self, linger: int) -> None:
@@ -284,10 +289,9 @@ class WorkerNode:
                 return why
         return Exit.STOP
 
-    def _timeout_ms(self, session: Session) -> float:
-        now = time.monotonic()
+    def _timeout_ms(self, session: Session) -> int:
         wake = min(session.next_heartbeat, session.last_heard + session.liveness_s)
-        return max(0.0, (wake - now) * 1000)
+        return max(0, int((wake - time.monotonic()) * 1000) + 1)
 
     def _read(self, session: Session) -> Exit | None:
         """Handle every message waiting on the socket."""
@@ -430,7 +434,7 @@ class WorkerNode:
         if self._session is None:
             return
         try:
-            self._session.socket.send_multipart(message.encode(), zmq.NOBLOCK, copy=False)
+            self._session.socket.send_multipart(message.encode(), zmq.NOBLOCK, copy=False)  # type: ignore[arg-type]
         except zmq.Again:
             log.warning("broker not accepting messages; dropped %s", type(message).__name__)
 
@@ -458,7 +462,7 @@ class WorkerNode:
         poller = self._poller(session.socket)
         while self._jobs and (left := deadline - time.monotonic()) > 0:
             wait = min(left, max(0.0, session.next_heartbeat - time.monotonic()))
-            events = dict(poller.poll(wait * 1000))
+            events = dict(poller.poll(int(wait * 1000) + 1))
             if session.socket in events and self._read(session) is not None:
                 return  # the broker forgot us: nobody to send results to
             if self._mailbox.fd in events:

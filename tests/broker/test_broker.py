@@ -1,0 +1,319 @@
+"""The broker loop in-process (on a thread), driven by raw DEALER clients and fake workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ipuserve import protocol as wire
+from ipuserve.broker.loop import Broker
+from tests.broker.conftest import StartBroker
+from tests.broker.fakes import ADD, FakeWorker
+from tests.helpers import RawClient, add_inputs, assert_add_reply
+
+INPUTS = add_inputs(2)
+
+
+@pytest.fixture
+def broker(start_broker_thread: StartBroker) -> Broker:
+    return start_broker_thread()
+
+
+@pytest.fixture
+def client(broker: Broker) -> Iterator[RawClient]:
+    with RawClient(broker.frontend_endpoint) as raw:
+        yield raw
+
+
+@pytest.fixture
+def workers(broker: Broker) -> Iterator[list[FakeWorker]]:
+    made: list[FakeWorker] = []
+    yield made
+    for worker in made:
+        worker.close()
+
+
+def fake(broker: Broker, made: list[FakeWorker], **options: object) -> FakeWorker:
+    worker = FakeWorker(broker.backend_endpoint, **options)  # type: ignore[arg-type]
+    made.append(worker)
+    welcome = worker.hello()
+    assert welcome.epoch == broker.epoch
+    return worker
+
+
+def loads(client: RawClient) -> dict[str, tuple[int, int]]:
+    """worker id -> (credit, in flight), and queued under ''."""
+    (info,) = client.models()
+    return {"": (info.queued, 0), **{w.worker_id: (w.credit, w.in_flight) for w in info.workers}}
+
+
+def test_a_request_is_served_and_the_reply_carries_broker_and_worker_timing(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers)
+    request_id = client.request("add", INPUTS, timeout_ms=10_000)
+    job = worker.job()
+    assert job.model == "add" and 0 < job.budget_ms <= 10_000  # type: ignore[operator]
+    assert np.array_equal(job.tensors.arrays()["x"], INPUTS["x"])
+    worker.answer(job)
+    reply = client.recv()
+    assert isinstance(reply, wire.Reply) and reply.request_id == request_id
+    assert_add_reply(reply, INPUTS)
+    assert set(reply.timing) == {"device_us", "broker_queue_us"}
+
+
+def test_a_worker_never_holds_more_than_its_credit(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=2)
+    for _ in range(5):
+        client.request("add", INPUTS)
+    first, second = worker.job(), worker.job()
+    assert loads(client) == {"": (3, 0), "fake": (2, 2)}
+    worker.answer(first)
+    third = worker.job()
+    assert loads(client) == {"": (2, 0), "fake": (2, 2)}
+    assert len({first.job_id, second.job_id, third.job_id}) == 3
+
+
+def test_the_least_loaded_worker_gets_the_next_request(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    a = fake(broker, workers, credit=4, worker_id="a")
+    b = fake(broker, workers, credit=2, worker_id="b")
+    for _ in range(3):
+        client.request("add", INPUTS)
+    # a takes the first (both idle); then b (0/2 < 1/4); then a (1/4 < 1/2).
+    assert loads(client) == {"": (0, 0), "a": (4, 2), "b": (2, 1)}
+    assert a.job() and a.job() and b.job()
+
+
+def test_a_full_queue_answers_overloaded(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(queue_limit=2)
+    fake(broker, workers, credit=1)
+    with RawClient(broker.frontend_endpoint) as client:
+        ids = [client.request("add", INPUTS) for _ in range(4)]
+        reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.request_id == ids[3]
+    assert reply.code == "OVERLOADED" and "2 queued requests" in reply.message
+
+
+def test_a_queued_request_expires_with_deadline_exceeded(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=1)
+    client.request("add", INPUTS)
+    late = client.request("add", INPUTS, timeout_ms=30)
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.request_id == late
+    assert reply.code == "DEADLINE_EXCEEDED" and "in the queue" in reply.message
+    worker.answer(worker.job())
+    assert isinstance(client.recv(), wire.Reply)
+
+
+def test_a_request_expiring_at_a_worker_keeps_the_worker_credit_until_it_answers(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=1)
+    client.request("add", INPUTS, timeout_ms=30)
+    job = worker.job()
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "DEADLINE_EXCEEDED"
+    assert "at a worker" in reply.message
+    assert loads(client)["fake"] == (1, 1)
+    worker.answer(job)  # late: dropped, counted
+    client.request("add", INPUTS)
+    worker.answer(worker.job())
+    assert isinstance(client.recv(), wire.Reply)
+    assert broker.metrics.duplicates.value() == 1
+
+
+def test_a_silent_worker_is_dropped_and_its_jobs_go_to_another(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(liveness_ms=300)
+    silent = fake(broker, workers, credit=1, worker_id="silent")
+    with RawClient(broker.frontend_endpoint) as client:
+        request_id = client.request("add", INPUTS)
+        silent.job()
+        silent.alive = False
+        healthy = fake(broker, workers, credit=1, worker_id="healthy")
+        healthy.answer(healthy.job())
+        reply = client.recv()
+        assert isinstance(reply, wire.Reply) and reply.request_id == request_id
+        assert [w.worker_id for w in client.models()[0].workers] == ["healthy"]
+    assert broker.metrics.requeued.value() == 1
+    assert broker.metrics.workers_lost.value(reason="silent") == 1
+
+
+def test_the_first_result_wins_and_the_dropped_worker_is_told_to_reconnect(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(liveness_ms=300)
+    slow = fake(broker, workers, credit=1, worker_id="slow")
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("add", INPUTS)
+        first = slow.job()
+        slow.alive = False
+        other = fake(broker, workers, credit=1, worker_id="other")
+        second = other.job()  # re-queued after "slow" was dropped
+        assert second.job_id == first.job_id
+        slow.answer(first)  # from a dropped worker, for a live job: wins
+        assert_add_reply(client.recv(), INPUTS)
+        assert isinstance(slow.recv(), wire.Reconnect)
+        other.answer(second)  # a duplicate now
+        client.send(wire.Ping(b"p"))
+        assert isinstance(client.recv(), wire.Pong)  # and no second reply before it
+    assert broker.metrics.duplicates.value() == 1
+
+
+def test_a_job_held_by_too_many_dying_workers_fails(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(liveness_ms=300, max_attempts=1)
+    worker = fake(broker, workers, credit=1)
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("add", INPUTS)
+        worker.job()
+        worker.alive = False
+        reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "WORKER_FAILED"
+
+
+def test_a_resent_pending_request_runs_once(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=4)
+    client.request("add", INPUTS, request_id=b"same")
+    client.request("add", INPUTS, request_id=b"same")
+    assert loads(client)["fake"] == (4, 1)
+    worker.answer(worker.job())
+    reply = client.recv()
+    assert isinstance(reply, wire.Reply) and reply.request_id == b"same"
+    assert broker.metrics.resent.value() == 1
+
+
+def test_bye_hands_jobs_back_without_counting_an_attempt(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(max_attempts=1)
+    leaving = fake(broker, workers, credit=2, worker_id="leaving")
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("add", INPUTS)
+        client.request("add", INPUTS)
+        done, handed = leaving.job(), leaving.job()
+        leaving.send(wire.Heartbeat(in_flight=2, credit=0))
+        leaving.answer(done)
+        leaving.send(wire.Bye((handed.job_id,)))
+        assert_add_reply(client.recv(), INPUTS)
+        staying = fake(broker, workers, credit=1, worker_id="staying")
+        again = staying.job()
+        assert again.job_id == handed.job_id
+        staying.answer(again)
+        assert_add_reply(client.recv(), INPUTS)
+
+
+def test_credit_zero_stops_dispatch_to_a_worker(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    draining = fake(broker, workers, credit=2, worker_id="draining")
+    draining.send(wire.Heartbeat(in_flight=0, credit=0))
+    client.request("add", INPUTS)
+    assert loads(client) == {"": (1, 0), "draining": (0, 0)}
+
+
+def test_start_up_grace_queues_requests_until_a_worker_serves_the_model(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(grace_ms=60_000)
+    with RawClient(broker.frontend_endpoint) as client:
+        good = client.request("add", INPUTS)
+        bad = client.request("add", {"x": INPUTS["x"]})
+        worker = fake(broker, workers)
+        refused = client.recv()
+        assert isinstance(refused, wire.ErrorReply) and refused.request_id == bad
+        assert refused.code == "INVALID_INPUT"
+        worker.answer(worker.job())
+        reply = client.recv()
+        assert isinstance(reply, wire.Reply) and reply.request_id == good
+
+
+def test_unknown_models_are_refused_once_the_grace_is_over(
+    start_broker_thread: StartBroker,
+) -> None:
+    broker = start_broker_thread(grace_ms=50)
+    with RawClient(broker.frontend_endpoint) as client:
+        early = client.request("ghost", INPUTS)  # queued during the grace
+        reply = client.recv()
+        assert isinstance(reply, wire.ErrorReply) and reply.request_id == early
+        assert reply.code == "UNKNOWN_MODEL"
+        late = client.call("ghost", INPUTS)
+        assert isinstance(late, wire.ErrorReply) and late.code == "UNKNOWN_MODEL"
+
+
+def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    fake(broker, workers, worker_id="first")
+    other = wire.ModelSpec("add", ADD.inputs[:1], ADD.outputs, 4, 0)
+    fake(broker, workers, worker_id="second", models=(other,))
+    assert [w.worker_id for w in client.models()[0].workers] == ["first"]
+
+
+def test_an_unknown_worker_is_asked_to_reconnect(broker: Broker) -> None:
+    stranger = FakeWorker(broker.backend_endpoint)
+    try:
+        stranger.send(wire.Heartbeat(in_flight=0))
+        assert isinstance(stranger.recv(), wire.Reconnect)
+    finally:
+        stranger.close()
+
+
+def test_malformed_worker_messages_are_dropped_and_counted(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers)
+    worker.socket.send_multipart([b"garbage"])
+    client.request("add", INPUTS)
+    job = worker.job()
+    bad = [*job.encode()[:4], b"\x00" * 3]
+    bad[1] = bytes([wire.Command.RESULT])
+    bad[3] = b'{"tensors":[{"name":"z","dtype":"float32","shape":[2,8]}],"timing":{}}'
+    worker.socket.send_multipart(bad)  # a RESULT whose tensor frame is 3 bytes
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "INVALID_INPUT"
+    assert broker.metrics.dropped.value(reason="malformed_from_worker") == 2
+
+
+def test_models_and_ping(broker: Broker, client: RawClient, workers: list[FakeWorker]) -> None:
+    fake(broker, workers, credit=3)
+    (info,) = client.models()
+    assert info.spec == ADD and info.queued == 0
+    assert [(w.worker_id, w.credit, w.in_flight) for w in info.workers] == [("fake", 3, 0)]
+    client.send(wire.Ping(b"p1"))
+    assert client.recv() == wire.Pong(b"p1", broker.epoch)
+
+
+def test_a_worker_command_on_the_frontend_is_refused(client: RawClient) -> None:
+    client.send(wire.Heartbeat(in_flight=0))
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "BAD_MESSAGE"
+    assert "HEARTBEAT is not a client command" in reply.message
+
+
+def test_stopping_the_broker_answers_what_it_holds_unavailable(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread()
+    fake(broker, workers, credit=1)
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("add", INPUTS)
+        client.request("add", INPUTS)
+        assert loads(client)[""] == (1, 0)
+        broker.stop()
+        codes = {client.recv().code, client.recv().code}  # type: ignore[union-attr]
+    assert codes == {"UNAVAILABLE"}

@@ -1,0 +1,95 @@
+"""Dispatcher and ModelQueue bookkeeping, and the metrics text format (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipuserve.broker.dispatch import Dispatcher, ModelQueue
+from ipuserve.broker.jobs import Deadlines, JobEntry, JobTable, State
+from ipuserve.broker.metrics import BrokerMetrics
+from ipuserve.broker.registry import Registry
+from ipuserve.errors import OverloadedError
+from ipuserve.protocol import Hello, Tensors
+from tests.broker.fakes import ADD
+
+TABLE = JobTable()
+
+
+def job(model: str = "add", at: float = 0.0, timeout_ms: float | None = None) -> JobEntry:
+    return TABLE.create(b"client", b"%f" % at, model, Tensors(), at, timeout_ms)
+
+
+def test_a_queue_is_bounded_but_requeued_jobs_always_fit() -> None:
+    queue = ModelQueue("add", limit=2)
+    queue.push(job())
+    queue.push(job())
+    with pytest.raises(OverloadedError, match="2 queued"):
+        queue.push(job())
+    queue.push_front(job())
+    assert len(queue) == 3
+
+
+def test_jobs_answered_while_queued_are_skipped_and_not_counted() -> None:
+    queue = ModelQueue("add", limit=10)
+    first, second = job(at=1), job(at=2)
+    queue.push(first)
+    queue.push(second)
+    first.state = State.DONE
+    queue.forget()
+    assert len(queue) == 1 and queue.pop() is second and queue.pop() is None
+
+
+def test_choose_picks_the_least_loaded_worker_with_spare_credit() -> None:
+    registry = Registry()
+    a = registry.add(b"a", Hello("a", (ADD,), 4), 0.0)
+    b = registry.add(b"b", Hello("b", (ADD,), 1), 0.0)
+    dispatcher = Dispatcher(registry, 10)
+    assert dispatcher.choose("add") is a  # a tie goes to the first registered
+    a.in_flight[b"1"] = job()
+    assert dispatcher.choose("add") is b  # 0/1 < 1/4
+    b.in_flight[b"2"] = job()
+    assert dispatcher.choose("add") is a  # b has no spare credit
+    a.credit = 1
+    assert dispatcher.choose("add") is None
+    assert dispatcher.choose("other") is None
+
+
+def test_next_for_takes_the_oldest_job_among_the_worker_models() -> None:
+    other = ADD.__class__("other", ADD.inputs, ADD.outputs, 4, 0)
+    registry = Registry()
+    worker = registry.add(b"w", Hello("w", (ADD, other), 2), 0.0)
+    dispatcher = Dispatcher(registry, 10)
+    newer, older = job("add", at=5), job("other", at=3)
+    dispatcher.enqueue(newer)
+    dispatcher.enqueue(older)
+    assert dispatcher.next_for(worker) is older
+    assert dispatcher.next_for(worker) is newer
+    assert dispatcher.next_for(worker) is None
+
+
+def test_deadlines_come_out_in_order_and_skip_finished_jobs() -> None:
+    deadlines = Deadlines()
+    late, early, done = job(timeout_ms=300), job(timeout_ms=100), job(timeout_ms=200)
+    for entry in (late, early, done):
+        deadlines.add(entry)
+    TABLE.finish(done)
+    assert deadlines.next_due() == pytest.approx(0.1)
+    assert deadlines.expired(0.25) == [early]
+    assert deadlines.expired(1.0) == [late]
+    assert deadlines.next_due() is None
+
+
+def test_metrics_render_in_the_prometheus_text_format() -> None:
+    metrics = BrokerMetrics()
+    metrics.errors.inc(code="OVERLOADED")
+    metrics.errors.inc(code="OVERLOADED")
+    metrics.queued.set(3, model='we"ird')
+    metrics.queue_seconds.observe(0.0003)
+    text = metrics.render()
+    assert "# TYPE ipuserve_broker_errors_total counter" in text
+    assert 'ipuserve_broker_errors_total{code="OVERLOADED"} 2' in text
+    assert 'ipuserve_broker_queued{model="we\\"ird"} 3' in text
+    assert 'ipuserve_broker_queue_seconds_bucket{le="0.00025"} 0' in text
+    assert 'ipuserve_broker_queue_seconds_bucket{le="0.0005"} 1' in text
+    assert 'ipuserve_broker_queue_seconds_bucket{le="+Inf"} 1' in text
+    assert "ipuserve_broker_queue_seconds_count 1" in text

@@ -1,0 +1,228 @@
+"""WorkerNode on a thread against a fake broker (a bare ROUTER): the worker's whole protocol."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve import protocol as wire
+from ipuserve.worker.backend import Backend
+from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.node import WorkerNode
+from tests.worker.fakes import FakeBroker, GatedAdd, add_inputs
+
+
+class RunningNode:
+    def __init__(self, node: WorkerNode) -> None:
+        self.node = node
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, name="worker-node", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.exit_code = self.node.run()
+
+    def stop(self) -> int | None:
+        self.node.request_stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the worker loop did not stop"
+        return self.exit_code
+
+
+StartNode = Callable[..., RunningNode]
+
+
+@pytest.fixture
+def broker() -> Iterator[FakeBroker]:
+    fake = FakeBroker()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def start_node(broker: FakeBroker) -> Iterator[StartNode]:
+    nodes: list[RunningNode] = []
+
+    def start(backend: Backend, **overrides: Any) -> RunningNode:
+        settings: dict[str, Any] = {
+            "broker": broker.endpoint,
+            "worker_id": "w1",
+            "heartbeat_ms": 50,
+            "handshake_timeout_ms": 300,
+            "reconnect_min_ms": 10,
+            "reconnect_max_ms": 50,
+            "drain_timeout_ms": 5000,
+            **overrides,
+        }
+        node = RunningNode(WorkerNode(backend, WorkerConfig(**settings)))
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.stop()
+
+
+def expect_result(broker: FakeBroker, job_id: bytes, inputs: dict[str, Any]) -> wire.Result:
+    _identity, result = broker.expect(wire.Result)
+    assert result.job_id == job_id
+    np.testing.assert_allclose(result.tensors.arrays()["z"], inputs["x"] + 2 * inputs["y"])
+    return result  # type: ignore[no-any-return]
+
+
+def expect_fail(broker: FakeBroker, job_id: bytes, code: str) -> wire.Fail:
+    _identity, fail = broker.expect(wire.Fail)
+    assert (fail.job_id, fail.code) == (job_id, code), fail
+    return fail  # type: ignore[no-any-return]
+
+
+def test_hello_welcome_then_jobs_are_answered_with_timing(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    start_node(GatedAdd().backend(), credit=3)
+    identity, hello = broker.expect(wire.Hello)
+    assert (hello.worker_id, hello.credit) == ("w1", 3)
+    broker.send(identity, wire.Welcome("epoch1", 50, 60_000))
+    inputs = broker.job(identity, b"j1")
+    result = expect_result(broker, b"j1", inputs)
+    assert set(result.timing) == {"device_us", "worker_queue_us", "worker_us"}
+    _identity, beat = broker.recv(heartbeats=True)
+    assert isinstance(beat, wire.Heartbeat) and beat.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("job", "code"),
+    [
+        ({"model": "mul"}, "UNKNOWN_MODEL"),
+        (
+            {"inputs": {"x": np.zeros((2, 8), np.float64), "y": np.zeros((2, 8), np.float32)}},
+            "INVALID_INPUT",
+        ),
+        ({"inputs": {"x": np.zeros((2, 8), np.float32)}}, "INVALID_INPUT"),
+        ({"budget_ms": -1.0}, "DEADLINE_EXCEEDED"),
+    ],
+    ids=["unknown model", "wrong dtype", "missing input", "no budget left"],
+)
+def test_jobs_the_worker_cannot_run_fail_with_a_code(
+    broker: FakeBroker, start_node: StartNode, job: dict[str, Any], code: str
+) -> None:
+    model = GatedAdd()
+    start_node(model.backend())
+    identity = broker.welcome()
+    broker.job(identity, b"bad", **job)
+    expect_fail(broker, b"bad", code)
+    assert model.most_running == 0
+    inputs = broker.job(identity, b"good")
+    expect_result(broker, b"good", inputs)
+
+
+def test_a_malformed_job_fails_by_its_id(broker: FakeBroker, start_node: StartNode) -> None:
+    start_node(GatedAdd().backend())
+    identity = broker.welcome()
+    frames = wire.Job(b"j1", "add", wire.Tensors.of(add_inputs()), None).encode()
+    broker.socket.send_multipart([identity, *frames[:-1], b"short"])
+    fail = expect_fail(broker, b"j1", "INVALID_INPUT")
+    assert "needs 64 bytes" in fail.message
+
+
+def test_never_more_than_credit_jobs_run_at_once(broker: FakeBroker, start_node: StartNode) -> None:
+    """Jobs beyond the credit (a broker restart's overlap) wait; beyond twice it, refused."""
+    model = GatedAdd(gated=True)
+    start_node(model.backend(threads=4), credit=1)
+    identity = broker.welcome()
+    sent = {b"j%d" % i: broker.job(identity, b"j%d" % i) for i in range(2)}
+    broker.job(identity, b"j2")
+    expect_fail(broker, b"j2", "OVERLOADED")
+    model.wait_started()
+    model.gate.set()
+    for _ in sent:
+        _identity, result = broker.expect(wire.Result)
+        inputs = sent[result.job_id]
+        np.testing.assert_allclose(result.tensors.arrays()["z"], inputs["x"] + 2 * inputs["y"])
+    assert model.most_running == 1
+
+
+def test_reconnect_on_request_keeps_results_of_the_same_epoch(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    model = GatedAdd(gated=True)
+    start_node(model.backend())
+    first = broker.welcome("epoch1")
+    inputs = broker.job(first, b"j1")
+    model.wait_started()
+    broker.send(first, wire.Reconnect())
+    second = broker.welcome("epoch1")
+    assert second != first  # a fresh socket
+    model.gate.set()
+    expect_result(broker, b"j1", inputs)
+
+
+def test_results_of_an_old_epoch_are_dropped(broker: FakeBroker, start_node: StartNode) -> None:
+    model = GatedAdd(gated=True)
+    start_node(model.backend())
+    first = broker.welcome("epoch1")
+    broker.job(first, b"old")
+    model.wait_started()
+    broker.send(first, wire.Reconnect())
+    second = broker.welcome("epoch2")
+    model.gate.set()
+    inputs = broker.job(second, b"new")
+    expect_result(broker, b"new", inputs)  # and never a RESULT for "old"
+
+
+def test_a_silent_broker_is_left_for_a_fresh_connection(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    start_node(GatedAdd().backend())
+    first = broker.welcome(liveness_ms=200)  # then the fake broker never heartbeats
+    second = broker.welcome()
+    assert second != first
+
+
+def test_an_unanswered_hello_is_retried_with_backoff(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    start_node(GatedAdd().backend())
+    ignored, _hello = broker.expect(wire.Hello)
+    answered = broker.welcome()
+    assert answered != ignored
+
+
+def test_stop_drains_finishes_running_jobs_and_hands_back_the_rest(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    model = GatedAdd(gated=True)
+    node = start_node(model.backend(), credit=1)
+    identity = broker.welcome()
+    running = broker.job(identity, b"running")
+    broker.job(identity, b"waiting")
+    model.wait_started()
+    node.node.request_stop()
+    _identity, beat = broker.recv(heartbeats=True)
+    while not (isinstance(beat, wire.Heartbeat) and beat.credit == 0):
+        _identity, beat = broker.recv(heartbeats=True)
+    broker.job(identity, b"late")
+    model.gate.set()
+    expect_result(broker, b"running", running)
+    _identity, bye = broker.expect(wire.Bye)
+    assert sorted(bye.handed_back) == [b"late", b"waiting"]
+    assert node.stop() == 0
+
+
+def test_the_drain_timeout_hands_back_jobs_still_running(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    model = GatedAdd(gated=True)
+    node = start_node(model.backend(), drain_timeout_ms=100)
+    identity = broker.welcome()
+    broker.job(identity, b"stuck")
+    model.wait_started()
+    node.node.request_stop()
+    _identity, bye = broker.expect(wire.Bye)
+    assert bye.handed_back == (b"stuck",)
+    model.gate.set()
+    assert node.stop() == 0
