@@ -163,10 +163,16 @@ def _all_subclasses(cls: type[IpuserveError]) -> list[type[IpuserveError]]:
 
 #: Wire code -> exception class. Where two classes share a code (TensorError and
 #: InvalidInputError) the wire-facing RequestError subclass wins.
-ERRORS_BY_CODE: dict[str, type[IpuserveError]] = {}
-for _cls in [IpuserveError, *_all_subclasses(IpuserveError)]:
-    if _cls.code not in ERRORS_BY_CODE or issubclass(_cls, RequestError):
-        ERRORS_BY_CODE[_cls.code] = _cls
+def _by_code() -> dict[str, type[IpuserveError]]:
+    table: dict[str, type[IpuserveError]] = {}
+    classes: list[type[IpuserveError]] = [IpuserveError, *_all_subclasses(IpuserveError)]
+    for cls in classes:
+        if cls.code not in table or issubclass(cls, RequestError):
+            table[cls.code] = cls
+    return table
+
+
+ERRORS_BY_CODE: dict[str, type[IpuserveError]] = _by_code()
 
 
 def error_for_code(code: str, message: str) -> IpuserveError:

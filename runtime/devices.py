@@ -117,7 +117,7 @@ class Device:
         scale = 0.0 if ipu_model_tiles is not None else time_scale
         self.cost = CostModel(spec, slot.num_ipus, scale)
         self.faults = FaultState()
-        self.thread = DeviceThread(f"ipu-device-{self.name()}")
+        self.thread = DeviceThread(self.thread_name())
         self._active: Session | None = None
         self._finalizer = weakref.finalize(self, _release, self.thread, locks)
 
@@ -149,6 +149,9 @@ class Device:
             return f"IPU Model ({self.numIpus()} x {self._spec.name}, {self.tilesPerIpu()} tiles)"
         ipus = list(self.ipus())
         return f"device {self.getId()} ({self.numIpus()} x IPU {self._spec.name}, IPUs {ipus})"
+
+    def thread_name(self) -> str:
+        return f"ipu-model-{id(self):x}" if self.isIpuModel() else f"ipu-device-{self.getId()}"
 
     def injectFault(self, runs: int = 1) -> None:
         """Make the next ``runs`` program runs fail with an application runtime error."""

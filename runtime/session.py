@@ -170,8 +170,7 @@ class Session:
             if index not in self._checked_programs:
                 self.errorIfAnchorsAreNotConnectedToCallbacks([index])
                 self._checked_programs.add(index)
-            device.faults.check(device.name())
-            engine.run(index, self._callbacks)
+            engine.run(index, self._callbacks, lambda: device.faults.check(device.name()))
 
     # -- callbacks --------------------------------------------------------------
     def setCallbackForAnchor(self, anchor_handle: str, callback: CallbackHandle) -> None:

@@ -5,7 +5,8 @@ Means and percentiles are taken over the last ``request_tracepoints_buffer_size`
 traces (0 = all of them); counts are totals since the runner started. Beyond
 the spec's four phases, the counts include ipuserve's device-side figures:
 ``batches_...`` (main-program runs), ``flushed_batches_...`` (runs padded by a
-flush) and ``padded_samples_...`` (dummy samples those runs carried).
+flush), ``padded_samples_...`` (dummy samples those runs carried) and
+``read_timeouts_...`` (input waits that ran out, flushed or not).
 
 Phases: *read preparation* -- from the execute call until the request sits in
 the queues; *read queue* -- until the device starts reading it; *computation* --
@@ -44,6 +45,7 @@ class Monitor:
         self.batches = 0
         self.flushed_batches = 0
         self.padded_samples = 0
+        self.read_timeouts = 0
 
     def record(self, trace: RequestTrace) -> None:
         with self._lock:
@@ -52,6 +54,9 @@ class Monitor:
 
     def record_batch(self) -> None:
         self.batches += 1  # only the device thread writes it
+
+    def record_read_timeout(self) -> None:
+        self.read_timeouts += 1  # only the thread reading inputs writes it
 
     def record_flush(self, padded_samples: int) -> None:
         with self._lock:
@@ -62,6 +67,11 @@ class Monitor:
         with self._lock:
             if not self._traces:
                 return info
+            if not -len(self._traces) <= cur < len(self._traces):
+                raise IndexError(
+                    f"tracepoint {cur} is not kept: the buffer holds the last "
+                    f"{len(self._traces)} requests (request_tracepoints_buffer_size)"
+                )
             trace = self._traces[cur]
         for phase in PHASES:
             info[f"{phase}_duration_us"] = trace.phase(phase)
@@ -88,6 +98,7 @@ class Monitor:
                 batches=self.batches,
                 flushed_batches=self.flushed_batches,
                 padded_samples=self.padded_samples,
+                read_timeouts=self.read_timeouts,
             )
         for name, count in counts.items():
             info[f"{name}_monitoring_statistics_count"] = float(count)

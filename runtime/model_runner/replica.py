@@ -24,11 +24,16 @@ import numpy as np
 
 from ipuserve.errors import ClosedError, DeviceFaultError, IpuserveError, RuntimeUsageError
 from ipuserve.runtime.devices import Device
-from ipuserve.runtime.model_runner.config import NANOSECONDS_MAX, ModelRunnerConfig
+from ipuserve.runtime.model_runner.config import (
+    NANOSECONDS_MAX,
+    ModelRunnerConfig,
+    look_ahead_value,
+)
 from ipuserve.runtime.model_runner.futures import OutputFuture, Request
 from ipuserve.runtime.model_runner.io_plan import IoPlan
 from ipuserve.runtime.model_runner.memory import InputMemoryView, OutputMemoryView
 from ipuserve.runtime.model_runner.monitoring import Monitor
+from ipuserve.runtime.model_runner.prefetch import PrefetchedInput, Prefetcher, prefetchable
 from ipuserve.runtime.popef.types import Model, TensorType
 from ipuserve.runtime.predicates import ringSizeMultForMainProgs
 from ipuserve.runtime.queues import IQueue
@@ -37,6 +42,7 @@ from ipuserve.runtime.session import Session, SessionConfig, constant_callback, 
 log = logging.getLogger(__name__)
 
 _LOCK_PATIENCE_S = 0.05  # a flush never waits long for a producer; the next timeout retries
+_MIN_WAIT_NS = 50_000  # an overdue batch waits this long per retry, not a busy loop
 
 
 class Replica:
@@ -74,7 +80,9 @@ class Replica:
             timeout_callback=self._on_read_timeout,
             read_timeout_policy=self._read_timeout,
         )
-        self._track_waits()
+        self._fetchers = self._track_waits()
+        self._look_ahead = self._look_ahead_inputs(model)
+        self._prefetcher = self._start_prefetcher()
         self._loop = device.thread.submit(self._run_forever)
 
     # -- user side ----------------------------------------------------------------
@@ -155,6 +163,8 @@ class Replica:
         """Fail what we hold; return False when the replica must stop for good."""
         log.warning("replica %d: run failed: %s", self.index, error)
         self.queues.disconnectAll()  # frees a producer blocked on a full ring
+        if self._prefetcher is not None:
+            self._prefetcher.stop()  # its fetched sets belong to the failed requests
         with self.lock:
             failed = error if isinstance(error, IpuserveError) else _wrapped(error)
             for request in list(self._pending):
@@ -164,6 +174,7 @@ class Replica:
             if isinstance(error, DeviceFaultError) and not self._config.auto_reset:
                 self._error = error
                 return False
+            self._prefetcher = self._start_prefetcher()
         if isinstance(error, DeviceFaultError):
             log.info("replica %d: auto_reset -- reloading the executable", self.index)
             self.session.reload()
@@ -174,10 +185,11 @@ class Replica:
         limit = self._partial_timeout_ns
         if filled and self._config.is_batch_size_timeout_enabled and limit != NANOSECONDS_MAX:
             waited = (time.monotonic() - first_time) * 1e9 if first_time else 0.0
-            return max(1, int(limit - waited))
+            return max(_MIN_WAIT_NS, int(limit - waited))
         return self._timeout_ns
 
     def _on_read_timeout(self, ring: Any) -> None:
+        self.monitor.record_read_timeout()
         if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
             return
         try:
@@ -223,12 +235,43 @@ class Replica:
                 _copy_into(target) if target is not None else empty_callback(anchor),
             )
 
-    def _track_waits(self) -> None:
+    def _track_waits(self) -> dict[str, Callable[[np.ndarray], Any]]:
         """Remember which input the device is blocked on, for timeout messages."""
+        fetchers = {}
         for name, queue in self.queues.inputs.items():
-            self.session.setCallbackForAnchor(
-                self._plan.handle(name), self._tracked(name, queue.device_callback())
+            handle = self._plan.handle(name)
+            fetchers[handle] = self._tracked(name, queue.device_callback())
+            self.session.setCallbackForAnchor(handle, fetchers[handle])
+        return fetchers
+
+    def _look_ahead_inputs(self, model: Model) -> list[PrefetchedInput]:
+        depth = look_ahead_value(self._config.max_look_ahead)
+        anchors = prefetchable(model, set(self.queues.inputs)) if depth != 0 else None
+        if not anchors:
+            return []
+        return [
+            PrefetchedInput(
+                a.handle(),
+                tuple(a.tensorInfo().shape()),
+                a.tensorInfo().numpyDType(),
+                self._fetchers[a.handle()],
             )
+            for a in anchors
+        ]
+
+    def _start_prefetcher(self) -> Prefetcher | None:
+        if not self._look_ahead:
+            return None
+        depth = look_ahead_value(self._config.max_look_ahead)
+        prefetcher = Prefetcher(
+            self._look_ahead,
+            depth or self._config.ring_buffer_size_multiplier,
+            self.device.thread_name(),
+        )
+        for spec in self._look_ahead:
+            self.session.setCallbackForAnchor(spec.handle, prefetcher.device_callback(spec.handle))
+        prefetcher.start()
+        return prefetcher
 
     def _tracked(
         self, name: str, callback: Callable[[np.ndarray], Any]
@@ -243,8 +286,12 @@ class Replica:
 
     # -- shutdown --------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
+        if self._stopping:
+            return
         self._stopping = True
         self.queues.disconnectAll()  # the device finishes its current run on dummy data
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
         self._loop.exception(timeout)
         closed = ClosedError("the ModelRunner was closed before this request completed")
         for request in list(self._pending):

@@ -198,13 +198,13 @@ class ModelRunner:
 
 
 def _close_all(replicas: list[Replica]) -> None:
+    """Close every replica (idempotent: a closed replica's close() returns at once)."""
     errors: list[BaseException] = []
     for replica in replicas:
         try:
             replica.close()
         except Exception as error:
             errors.append(error)
-    replicas.clear()
     if errors:
         raise errors[0]
 

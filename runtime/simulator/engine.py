@@ -79,10 +79,21 @@ class Engine:
         self._step_seconds = {} if self._zero_time else _step_costs(executable, cost)
         self._clock = SimClock()
 
-    def run(self, program_index: int, callbacks: Mapping[str, AnchorCallback]) -> None:
-        """Run one program to completion on the calling (device) thread."""
+    def run(
+        self,
+        program_index: int,
+        callbacks: Mapping[str, AnchorCallback],
+        fault_check: Callable[[], None] | None = None,
+    ) -> None:
+        """Run one program to completion on the calling (device) thread.
+
+        ``fault_check`` is called once per run, before the first output reaches
+        the host (or at the end of a run without outputs): a device fault must
+        fail the run before any caller sees a result from it.
+        """
         program = self.executable.program(program_index)
         clock = self._clock
+        pending_check = [fault_check] if fault_check is not None else []
         clock.start(self._launch)
         step_seconds = self._step_seconds
 
@@ -96,6 +107,8 @@ class Engine:
             return offered if given is None else _checked(given, anchor)
 
         def write_anchor(step: Step, value: np.ndarray) -> None:
+            if pending_check:
+                pending_check.pop()()
             clock.advance(step_seconds.get(id(step), 0.0))
             clock.sleep_until_deadline()  # the host sees the data once the transfer ends
             callbacks[step.anchor or ""](value)
@@ -112,6 +125,8 @@ class Engine:
             write_anchor,
             None if self._zero_time else on_step,
         )
+        if pending_check:
+            pending_check.pop()()
         clock.sleep_until_deadline()
 
 
