@@ -56,8 +56,13 @@ def engine_version() -> str:
     if shutil.which("docker") is None:
         raise EngineUnavailable("the docker CLI is not installed")
     try:
-        result = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
-                                capture_output=True, text=True, timeout=30, check=False)
+        result = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise EngineUnavailable("`docker version` did not answer within 30s") from None
     if result.returncode != 0 or not result.stdout.strip():
@@ -92,8 +97,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def poll(condition: Callable[[], T | None], *, timeout: float, interval: float,
-         what: str, diagnose: Callable[[], str] = lambda: "") -> T:
+def poll(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float,
+    what: str,
+    diagnose: Callable[[], str] = lambda: "",
+) -> T:
     """Call ``condition`` until it returns something other than None; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -130,10 +141,12 @@ def ensure_image(image: str) -> str:
     return image
 
 
-def _run(argv: Sequence[str], env: Mapping[str, str] | None = None,
-         timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=timeout, check=False)
+def _run(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if result.returncode != 0:
         raise RuntimeError(
             f"command failed ({result.returncode}): {shlex.join(argv)}\n"
@@ -157,6 +170,11 @@ class ContainerState:
     """'running', 'exited', 'restarting', ..."""
     health: str | None
     """'starting', 'healthy', 'unhealthy', or None without a health check."""
+
+    @property
+    def hostname(self) -> str:
+        """The container's default hostname (its short id): the prefix of its worker id."""
+        return self.id[:12]
 
     @property
     def summary(self) -> str:
@@ -186,21 +204,30 @@ class ComposeProject:
         return _run(argv, env=self._env, timeout=timeout)
 
     def up(self, workers: int) -> None:
-        self.compose("up", "--detach", "--no-build", "--scale", f"worker={workers}",
-                     "broker", "worker")
+        self.compose(
+            "up", "--detach", "--no-build", "--scale", f"worker={workers}", "broker", "worker"
+        )
 
     def down(self) -> None:
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10")
 
     def run_job(self, service: str, *args: str, timeout: float = 120) -> str:
         """Run a one-shot service (one behind a profile) to completion; its output."""
-        result = self.compose("--profile", service, "run", "--rm", "--no-deps", service, *args,
-                              timeout=timeout)
+        result = self.compose(
+            "--profile", service, "run", "--rm", "--no-deps", service, *args, timeout=timeout
+        )
         return result.stdout + result.stderr
 
     def container_ids(self, service: str | None = None) -> list[str]:
-        argv = ["docker", "ps", "--all", "--quiet", "--no-trunc",
-                "--filter", f"label={COMPOSE_LABEL}={self.name}"]
+        argv = [
+            "docker",
+            "ps",
+            "--all",
+            "--quiet",
+            "--no-trunc",
+            "--filter",
+            f"label={COMPOSE_LABEL}={self.name}",
+        ]
         if service is not None:
             argv += ["--filter", f"label={SERVICE_LABEL}={service}"]
         return _run(argv).stdout.split()
@@ -209,13 +236,14 @@ class ComposeProject:
         ids = self.container_ids(service)
         if not ids:
             return []
-        fmt = (
-            "{{.Id}}\t{{.Name}}\t{{index .Config.Labels \"" + SERVICE_LABEL + "\"}}\t"
-            "{{.State.Status}}\t{{if .State.Health}}{{.State.Health.Status}}{{end}}"
-        )
-        lines = _run(["docker", "inspect", "--format", fmt, *ids]).stdout.splitlines()
+        lines = _run(["docker", "inspect", "--format", _STATE_FORMAT, *ids]).stdout.splitlines()
         states = [_parse_state(line) for line in lines if line.strip()]
         return sorted(states, key=lambda state: state.name)
+
+    def state(self, container_id: str) -> ContainerState:
+        return _parse_state(
+            _run(["docker", "inspect", "--format", _STATE_FORMAT, container_id]).stdout.strip()
+        )
 
     def kill(self, container: ContainerState) -> None:
         _run(["docker", "kill", container.id])
@@ -242,8 +270,13 @@ class ComposeProject:
             healthy = len(status) == expected and all(s == "healthy" for s in status.values())
             return status if healthy else None
 
-        return poll(all_healthy, timeout=timeout, interval=1.0,
-                    what=f"{expected} healthy containers", diagnose=self.describe)
+        return poll(
+            all_healthy,
+            timeout=timeout,
+            interval=1.0,
+            what=f"{expected} healthy containers",
+            diagnose=self.describe,
+        )
 
     def logs(self, tail: int = 60) -> str:
         try:
@@ -256,7 +289,14 @@ class ComposeProject:
         return f"health: {self.health()}\n{self.logs()}"
 
 
+_STATE_FORMAT = (
+    '{{.Id}}\t{{.Name}}\t{{index .Config.Labels "' + SERVICE_LABEL + '"}}\t'
+    "{{.State.Status}}\t{{if .State.Health}}{{.State.Health.Status}}{{end}}"
+)
+
+
 def _parse_state(line: str) -> ContainerState:
     cid, name, service, status, health = (line.split("\t") + [""] * 5)[:5]
-    return ContainerState(id=cid, name=name.lstrip("/"), service=service, status=status,
-                          health=health or None)
+    return ContainerState(
+        id=cid, name=name.lstrip("/"), service=service, status=status, health=health or None
+    )

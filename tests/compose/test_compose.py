@@ -1,0 +1,155 @@
+"""compose.yaml end to end: a broker and two workers in containers, a client on the host.
+
+The image bakes ``/models/mlp.popef`` with ``ipuserve model example mlp`` and its
+default seed; the host builds the same example in memory, so it knows the weights
+and checks every result against the plain-numpy reference. Then one worker
+container is killed (SIGKILL: no drain) while requests are in flight, and every
+request must still succeed, served by the other worker.
+
+Skipped when no Docker engine is reachable (see conftest.py); .ci/run runs it for
+real. The tests share one stack (module scope) and run in file order: the kill
+comes last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from ipuserve import protocol as wire
+from ipuserve.client.client import Client
+from ipuserve.runtime.popef import examples
+from tests.compose.conftest import WORKERS
+from tests.compose.harness import ComposeProject, poll
+
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
+
+MODEL = "mlp"
+REQUESTS = 24
+READY_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 60.0
+"""Generous: requests held by a killed worker wait out the broker's liveness window."""
+
+Array = npt.NDArray[Any]
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, Array]:
+    """The mlp example's tensor data, built on the host exactly as the image built it."""
+    return examples.tensor_arrays(examples.build(MODEL))
+
+
+@pytest.fixture(scope="module")
+def client(frontend: str) -> Iterator[Client]:
+    with Client(frontend, timeout=REQUEST_TIMEOUT_S) as connected:
+        yield connected
+
+
+def served_by(client: Client, workers: int) -> wire.ModelInfo:
+    """Wait until the broker lists MODEL with exactly ``workers`` workers; its entry."""
+
+    def listed() -> wire.ModelInfo | None:
+        for info in client.models(timeout=5):
+            if info.spec.name == MODEL and len(info.workers) == workers:
+                return info
+        return None
+
+    return poll(
+        listed,
+        timeout=READY_TIMEOUT_S,
+        interval=0.5,
+        what=f"{MODEL} served by {workers} workers",
+        diagnose=lambda: repr(client.models(timeout=5)),
+    )
+
+
+def request_batches(spec: wire.ModelSpec, count: int, seed: int) -> list[dict[str, Array]]:
+    """``count`` random requests; of varied sizes when the model batches dynamically."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for index in range(count):
+        inputs = {}
+        for tensor in spec.inputs:
+            shape = list(tensor.shape)
+            if spec.batching_dim is not None:
+                shape[spec.batching_dim] = 1 + index % spec.batch_size
+            inputs[tensor.name] = rng.standard_normal(shape).astype(tensor.dtype)
+        batches.append(inputs)
+    return batches
+
+
+def check_results(
+    futures: list[Future[Any]], requests: list[dict[str, Array]], weights: dict[str, Array]
+) -> None:
+    for index, (future, inputs) in enumerate(zip(futures, requests, strict=True)):
+        outputs = future.result(timeout=REQUEST_TIMEOUT_S + 10)
+        expected = examples.reference(MODEL, inputs, weights)
+        assert set(outputs) == set(expected), f"request {index}: outputs {sorted(outputs)}"
+        for name, want in expected.items():
+            np.testing.assert_allclose(
+                outputs[name],
+                want,
+                rtol=1e-4,
+                atol=1e-5,
+                err_msg=f"request {index}, output {name!r}",
+            )
+
+
+def send_all(client: Client, requests: list[dict[str, Array]]) -> list[Future[Any]]:
+    return [client.infer_async(MODEL, inputs) for inputs in requests]
+
+
+def test_stack_is_healthy(stack: ComposeProject) -> None:
+    status = stack.health()
+    assert sorted(status.values()) == ["healthy"] * (1 + WORKERS), status
+    services = sorted(c.service for c in stack.containers())
+    assert services == ["broker"] + ["worker"] * WORKERS
+
+
+def test_host_client_gets_correct_results(client: Client, weights: dict[str, Array]) -> None:
+    info = served_by(client, WORKERS)
+    requests = request_batches(info.spec, REQUESTS, seed=1)
+    check_results(send_all(client, requests), requests, weights)
+    # The blocking call too, with exactly one compiled batch.
+    full = {t.name: np.ones(t.shape, t.dtype) for t in info.spec.inputs}
+    outputs = client.infer(MODEL, full)
+    np.testing.assert_allclose(
+        outputs["probs"], examples.reference(MODEL, full, weights)["probs"], rtol=1e-4, atol=1e-5
+    )
+
+
+def test_requests_survive_a_killed_worker(
+    stack: ComposeProject, client: Client, weights: dict[str, Array]
+) -> None:
+    info = served_by(client, WORKERS)
+    victim = stack.containers("worker")[0]
+    in_flight = request_batches(info.spec, REQUESTS, seed=2)
+    futures = send_all(client, in_flight)
+    stack.kill(victim)
+    check_results(futures, in_flight, weights)
+
+    # The broker drops the dead worker once its liveness window passes, unless the
+    # restart policy brought the container back first (then it is listed again,
+    # under the same hostname). Either way MODEL stays served; new requests succeed.
+    def settled() -> wire.ModelInfo | None:
+        restarted = stack.state(victim.id).status == "running"
+        for model in client.models(timeout=5):
+            if model.spec.name == MODEL and model.workers:
+                listed = any(w.worker_id.startswith(victim.hostname) for w in model.workers)
+                return model if restarted or not listed else None
+        return None
+
+    poll(
+        settled,
+        timeout=READY_TIMEOUT_S,
+        interval=0.5,
+        what=f"the broker to drop the killed worker {victim.name}",
+        diagnose=lambda: repr(client.models(timeout=5)),
+    )
+    after = request_batches(info.spec, REQUESTS, seed=3)
+    check_results(send_all(client, after), after, weights)
