@@ -21,8 +21,6 @@ from ipuserve.runtime.popef.container import write_model
 from ipuserve.runtime.popef.reader import load_model
 from ipuserve.runtime.popef.types import DataType, Model
 
-_PER_EXAMPLE = "the example's own"
-
 
 @click.group("model")
 def model() -> None:
@@ -35,28 +33,27 @@ def model() -> None:
 @option("--weights-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
         show_default="none: tensor data goes into OUT",
         help="Write the tensor data (weights) to this second file.")
-@option("--batch-size", type=click.IntRange(min=1), default=None, show_default=_PER_EXAMPLE,
-        help="Compiled batch size (simple/noop/branches: 1, mlp: 16).")
-@option("--seed", type=int, default=None, show_default="0",
-        help="Seed of the weights (simple, mlp, branches).")
-@option("--batch-dim", type=click.IntRange(0, 1), default=None, show_default="0",
+@option("--batch-size", type=click.IntRange(min=1), default=None,
+        show_default="simple, noop, branches: 1; mlp: 16", help="Compiled batch size.")
+@option("--seed", type=int, default=0, help="Seed of the weights (simple, mlp, branches).")
+@option("--batch-dim", type=click.IntRange(0, 1), default=0,
         help="Dimension of the batch in the I/O tensors (simple, noop).")
-@option("--dtype", type=click.Choice([t.value for t in DataType]), default=None,
-        show_default="float32", help="Element type (mlp: float16 or float32; noop: any).")
-@option("--input-size", type=click.IntRange(min=1), default=None, show_default="784",
+@option("--dtype", type=click.Choice([t.value for t in DataType]), default="float32",
+        help="Element type (mlp: float16 or float32; noop: any).")
+@option("--input-size", type=click.IntRange(min=1), default=784,
         help="mlp: features per input sample.")
-@option("--hidden-size", type=click.IntRange(min=1), default=None, show_default="1024",
+@option("--hidden-size", type=click.IntRange(min=1), default=1024,
         help="mlp: width of each hidden layer.")
-@option("--layers", type=click.IntRange(min=0), default=None, show_default="2",
-        help="mlp: number of hidden layers.")
-@option("--outputs", type=click.IntRange(min=1), default=None, show_default="10",
-        help="mlp: number of logits.")
-@option("--elements", type=click.IntRange(min=1), default=None, show_default="1024",
+@option("--layers", type=click.IntRange(min=0), default=2, help="mlp: number of hidden layers.")
+@option("--outputs", type=click.IntRange(min=1), default=10, help="mlp: number of logits.")
+@option("--elements", type=click.IntRange(min=1), default=1024,
         help="noop: elements per sample (1048576 float32 = 4 MiB).")
 def example(name: str, out: Path, weights_file: Path | None, **chosen: Any) -> None:
-    """Write example model NAME to OUT (and its weights to --weights-file, if given)."""
-    opts = {key: value for key, value in chosen.items() if value is not None}
-    _check_applicable(name, opts)
+    """Write example model NAME to OUT (and its weights to --weights-file, if given).
+
+    Options an example does not take are refused when given explicitly.
+    """
+    opts = _options_for(name, chosen)
     try:
         built = examples.build(name, **opts)
     except ValueError as e:
@@ -78,12 +75,18 @@ def inspect(files: tuple[Path, ...], as_json: bool) -> None:
     click.echo(json.dumps(description, indent=2) if as_json else dump.render(description))
 
 
-def _check_applicable(name: str, opts: dict[str, Any]) -> None:
+def _options_for(name: str, chosen: dict[str, Any]) -> dict[str, Any]:
+    """The options to pass to example ``name``: defaults of options it does not take are
+    dropped; values given on the command line or in the environment must apply."""
     accepted = examples.options(name)
-    stray = [key for key in opts if key not in accepted]
+    context = click.get_current_context()
+    given = {key for key in chosen
+             if context.get_parameter_source(key) is not click.core.ParameterSource.DEFAULT}
+    stray = [key for key in chosen if key in given and key not in accepted]
     if stray:
         raise click.UsageError(f"{_flags(stray)} does not apply to the {name!r} example "
                                f"(it takes {_flags(accepted)})")
+    return {key: value for key, value in chosen.items() if key in accepted and value is not None}
 
 
 def _flags(keys: list[str]) -> str:
