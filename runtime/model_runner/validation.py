@@ -115,7 +115,12 @@ class RequestValidator:
                 )
         got = self._agreed_samples(dict(given), self.outputs, "output")
         if got != samples:
-            raise TensorError(f"outputs hold {got} samples but the inputs have {samples}")
+            name = next(iter(given))
+            raise TensorError(
+                f"output {name!r}: expected {self.outputs[name].expected()} with "
+                f"the inputs' {samples} samples, got {given[name].dtype} "
+                f"{list(given[name].shape)}"
+            )
         return dict(given)
 
     def _check_names(
