@@ -30,24 +30,50 @@ def model() -> None:
 @model.command("example")
 @click.argument("name", type=click.Choice(list(examples.EXAMPLES)))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@option("--weights-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-        show_default="none: tensor data goes into OUT",
-        help="Write the tensor data (weights) to this second file.")
-@option("--batch-size", type=click.IntRange(min=1), default=None,
-        show_default="simple, noop, branches: 1; mlp: 16", help="Compiled batch size.")
+@option(
+    "--weights-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_default="none: tensor data goes into OUT",
+    help="Write the tensor data (weights) to this second file.",
+)
+@option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    show_default="simple, noop, branches: 1; mlp: 16",
+    help="Compiled batch size.",
+)
 @option("--seed", type=int, default=0, help="Seed of the weights (simple, mlp, branches).")
-@option("--batch-dim", type=click.IntRange(0, 1), default=0,
-        help="Dimension of the batch in the I/O tensors (simple, noop).")
-@option("--dtype", type=click.Choice([t.value for t in DataType]), default="float32",
-        help="Element type (mlp: float16 or float32; noop: any).")
-@option("--input-size", type=click.IntRange(min=1), default=784,
-        help="mlp: features per input sample.")
-@option("--hidden-size", type=click.IntRange(min=1), default=1024,
-        help="mlp: width of each hidden layer.")
+@option(
+    "--batch-dim",
+    type=click.IntRange(0, 1),
+    default=0,
+    help="Dimension of the batch in the I/O tensors (simple, noop).",
+)
+@option(
+    "--dtype",
+    type=click.Choice([t.value for t in DataType]),
+    default="float32",
+    help="Element type (mlp: float16 or float32; noop: any).",
+)
+@option(
+    "--input-size", type=click.IntRange(min=1), default=784, help="mlp: features per input sample."
+)
+@option(
+    "--hidden-size",
+    type=click.IntRange(min=1),
+    default=1024,
+    help="mlp: width of each hidden layer.",
+)
 @option("--layers", type=click.IntRange(min=0), default=2, help="mlp: number of hidden layers.")
 @option("--outputs", type=click.IntRange(min=1), default=10, help="mlp: number of logits.")
-@option("--elements", type=click.IntRange(min=1), default=1024,
-        help="noop: elements per sample (1048576 float32 = 4 MiB).")
+@option(
+    "--elements",
+    type=click.IntRange(min=1),
+    default=1024,
+    help="noop: elements per sample (1048576 float32 = 4 MiB).",
+)
 def example(name: str, out: Path, weights_file: Path | None, **chosen: Any) -> None:
     """Write example model NAME to OUT (and its weights to --weights-file, if given).
 
@@ -80,12 +106,16 @@ def _options_for(name: str, chosen: dict[str, Any]) -> dict[str, Any]:
     dropped; values given on the command line or in the environment must apply."""
     accepted = examples.options(name)
     context = click.get_current_context()
-    given = {key for key in chosen
-             if context.get_parameter_source(key) is not click.core.ParameterSource.DEFAULT}
+    given = {
+        key
+        for key in chosen
+        if context.get_parameter_source(key) is not click.core.ParameterSource.DEFAULT
+    }
     stray = [key for key in chosen if key in given and key not in accepted]
     if stray:
-        raise click.UsageError(f"{_flags(stray)} does not apply to the {name!r} example "
-                               f"(it takes {_flags(accepted)})")
+        raise click.UsageError(
+            f"{_flags(stray)} does not apply to the {name!r} example (it takes {_flags(accepted)})"
+        )
     return {key: value for key, value in chosen.items() if key in accepted and value is not None}
 
 
@@ -95,11 +125,19 @@ def _flags(keys: list[str]) -> str:
 
 def _written(built: Model, paths: list[Path]) -> str:
     meta = built.metadata
-    contents = (["metadata, executable, tensor data"] if len(paths) == 1
-                else ["metadata, executable", "tensor data"])
-    tensors = f" ({len(built.tensorData)} tensors)" if built.tensorData else ""
-    lines = [f"wrote example model {meta.modelName()!r} (batch size {meta.batchSize()}, "
-             f"executable sha256 {built.executable.hash()[:16]}...):"]
-    lines += [f"  {path}: {what}{tensors if 'tensor' in what else ''}"
-              for path, what in zip(paths, contents, strict=True)]
+    contents = (
+        ["metadata, executable, tensor data"]
+        if len(paths) == 1
+        else ["metadata, executable", "tensor data"]
+    )
+    count = len(built.tensorData)
+    tensors = f" ({count} tensor{'s' * (count != 1)})" if count else ""
+    lines = [
+        f"wrote example model {meta.modelName()!r} (batch size {meta.batchSize()}, "
+        f"executable sha256 {built.executable.hash()[:16]}...):"
+    ]
+    lines += [
+        f"  {path}: {what}{tensors if 'tensor' in what else ''}"
+        for path, what in zip(paths, contents, strict=True)
+    ]
     return "\n".join(lines)

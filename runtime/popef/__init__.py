@@ -15,7 +15,8 @@ models with numpy references. The file layout is in ``docs/model-format.md``.
 """
 
 from ipuserve.runtime.popef import examples
-from ipuserve.runtime.popef.builder import GraphBuilder, Switch, Tensor
+from ipuserve.runtime.popef.builder import GraphBuilder, Switch
+from ipuserve.runtime.popef.builder_ops import Tensor
 from ipuserve.runtime.popef.container import (
     FORMAT_NAME,
     FORMAT_VERSION,

@@ -43,22 +43,30 @@ def executable_hash(executable: Executable) -> str:
 
 def with_hash(executable: Executable) -> Executable:
     """A copy of ``executable`` carrying its content hash (builders make them without)."""
-    return Executable(name=executable.name(), programs=executable.programs(),
-                      state_tensors=executable.stateTensors(),
-                      memory_bytes=executable.memoryBytes(), zero_time=executable.zeroTime(),
-                      content_hash=executable_hash(executable))
+    return Executable(
+        name=executable.name(),
+        programs=executable.programs(),
+        state_tensors=executable.stateTensors(),
+        memory_bytes=executable.memoryBytes(),
+        zero_time=executable.zeroTime(),
+        content_hash=executable_hash(executable),
+    )
 
 
 # -- encoding -------------------------------------------------------------------------
 
+
 def encode_metadata(metadata: Metadata) -> dict[str, Any]:
     flow = metadata.programFlow()
     return {
-        "model_name": metadata.modelName(), "executable": metadata.executable(),
-        "executable_hash": metadata.executableHash(), "num_ipus": metadata.numIpus(),
+        "model_name": metadata.modelName(),
+        "executable": metadata.executable(),
+        "executable_hash": metadata.executableHash(),
+        "num_ipus": metadata.numIpus(),
         "ipu_version": metadata.ipuVersion(),
         "replication_factor": metadata.replicationFactor(),
-        "batch_size": metadata.batchSize(), "is_inference": metadata.isInference(),
+        "batch_size": metadata.batchSize(),
+        "is_inference": metadata.isInference(),
         "program_flow": {"load": flow.load(), "main": flow.main(), "save": flow.save()},
         "anchors": [_encode_anchor(anchor) for anchor in metadata.anchors()],
     }
@@ -66,11 +74,16 @@ def encode_metadata(metadata: Metadata) -> dict[str, Any]:
 
 def _encode_anchor(anchor: Anchor) -> dict[str, Any]:
     info = anchor.tensorInfo()
-    return {"name": anchor.name(), "handle": anchor.handle(),
-            "dtype": info.dataType().value, "shape": info.shape(),
-            "programs": anchor.programs(), "type": anchor.type().value,
-            "is_per_replica": anchor.isPerReplica(),
-            "use_remote_buffers": anchor.useRemoteBuffers()}
+    return {
+        "name": anchor.name(),
+        "handle": anchor.handle(),
+        "dtype": info.dataType().value,
+        "shape": info.shape(),
+        "programs": anchor.programs(),
+        "type": anchor.type().value,
+        "is_per_replica": anchor.isPerReplica(),
+        "use_remote_buffers": anchor.useRemoteBuffers(),
+    }
 
 
 def encode_executable(executable: Executable) -> dict[str, Any]:
@@ -80,8 +93,10 @@ def encode_executable(executable: Executable) -> dict[str, Any]:
 def _executable_body(executable: Executable) -> dict[str, Any]:
     return {
         "name": executable.name(),
-        "programs": [{"index": p.index, "name": p.name, "steps": _encode_steps(p.steps)}
-                     for p in executable.programs()],
+        "programs": [
+            {"index": p.index, "name": p.name, "steps": _encode_steps(p.steps)}
+            for p in executable.programs()
+        ],
         "state_tensors": sorted(executable.stateTensors()),
         "memory_bytes": executable.memoryBytes(),
         "zero_time": executable.zeroTime(),
@@ -89,13 +104,23 @@ def _executable_body(executable: Executable) -> dict[str, Any]:
 
 
 def _encode_steps(steps: tuple[Step, ...]) -> list[dict[str, Any]]:
-    return [{"op": s.op, "inputs": list(s.inputs), "output": s.output, "anchor": s.anchor,
-             "attrs": dict(s.attrs), "flops": s.flops, "host_bytes": s.host_bytes,
-             "branches": [_encode_steps(branch) for branch in s.branches]}
-            for s in steps]
+    return [
+        {
+            "op": s.op,
+            "inputs": list(s.inputs),
+            "output": s.output,
+            "anchor": s.anchor,
+            "attrs": dict(s.attrs),
+            "flops": s.flops,
+            "host_bytes": s.host_bytes,
+            "branches": [_encode_steps(branch) for branch in s.branches],
+        }
+        for s in steps
+    ]
 
 
 # -- decoding -------------------------------------------------------------------------
+
 
 class Fields:
     """Typed access to a JSON object; every failure names where it happened."""
@@ -111,8 +136,9 @@ class Fields:
             raise Malformed(f"{self.where}: missing field {key!r}")
         value = self.doc[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
-            raise Malformed(f"{self.where}: field {key!r} should be {expected}, "
-                            f"found {_short(value)}")
+            raise Malformed(
+                f"{self.where}: field {key!r} should be {expected}, found {_short(value)}"
+            )
         return value
 
     def text(self, key: str) -> str:
@@ -144,15 +170,17 @@ class Fields:
     def integers(self, key: str) -> list[int]:
         values = self.items(key)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise Malformed(f"{self.where}: field {key!r} should list integers, "
-                            f"found {_short(values)}")
+            raise Malformed(
+                f"{self.where}: field {key!r} should list integers, found {_short(values)}"
+            )
         return values
 
     def texts(self, key: str) -> list[str]:
         values = self.items(key)
         if not all(isinstance(v, str) for v in values):
-            raise Malformed(f"{self.where}: field {key!r} should list strings, "
-                            f"found {_short(values)}")
+            raise Malformed(
+                f"{self.where}: field {key!r} should list strings, found {_short(values)}"
+            )
         return values
 
     def child(self, key: str) -> Fields:
@@ -163,12 +191,16 @@ def decode_metadata(doc: Any) -> Metadata:
     fields = Fields(doc, "metadata")
     flow = fields.child("program_flow")
     return Metadata(
-        model_name=fields.text("model_name"), executable=fields.text("executable"),
-        anchors=[_decode_anchor(Fields(a, f"anchor {i}"))
-                 for i, a in enumerate(fields.items("anchors"))],
-        program_flow=ProgramFlow(flow.integers("load"), flow.integers("main"),
-                                 flow.integers("save")),
-        num_ipus=fields.natural("num_ipus"), ipu_version=fields.natural("ipu_version"),
+        model_name=fields.text("model_name"),
+        executable=fields.text("executable"),
+        anchors=[
+            _decode_anchor(Fields(a, f"anchor {i}")) for i, a in enumerate(fields.items("anchors"))
+        ],
+        program_flow=ProgramFlow(
+            flow.integers("load"), flow.integers("main"), flow.integers("save")
+        ),
+        num_ipus=fields.natural("num_ipus"),
+        ipu_version=fields.natural("ipu_version"),
         replication_factor=fields.natural("replication_factor"),
         batch_size=fields.natural("batch_size"),
         executable_hash=fields.text("executable_hash"),
@@ -182,10 +214,14 @@ def _decode_anchor(fields: Fields) -> Anchor:
     if any(d < 0 for d in shape):
         raise Malformed(f"{fields.where}: negative dimension in shape {shape}")
     return Anchor(
-        fields.text("name"), fields.text("handle"),
-        TensorInfo(_member(DataType, fields, "dtype"), shape), fields.integers("programs"),
-        _member(TensorType, fields, "type"), fields.flag("is_per_replica"),
-        fields.flag("use_remote_buffers"))
+        fields.text("name"),
+        fields.text("handle"),
+        TensorInfo(_member(DataType, fields, "dtype"), shape),
+        fields.integers("programs"),
+        _member(TensorType, fields, "type"),
+        fields.flag("is_per_replica"),
+        fields.flag("use_remote_buffers"),
+    )
 
 
 def _member(enum_type: type[_Enum], fields: Fields, key: str) -> _Enum:
@@ -194,31 +230,39 @@ def _member(enum_type: type[_Enum], fields: Fields, key: str) -> _Enum:
         return enum_type(value)
     except ValueError:
         allowed = [m.value for m in enum_type]
-        raise Malformed(f"{fields.where}: field {key!r} is {value!r}, expected one of "
-                        f"{allowed}") from None
+        raise Malformed(
+            f"{fields.where}: field {key!r} is {value!r}, expected one of {allowed}"
+        ) from None
 
 
 def decode_executable(doc: Any) -> Executable:
     fields = Fields(doc, "executable")
-    programs = [_decode_program(Fields(p, f"program {i}"))
-                for i, p in enumerate(fields.items("programs"))]
+    programs = [
+        _decode_program(Fields(p, f"program {i}")) for i, p in enumerate(fields.items("programs"))
+    ]
     executable = Executable(
-        name=fields.text("name"), programs=programs,
+        name=fields.text("name"),
+        programs=programs,
         state_tensors=fields.texts("state_tensors"),
-        memory_bytes=fields.natural("memory_bytes"), zero_time=fields.flag("zero_time"),
-        content_hash=fields.text("content_hash"))
+        memory_bytes=fields.natural("memory_bytes"),
+        zero_time=fields.flag("zero_time"),
+        content_hash=fields.text("content_hash"),
+    )
     actual = executable_hash(executable)
     if actual != executable.hash():
-        raise Malformed(f"content hash mismatch: the executable says {executable.hash()}, "
-                        f"its content hashes to {actual}")
+        raise Malformed(
+            f"content hash mismatch: the executable says {executable.hash()}, "
+            f"its content hashes to {actual}"
+        )
     return executable
 
 
 def _decode_program(fields: Fields) -> Program:
     name = fields.text("name")
     fields.where = f"program {name!r}"
-    return Program(fields.integer("index"), name,
-                   _decode_steps(fields.items("steps"), fields.where))
+    return Program(
+        fields.integer("index"), name, _decode_steps(fields.items("steps"), fields.where)
+    )
 
 
 def _decode_steps(docs: list[Any], where: str) -> tuple[Step, ...]:
@@ -227,12 +271,18 @@ def _decode_steps(docs: list[Any], where: str) -> tuple[Step, ...]:
 
 def _decode_step(fields: Fields) -> Step:
     step = Step(
-        op=fields.text("op"), inputs=tuple(fields.texts("inputs")),
-        output=fields.optional_text("output"), anchor=fields.optional_text("anchor"),
-        attrs=fields.child("attrs").doc, flops=fields.natural("flops"),
+        op=fields.text("op"),
+        inputs=tuple(fields.texts("inputs")),
+        output=fields.optional_text("output"),
+        anchor=fields.optional_text("anchor"),
+        attrs=fields.child("attrs").doc,
+        flops=fields.natural("flops"),
         host_bytes=fields.natural("host_bytes"),
-        branches=tuple(_decode_steps(_list(b, fields.where), f"{fields.where} branch {i}")
-                       for i, b in enumerate(fields.items("branches"))))
+        branches=tuple(
+            _decode_steps(_list(b, fields.where), f"{fields.where} branch {i}")
+            for i, b in enumerate(fields.items("branches"))
+        ),
+    )
     _check_step(step, fields.where)
     return step
 

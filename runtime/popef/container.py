@@ -61,33 +61,59 @@ class ContainerContents:
 
 # -- writing --------------------------------------------------------------------------
 
-def write_model(model: Model, path: str | os.PathLike[str],
-                tensor_data_path: str | os.PathLike[str] | None = None) -> list[Path]:
+
+def write_model(
+    model: Model,
+    path: str | os.PathLike[str],
+    tensor_data_path: str | os.PathLike[str] | None = None,
+) -> list[Path]:
     """Write ``model`` to one file, or two with its tensor data in ``tensor_data_path``."""
     data = list(model.tensorData.values())
     if tensor_data_path is None:
-        return [write_container(path, metadata=model.metadata, executable=model.executable,
-                                tensor_data=data)]
-    return [write_container(path, metadata=model.metadata, executable=model.executable),
-            write_container(tensor_data_path, tensor_data=data)]
+        return [
+            write_container(
+                path, metadata=model.metadata, executable=model.executable, tensor_data=data
+            )
+        ]
+    return [
+        write_container(path, metadata=model.metadata, executable=model.executable),
+        write_container(tensor_data_path, tensor_data=data),
+    ]
 
 
-def write_container(path: str | os.PathLike[str], *, metadata: Metadata | None = None,
-                    executable: Executable | None = None,
-                    tensor_data: Iterable[TensorData] = ()) -> Path:
+def write_container(
+    path: str | os.PathLike[str],
+    *,
+    metadata: Metadata | None = None,
+    executable: Executable | None = None,
+    tensor_data: Iterable[TensorData] = (),
+) -> Path:
     """Write the given blobs to ``path`` atomically (readers never see half a file)."""
     target = Path(path)
     blobs: list[tuple[dict[str, Any], bytes]] = []
     if metadata is not None:
-        blobs.append(_blob("metadata", metadata.executable(), "metadata.json",
-                           codec.canonical_json(codec.encode_metadata(metadata))))
+        blobs.append(
+            _blob(
+                "metadata",
+                metadata.executable(),
+                "metadata.json",
+                codec.canonical_json(codec.encode_metadata(metadata)),
+            )
+        )
     if executable is not None:
-        blobs.append(_blob("executable", executable.name(), "executable.json",
-                           codec.canonical_json(codec.encode_executable(executable))))
+        blobs.append(
+            _blob(
+                "executable",
+                executable.name(),
+                "executable.json",
+                codec.canonical_json(codec.encode_executable(executable)),
+            )
+        )
     for position, data in enumerate(tensor_data):
         info = data.info.tensorInfo()
-        entry, raw = _blob("tensor_data", data.name(), f"tensor_data/{position:04d}.npy",
-                           _npy_bytes(data.array()))
+        entry, raw = _blob(
+            "tensor_data", data.name(), f"tensor_data/{position:04d}.npy", _npy_bytes(data.array())
+        )
         entry.update(dtype=info.dataType().value, shape=info.shape())
         blobs.append((entry, raw))
     _write_zip(target, blobs)
@@ -95,8 +121,13 @@ def write_container(path: str | os.PathLike[str], *, metadata: Metadata | None =
 
 
 def _blob(kind: str, name: str, member: str, raw: bytes) -> tuple[dict[str, Any], bytes]:
-    entry = {"kind": kind, "name": name, "member": member,
-             "sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)}
+    entry = {
+        "kind": kind,
+        "name": name,
+        "member": member,
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "size": len(raw),
+    }
     return entry, raw
 
 
@@ -107,8 +138,11 @@ def _npy_bytes(array: np.ndarray[Any, Any]) -> bytes:
 
 
 def _write_zip(target: Path, blobs: Sequence[tuple[dict[str, Any], bytes]]) -> None:
-    index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-             "blobs": [entry for entry, _ in blobs]}
+    index = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "blobs": [entry for entry, _ in blobs],
+    }
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
@@ -117,8 +151,9 @@ def _write_zip(target: Path, blobs: Sequence[tuple[dict[str, Any], bytes]]) -> N
             for entry, raw in blobs:
                 # .npy stays uncompressed: weights barely compress and reading stays cheap
                 stored = entry["kind"] == "tensor_data"
-                archive.writestr(entry["member"], raw,
-                                 zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
+                archive.writestr(
+                    entry["member"], raw, zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+                )
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -126,6 +161,7 @@ def _write_zip(target: Path, blobs: Sequence[tuple[dict[str, Any], bytes]]) -> N
 
 
 # -- reading --------------------------------------------------------------------------
+
 
 def read_container(path: str | os.PathLike[str]) -> ContainerContents:
     """Read and validate every blob of one file; ModelFileError on any problem."""
@@ -139,8 +175,10 @@ def read_container(path: str | os.PathLike[str]) -> ContainerContents:
     except FileNotFoundError as e:
         raise ModelFileError(f"{source}: no such model file") from e
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
-        raise ModelFileError(f"{source}: not a readable model file (truncated, or not a zip "
-                             f"archive in the {FORMAT_NAME} format?): {e}") from e
+        raise ModelFileError(
+            f"{source}: not a readable model file (truncated, or not a zip "
+            f"archive in the {FORMAT_NAME} format?): {e}"
+        ) from e
     return contents
 
 
@@ -152,10 +190,14 @@ def _read_index(source: Path, archive: zipfile.ZipFile) -> list[dict[str, Any]]:
             raise codec.Malformed(f"format is {index.text('format')!r}, expected {FORMAT_NAME!r}")
         version = index.integer("format_version")
         if version != FORMAT_VERSION:
-            raise codec.Malformed(f"format version {version} is not supported "
-                                  f"(this reader reads version {FORMAT_VERSION})")
-        entries = [_index_entry(codec.Fields(item, f"index blob {i}"))
-                   for i, item in enumerate(index.items("blobs"))]
+            raise codec.Malformed(
+                f"format version {version} is not supported "
+                f"(this reader reads version {FORMAT_VERSION})"
+            )
+        entries = [
+            _index_entry(codec.Fields(item, f"index blob {i}"))
+            for i, item in enumerate(index.items("blobs"))
+        ]
     except (ValueError, codec.Malformed) as e:
         raise ModelFileError(f"{source}: bad {INDEX_MEMBER}: {e}") from e
     _check_members(source, archive, entries)
@@ -166,8 +208,13 @@ def _index_entry(entry: codec.Fields) -> dict[str, Any]:
     kind = entry.text("kind")
     if kind not in KINDS:
         raise codec.Malformed(f"{entry.where}: kind is {kind!r}, expected one of {list(KINDS)}")
-    checked = {"kind": kind, "name": entry.text("name"), "member": entry.text("member"),
-               "sha256": entry.text("sha256"), "size": entry.natural("size")}
+    checked = {
+        "kind": kind,
+        "name": entry.text("name"),
+        "member": entry.text("member"),
+        "sha256": entry.text("sha256"),
+        "size": entry.natural("size"),
+    }
     if kind == "tensor_data":
         checked["dtype"] = entry.text("dtype")
         checked["shape"] = entry.integers("shape")
@@ -179,15 +226,18 @@ def _check_members(source: Path, archive: zipfile.ZipFile, entries: list[dict[st
     present = set(archive.namelist())
     for entry in entries:
         if entry["member"] not in present:
-            raise ModelFileError(f"{source}: {_blob_label(entry)}: member {entry['member']!r} "
-                                 "is listed in the index but missing from the file")
+            raise ModelFileError(
+                f"{source}: {_blob_label(entry)}: member {entry['member']!r} "
+                "is listed in the index but missing from the file"
+            )
     unlisted = sorted(present - listed)
     if unlisted:
         raise ModelFileError(f"{source}: members not listed in the index: {unlisted}")
 
 
-def _read_blob(source: Path, archive: zipfile.ZipFile, entry: dict[str, Any],
-               contents: ContainerContents) -> None:
+def _read_blob(
+    source: Path, archive: zipfile.ZipFile, entry: dict[str, Any], contents: ContainerContents
+) -> None:
     label = _blob_label(entry)
     raw = _verified_bytes(source, archive, entry, label)
     try:
@@ -205,17 +255,22 @@ def _blob_label(entry: dict[str, Any]) -> str:
     return f"{entry['kind'].replace('_', ' ')} blob {entry['name']!r}"
 
 
-def _verified_bytes(source: Path, archive: zipfile.ZipFile, entry: dict[str, Any],
-                    label: str) -> bytes:
+def _verified_bytes(
+    source: Path, archive: zipfile.ZipFile, entry: dict[str, Any], label: str
+) -> bytes:
     size = archive.getinfo(entry["member"]).file_size
     if size != entry["size"]:
-        raise ModelFileError(f"{source}: {label} ({entry['member']}): expected {entry['size']} "
-                             f"bytes (from the index), found {size}")
+        raise ModelFileError(
+            f"{source}: {label} ({entry['member']}): expected {entry['size']} "
+            f"bytes (from the index), found {size}"
+        )
     raw = _member_bytes(source, archive, entry["member"], label)
     digest = hashlib.sha256(raw).hexdigest()
     if digest != entry["sha256"]:
-        raise ModelFileError(f"{source}: {label} ({entry['member']}): sha256 mismatch: "
-                             f"expected {entry['sha256']} (from the index), found {digest}")
+        raise ModelFileError(
+            f"{source}: {label} ({entry['member']}): sha256 mismatch: "
+            f"expected {entry['sha256']} (from the index), found {digest}"
+        )
     return raw
 
 
@@ -225,8 +280,9 @@ def _member_bytes(source: Path, archive: zipfile.ZipFile, member: str, label: st
     except KeyError as e:
         raise ModelFileError(f"{source}: {label}: member {member!r} is missing") from e
     except (zipfile.BadZipFile, EOFError, OSError) as e:
-        raise ModelFileError(f"{source}: {label}: member {member!r} is unreadable "
-                             f"(truncated or corrupt file?): {e}") from e
+        raise ModelFileError(
+            f"{source}: {label}: member {member!r} is unreadable (truncated or corrupt file?): {e}"
+        ) from e
 
 
 def _json(raw: bytes) -> Any:

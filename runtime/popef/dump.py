@@ -22,25 +22,36 @@ def describe(model: Model) -> dict[str, Any]:
     return {
         "files": list(model.paths),
         "model": meta.modelName(),
-        "executable": {"name": exe.name(), "hash": exe.hash(),
-                       "expected_hash": meta.executableHash(),
-                       "hash_matches": exe.hash() == meta.executableHash(),
-                       "zero_time": exe.zeroTime()},
-        "ipus": meta.numIpus(), "ipu_version": meta.ipuVersion(),
+        "executable": {
+            "name": exe.name(),
+            "hash": exe.hash(),
+            "expected_hash": meta.executableHash(),
+            "hash_matches": exe.hash() == meta.executableHash(),
+            "zero_time": exe.zeroTime(),
+        },
+        "ipus": meta.numIpus(),
+        "ipu_version": meta.ipuVersion(),
         "ipu_name": spec.name if spec else None,
-        "batch_size": meta.batchSize(), "replication_factor": meta.replicationFactor(),
+        "batch_size": meta.batchSize(),
+        "replication_factor": meta.replicationFactor(),
         "program_flow": {"load": flow.load(), "main": flow.main(), "save": flow.save()},
         "anchors": [_anchor_row(model, a.name()) for a in meta.anchors()],
-        "tensor_data": [{"name": name, "dtype": data.info.tensorInfo().dataType().value,
-                         "shape": data.info.tensorInfo().shape(),
-                         "bytes": data.info.tensorInfo().sizeInBytes()}
-                        for name, data in model.tensorData.items()],
+        "tensor_data": [
+            {
+                "name": name,
+                "dtype": data.info.tensorInfo().dataType().value,
+                "shape": data.info.tensorInfo().shape(),
+                "bytes": data.info.tensorInfo().sizeInBytes(),
+            }
+            for name, data in model.tensorData.items()
+        ],
         "programs": [_program_row(model, p, spec) for p in exe.programs()],
-        "memory": {"needed_bytes": exe.memoryBytes(),
-                   "ipu_bytes": spec.memory_bytes if spec else None,
-                   "device_bytes": spec.memory_bytes * meta.numIpus() if spec else None,
-                   "fits": exe.memoryBytes() <= spec.memory_bytes * meta.numIpus()
-                   if spec else None},
+        "memory": {
+            "needed_bytes": exe.memoryBytes(),
+            "ipu_bytes": spec.memory_bytes if spec else None,
+            "device_bytes": spec.memory_bytes * meta.numIpus() if spec else None,
+            "fits": exe.memoryBytes() <= spec.memory_bytes * meta.numIpus() if spec else None,
+        },
     }
 
 
@@ -54,10 +65,16 @@ def _spec_or_none(version: int) -> IpuSpec | None:
 def _anchor_row(model: Model, name: str) -> dict[str, Any]:
     anchor = model.metadata.anchor(name)
     info = anchor.tensorInfo()
-    return {"name": name, "handle": anchor.handle(), "direction": anchor.type().value,
-            "dtype": info.dataType().value, "shape": info.shape(),
-            "bytes": info.sizeInBytes(), "programs": anchor.programs(),
-            "tensor_data": model.popefContainsTensorData(name)}
+    return {
+        "name": name,
+        "handle": anchor.handle(),
+        "direction": anchor.type().value,
+        "dtype": info.dataType().value,
+        "shape": info.shape(),
+        "bytes": info.sizeInBytes(),
+        "programs": anchor.programs(),
+        "tensor_data": model.popefContainsTensorData(name),
+    }
 
 
 def _program_row(model: Model, program: Program, spec: IpuSpec | None) -> dict[str, Any]:
@@ -67,11 +84,20 @@ def _program_row(model: Model, program: Program, spec: IpuSpec | None) -> dict[s
     elif spec is not None:
         seconds = CostModel(spec, model.metadata.numIpus(), 1.0).program_seconds(program)
     flow = model.metadata.programFlow()
-    phases = [phase for phase, indices in (("load", flow.load()), ("main", flow.main()),
-                                           ("save", flow.save())) if program.index in indices]
-    return {"index": program.index, "name": program.name, "phase": "/".join(phases) or "-",
-            "steps": _count_steps(program.steps), "flops": _worst(program.steps, "flops"),
-            "host_bytes": _worst(program.steps, "host_bytes"), "estimated_seconds": seconds}
+    phases = [
+        phase
+        for phase, indices in (("load", flow.load()), ("main", flow.main()), ("save", flow.save()))
+        if program.index in indices
+    ]
+    return {
+        "index": program.index,
+        "name": program.name,
+        "phase": "/".join(phases) or "-",
+        "steps": _count_steps(program.steps),
+        "flops": _worst(program.steps, "flops"),
+        "host_bytes": _worst(program.steps, "host_bytes"),
+        "estimated_seconds": seconds,
+    }
 
 
 def _count_steps(steps: Sequence[Step]) -> int:
@@ -91,11 +117,15 @@ def _worst(steps: Sequence[Step], cost: str) -> int:
 
 # -- text -----------------------------------------------------------------------------
 
+
 def render(d: dict[str, Any]) -> str:
     """The description as the text ``ipuserve model inspect`` prints."""
     exe = d["executable"]
-    check = ("matches the metadata" if exe["hash_matches"]
-             else f"MISMATCH: the metadata expects {exe['expected_hash']}")
+    check = (
+        "matches the metadata"
+        if exe["hash_matches"]
+        else f"MISMATCH: the metadata expects {exe['expected_hash']}"
+    )
     flow = d["program_flow"]
     lines = [
         f"Model {d['model']}  ({', '.join(d['files']) or 'in memory'})",
@@ -106,22 +136,57 @@ def render(d: dict[str, Any]) -> str:
         f"  batch size    {d['batch_size']} (compiled), replication factor "
         f"{d['replication_factor']}",
         f"  program flow  load {flow['load']}  main {flow['main']}  save {flow['save']}",
-        "", "Anchors",
-        *_table(["name", "handle", "direction", "dtype", "shape", "bytes", "programs",
-                 "tensor data"],
-                [[a["name"], a["handle"], a["direction"], a["dtype"], str(a["shape"]),
-                  _bytes(a["bytes"]), ",".join(map(str, a["programs"])) or "-",
-                  "yes" if a["tensor_data"] else "no"] for a in d["anchors"]]),
-        "", "Tensor data",
-        *(_table(["name", "dtype", "shape", "bytes"],
-                 [[t["name"], t["dtype"], str(t["shape"]), _bytes(t["bytes"])]
-                  for t in d["tensor_data"]]) if d["tensor_data"] else ["  (none)"]),
-        "", "Programs (a switch counts its costliest branch)",
-        *_table(["index", "name", "phase", "steps", "FLOPs", "host bytes", "est. time"],
-                [[str(p["index"]), p["name"], p["phase"], str(p["steps"]), f"{p['flops']:,}",
-                  _bytes(p["host_bytes"]), _seconds(p["estimated_seconds"])]
-                 for p in d["programs"]]),
-        "", "Device memory", "  " + _memory_line(d),
+        "",
+        "Anchors",
+        *_table(
+            ["name", "handle", "direction", "dtype", "shape", "bytes", "programs", "tensor data"],
+            [
+                [
+                    a["name"],
+                    a["handle"],
+                    a["direction"],
+                    a["dtype"],
+                    str(a["shape"]),
+                    _bytes(a["bytes"]),
+                    ",".join(map(str, a["programs"])) or "-",
+                    "yes" if a["tensor_data"] else "no",
+                ]
+                for a in d["anchors"]
+            ],
+        ),
+        "",
+        "Tensor data",
+        *(
+            _table(
+                ["name", "dtype", "shape", "bytes"],
+                [
+                    [t["name"], t["dtype"], str(t["shape"]), _bytes(t["bytes"])]
+                    for t in d["tensor_data"]
+                ],
+            )
+            if d["tensor_data"]
+            else ["  (none)"]
+        ),
+        "",
+        "Programs (a switch counts its costliest branch)",
+        *_table(
+            ["index", "name", "phase", "steps", "FLOPs", "host bytes", "est. time"],
+            [
+                [
+                    str(p["index"]),
+                    p["name"],
+                    p["phase"],
+                    str(p["steps"]),
+                    f"{p['flops']:,}",
+                    _bytes(p["host_bytes"]),
+                    _seconds(p["estimated_seconds"]),
+                ]
+                for p in d["programs"]
+            ],
+        ),
+        "",
+        "Device memory",
+        "  " + _memory_line(d),
     ]
     return "\n".join(lines)
 
@@ -133,14 +198,18 @@ def _memory_line(d: dict[str, Any]) -> str:
         return f"needs {needed}; IPU version {d['ipu_version']} is unknown"
     verdict = "fits" if memory["fits"] else "DOES NOT FIT"
     share = 100 * memory["needed_bytes"] / memory["device_bytes"]
-    return (f"needs {needed} of {_bytes(memory['device_bytes'])} ({d['ipus']} x "
-            f"{_bytes(memory['ipu_bytes'])} per IPU): {share:.1f}% -- {verdict}")
+    return (
+        f"needs {needed} of {_bytes(memory['device_bytes'])} ({d['ipus']} x "
+        f"{_bytes(memory['ipu_bytes'])} per IPU): {share:.1f}% -- {verdict}"
+    )
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=False)]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in [headers, *rows]]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
 
 
 def _bytes(count: int) -> str:

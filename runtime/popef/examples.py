@@ -38,6 +38,7 @@ Array = npt.NDArray[Any]
 
 # -- builders -------------------------------------------------------------------------
 
+
 def simple(*, batch_size: int = 1, seed: int = 0, batch_dim: int = 0) -> GraphBuilder:
     """``output = tensor_A * weights + tensor_B``; ``batch_dim=1`` makes the I/O [4, B]."""
     g = GraphBuilder("simple", batch_size=batch_size, batch_dim=batch_dim)
@@ -52,9 +53,16 @@ def simple(*, batch_size: int = 1, seed: int = 0, batch_dim: int = 0) -> GraphBu
     return g
 
 
-def mlp(*, batch_size: int = 16, input_size: int = 784, hidden_size: int = 1024,
-        layers: int = 2, outputs: int = 10, dtype: str = "float32",
-        seed: int = 0) -> GraphBuilder:
+def mlp(
+    *,
+    batch_size: int = 16,
+    input_size: int = 784,
+    hidden_size: int = 1024,
+    layers: int = 2,
+    outputs: int = 10,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> GraphBuilder:
     """Dense layers with gelu, then ``logits`` and ``probs``; weights ~ N(0, 1/fan_in)."""
     if dtype not in ("float16", "float32"):
         raise ValueError(f"mlp dtype must be float16 or float32, got {dtype!r}")
@@ -64,8 +72,10 @@ def mlp(*, batch_size: int = 16, input_size: int = 784, hidden_size: int = 1024,
     sizes = [input_size] + [hidden_size] * layers + [outputs]
     for layer, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         prefix = f"hidden{layer}" if layer < layers else "output"
-        w = g.weight(f"{prefix}.weight",
-                     (rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)).astype(dtype))
+        w = g.weight(
+            f"{prefix}.weight",
+            (rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)).astype(dtype),
+        )
         b = g.weight(f"{prefix}.bias", (0.1 * rng.standard_normal(fan_out)).astype(dtype))
         h = g.add(g.matmul(h, w), b)
         if layer < layers:
@@ -75,8 +85,9 @@ def mlp(*, batch_size: int = 16, input_size: int = 784, hidden_size: int = 1024,
     return g
 
 
-def noop(*, batch_size: int = 1, elements: int = 1024, dtype: str = "float32",
-         batch_dim: int = 0) -> GraphBuilder:
+def noop(
+    *, batch_size: int = 1, elements: int = 1024, dtype: str = "float32", batch_dim: int = 0
+) -> GraphBuilder:
     """``output = input`` without a copy; e.g. ``elements=1 << 20`` gives 4 MiB samples."""
     g = GraphBuilder("noop", batch_size=batch_size, batch_dim=batch_dim, zero_time=True)
     shape = (batch_size, elements) if batch_dim == 0 else (elements, batch_size)
@@ -100,7 +111,10 @@ def branches(*, batch_size: int = 1, seed: int = 0) -> GraphBuilder:
 
 
 EXAMPLES: dict[str, Callable[..., GraphBuilder]] = {
-    "simple": simple, "mlp": mlp, "noop": noop, "branches": branches,
+    "simple": simple,
+    "mlp": mlp,
+    "noop": noop,
+    "branches": branches,
 }
 
 
@@ -123,14 +137,18 @@ def _builder(name: str) -> Callable[..., GraphBuilder]:
 
 # -- references -----------------------------------------------------------------------
 
-def reference(name: str, inputs: Mapping[str, Array], tensor_data: Mapping[str, Array],
-              **opts: Any) -> dict[str, Array]:
+
+def reference(
+    name: str, inputs: Mapping[str, Array], tensor_data: Mapping[str, Array], **opts: Any
+) -> dict[str, Array]:
     """What one main-program run of example ``name`` must output, computed in float64
     and rounded to each output's dtype. ``opts`` repeats build options that change
     the maths (only ``batch_dim`` for ``simple``)."""
     references: dict[str, Callable[..., dict[str, Array]]] = {
-        "simple": _simple_reference, "mlp": _mlp_reference,
-        "noop": _noop_reference, "branches": _branches_reference,
+        "simple": _simple_reference,
+        "mlp": _mlp_reference,
+        "noop": _noop_reference,
+        "branches": _branches_reference,
     }
     _builder(name)
     return references[name](inputs, tensor_data, **opts)
@@ -150,8 +168,11 @@ def sample_inputs(model: Model, seed: int = 0) -> dict[str, Array]:
             continue
         info = anchor.tensorInfo()
         dtype = info.numpyDType()
-        samples[anchor.name()] = (rng.standard_normal(info.shape()).astype(dtype)
-                                  if dtype.kind == "f" else np.zeros(info.shape(), dtype))
+        samples[anchor.name()] = (
+            rng.standard_normal(info.shape()).astype(dtype)
+            if dtype.kind == "f"
+            else np.zeros(info.shape(), dtype)
+        )
     return samples
 
 
@@ -159,8 +180,9 @@ def _f64(array: Array) -> Array:
     return np.asarray(array, dtype=np.float64)
 
 
-def _simple_reference(inputs: Mapping[str, Array], data: Mapping[str, Array],
-                      batch_dim: int = 0) -> dict[str, Array]:
+def _simple_reference(
+    inputs: Mapping[str, Array], data: Mapping[str, Array], batch_dim: int = 0
+) -> dict[str, Array]:
     weights = _f64(data["weights"])
     if batch_dim == 1:
         weights = weights[:, np.newaxis]
@@ -174,7 +196,7 @@ def _mlp_reference(inputs: Mapping[str, Array], data: Mapping[str, Array]) -> di
     layer = 0
     while f"hidden{layer}.weight" in data:
         pre = h @ _f64(data[f"hidden{layer}.weight"]) + _f64(data[f"hidden{layer}.bias"])
-        h = 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre ** 3)))
+        h = 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre**3)))
         layer += 1
     logits = h @ _f64(data["output.weight"]) + _f64(data["output.bias"])
     return {"logits": logits.astype(dtype), "probs": _softmax64(logits).astype(dtype)}
@@ -184,8 +206,7 @@ def _noop_reference(inputs: Mapping[str, Array], _data: Mapping[str, Array]) -> 
     return {"output": np.array(inputs["input"], copy=True)}
 
 
-def _branches_reference(inputs: Mapping[str, Array],
-                        data: Mapping[str, Array]) -> dict[str, Array]:
+def _branches_reference(inputs: Mapping[str, Array], data: Mapping[str, Array]) -> dict[str, Array]:
     chosen = int(np.asarray(inputs["branch"]).flat[0])
     if chosen == 0:
         a = _f64(inputs["a_input"]) @ _f64(data["a_weight"])

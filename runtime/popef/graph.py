@@ -32,8 +32,19 @@ from ipuserve.runtime.popef.ops import (
 )
 from ipuserve.runtime.popef.types import Executable, Program, Step
 
-__all__ = ["OPS", "STREAM_OPS", "Array", "Attrs", "Kernel", "OpDef", "TensorSpec", "infer",
-           "memory_bytes", "op_def", "run_program"]
+__all__ = [
+    "OPS",
+    "STREAM_OPS",
+    "Array",
+    "Attrs",
+    "Kernel",
+    "OpDef",
+    "TensorSpec",
+    "infer",
+    "memory_bytes",
+    "op_def",
+    "run_program",
+]
 
 # -- interpreter ----------------------------------------------------------------------
 
@@ -51,9 +62,9 @@ class _Instruction:
 
     step: Step
     kind: int
-    kernel: Kernel                          # _no_kernel for stream and switch steps
-    sources: tuple[tuple[bool, str], ...]   # (is_state, tensor name) per input
-    output: str                             # "" when the step has no output
+    kernel: Kernel  # _no_kernel for stream and switch steps
+    sources: tuple[tuple[bool, str], ...]  # (is_state, tensor name) per input
+    output: str  # "" when the step has no output
     output_is_state: bool
     branches: tuple[tuple[_Instruction, ...], ...]
 
@@ -63,9 +74,14 @@ _compiled: weakref.WeakKeyDictionary[Executable, _Cache]
 _compiled = weakref.WeakKeyDictionary()
 
 
-def run_program(executable: Executable, program: Program, memory: dict[str, Array],
-                read_anchor: ReadAnchor, write_anchor: WriteAnchor,
-                on_step: OnStep | None = None) -> None:
+def run_program(
+    executable: Executable,
+    program: Program,
+    memory: dict[str, Array],
+    read_anchor: ReadAnchor,
+    write_anchor: WriteAnchor,
+    on_step: OnStep | None = None,
+) -> None:
     """Run ``program`` (one of ``executable``'s) once.
 
     ``memory`` holds the device's state tensors (``executable.stateTensors()``:
@@ -84,9 +100,15 @@ def run_program(executable: Executable, program: Program, memory: dict[str, Arra
     _execute(instructions, memory, {}, read_anchor, write_anchor, on_step, program)
 
 
-def _execute(instructions: tuple[_Instruction, ...], memory: dict[str, Array],
-             local: dict[str, Array], read_anchor: ReadAnchor, write_anchor: WriteAnchor,
-             on_step: OnStep | None, program: Program) -> None:
+def _execute(
+    instructions: tuple[_Instruction, ...],
+    memory: dict[str, Array],
+    local: dict[str, Array],
+    read_anchor: ReadAnchor,
+    write_anchor: WriteAnchor,
+    on_step: OnStep | None,
+    program: Program,
+) -> None:
     for ins in instructions:
         kind = ins.kind
         if kind == _KERNEL:
@@ -105,15 +127,17 @@ def _execute(instructions: tuple[_Instruction, ...], memory: dict[str, Array],
             on_step(ins.step)
 
 
-def _gather(ins: _Instruction, memory: dict[str, Array], local: dict[str, Array],
-            program: Program) -> list[Array]:
+def _gather(
+    ins: _Instruction, memory: dict[str, Array], local: dict[str, Array], program: Program
+) -> list[Array]:
     try:
         return [memory[name] if is_state else local[name] for is_state, name in ins.sources]
     except KeyError as e:
         raise RuntimeUsageError(
             f"program {program.name!r}: step {ins.step.op!r} reads tensor {e.args[0]!r}, "
             "which has no value yet (state tensors are written by the load program: "
-            "run it first)") from None
+            "run it first)"
+        ) from None
 
 
 def _select_branch(ins: _Instruction, selector: Array) -> tuple[_Instruction, ...]:
@@ -123,8 +147,10 @@ def _select_branch(ins: _Instruction, selector: Array) -> tuple[_Instruction, ..
         raise ValueError(f"switch selector tensor {name!r} is empty")
     value = int(flat[0])
     if not 0 <= value < len(ins.branches):
-        raise ValueError(f"switch selector tensor {name!r} has value {value}, but the "
-                         f"switch has {len(ins.branches)} branches (0..{len(ins.branches) - 1})")
+        raise ValueError(
+            f"switch selector tensor {name!r} has value {value}, but the "
+            f"switch has {len(ins.branches)} branches (0..{len(ins.branches) - 1})"
+        )
     return ins.branches[value]
 
 
@@ -162,8 +188,10 @@ def _no_kernel(_inputs: Sequence[Array], _attrs: Attrs) -> Array:
 
 # -- device memory --------------------------------------------------------------------
 
-def memory_bytes(programs: Sequence[Program], state: Mapping[str, TensorSpec],
-                 local: Mapping[str, TensorSpec]) -> int:
+
+def memory_bytes(
+    programs: Sequence[Program], state: Mapping[str, TensorSpec], local: Mapping[str, TensorSpec]
+) -> int:
     """Device memory a loaded executable needs: its state tensors, plus the highest peak
     of per-run tensors over its programs.
 
@@ -177,7 +205,7 @@ def memory_bytes(programs: Sequence[Program], state: Mapping[str, TensorSpec],
 
 
 def _peak_bytes(steps: list[Step], local: Mapping[str, TensorSpec]) -> int:
-    root: dict[str, str] = {}          # alias -> the tensor that owns the memory
+    root: dict[str, str] = {}  # alias -> the tensor that owns the memory
     born: dict[str, int] = {}
     last: dict[str, int] = {}
     for position, step in enumerate(steps):
@@ -191,8 +219,13 @@ def _peak_bytes(steps: list[Step], local: Mapping[str, TensorSpec]) -> int:
             root[output] = root.get(step.inputs[0], step.inputs[0])
         else:
             born[output] = last[output] = position
-    return max((sum(local[n].nbytes for n, b in born.items() if b <= p <= last[n])
-                for p in range(len(steps))), default=0)
+    return max(
+        (
+            sum(local[n].nbytes for n, b in born.items() if b <= p <= last[n])
+            for p in range(len(steps))
+        ),
+        default=0,
+    )
 
 
 def _flatten(steps: tuple[Step, ...]) -> Iterator[Step]:

@@ -67,6 +67,7 @@ class OpDef:
 
 # -- shape inference ------------------------------------------------------------------
 
+
 def _same(inputs: Sequence[TensorSpec], _attrs: Attrs) -> TensorSpec:
     return inputs[0]
 
@@ -127,8 +128,10 @@ def _layer_norm(inputs: Sequence[TensorSpec], attrs: Attrs) -> TensorSpec:
     _floating(inputs, attrs)
     _same_dtypes(inputs)
     if not x.shape or gamma.shape != (x.shape[-1],) or beta.shape != (x.shape[-1],):
-        raise ValueError(f"gamma and beta must have shape [{x.shape[-1] if x.shape else '?'}] "
-                         f"(the last dimension of {x}), got {gamma} and {beta}")
+        raise ValueError(
+            f"gamma and beta must have shape [{x.shape[-1] if x.shape else '?'}] "
+            f"(the last dimension of {x}), got {gamma} and {beta}"
+        )
     if float(_attr(attrs, "eps")) <= 0:
         raise ValueError(f"eps must be > 0, got {attrs['eps']!r}")
     return x
@@ -197,6 +200,7 @@ def _check_scalar(value: Any, dtype: np.dtype[Any], what: str) -> None:
 
 # -- FLOP counts ----------------------------------------------------------------------
 
+
 def _per_element(factor: int) -> Callable[[Sequence[TensorSpec], TensorSpec], int]:
     return lambda _inputs, output: factor * output.numel
 
@@ -206,6 +210,7 @@ def _matmul_flops(inputs: Sequence[TensorSpec], output: TensorSpec) -> int:
 
 
 # -- kernels --------------------------------------------------------------------------
+
 
 def _wide(x: Array) -> Array:
     """float16 is computed in float32 (see the module docstring)."""
@@ -265,31 +270,56 @@ def _elementwise(ufunc: np.ufunc) -> Kernel:
     def kernel(inputs: Sequence[Array], _attrs: Attrs) -> Array:
         result: Array = ufunc(*inputs)
         return result
+
     return kernel
 
 
-OPS: dict[str, OpDef] = {op.name: op for op in (
-    OpDef("identity", 1, _same, _per_element(0), _identity, aliases=True),
-    OpDef("add", 2, _broadcast, _per_element(1), _elementwise(np.add)),
-    OpDef("sub", 2, _broadcast, _per_element(1), _elementwise(np.subtract)),
-    OpDef("mul", 2, _broadcast, _per_element(1), _elementwise(np.multiply)),
-    OpDef("matmul", 2, _matmul, _matmul_flops, _matmul_kernel),
-    OpDef("relu", 1, _same, _per_element(1), _relu_kernel),
-    OpDef("gelu", 1, _floating, _per_element(8), _gelu_kernel),
-    OpDef("tanh", 1, _floating, _per_element(1), _elementwise(np.tanh)),
-    OpDef("sigmoid", 1, _floating, _per_element(1), _sigmoid_kernel),
-    OpDef("softmax", 1, _softmax, _per_element(5), _softmax_kernel),
-    OpDef("layer_norm", 3, _layer_norm, _per_element(8), _layer_norm_kernel),
-    OpDef("reshape", 1, _reshape, _per_element(0),
-          lambda inputs, attrs: np.reshape(inputs[0], attrs["shape"]), aliases=True),
-    OpDef("transpose", 1, _transpose, _per_element(0),
-          lambda inputs, attrs: np.ascontiguousarray(np.transpose(inputs[0], attrs["perm"]))),
-    OpDef("cast", 1, _cast, _per_element(1),
-          lambda inputs, attrs: inputs[0].astype(attrs["dtype"])),
-    OpDef("fill", 0, _fill, _per_element(0),
-          lambda _inputs, attrs: np.full(attrs["shape"], attrs["value"], dtype=attrs["dtype"])),
-    OpDef("increment", 1, _increment, _per_element(1), _increment_kernel),
-)}
+OPS: dict[str, OpDef] = {
+    op.name: op
+    for op in (
+        OpDef("identity", 1, _same, _per_element(0), _identity, aliases=True),
+        OpDef("add", 2, _broadcast, _per_element(1), _elementwise(np.add)),
+        OpDef("sub", 2, _broadcast, _per_element(1), _elementwise(np.subtract)),
+        OpDef("mul", 2, _broadcast, _per_element(1), _elementwise(np.multiply)),
+        OpDef("matmul", 2, _matmul, _matmul_flops, _matmul_kernel),
+        OpDef("relu", 1, _same, _per_element(1), _relu_kernel),
+        OpDef("gelu", 1, _floating, _per_element(8), _gelu_kernel),
+        OpDef("tanh", 1, _floating, _per_element(1), _elementwise(np.tanh)),
+        OpDef("sigmoid", 1, _floating, _per_element(1), _sigmoid_kernel),
+        OpDef("softmax", 1, _softmax, _per_element(5), _softmax_kernel),
+        OpDef("layer_norm", 3, _layer_norm, _per_element(8), _layer_norm_kernel),
+        OpDef(
+            "reshape",
+            1,
+            _reshape,
+            _per_element(0),
+            lambda inputs, attrs: np.reshape(inputs[0], attrs["shape"]),
+            aliases=True,
+        ),
+        OpDef(
+            "transpose",
+            1,
+            _transpose,
+            _per_element(0),
+            lambda inputs, attrs: np.ascontiguousarray(np.transpose(inputs[0], attrs["perm"])),
+        ),
+        OpDef(
+            "cast",
+            1,
+            _cast,
+            _per_element(1),
+            lambda inputs, attrs: inputs[0].astype(attrs["dtype"]),
+        ),
+        OpDef(
+            "fill",
+            0,
+            _fill,
+            _per_element(0),
+            lambda _inputs, attrs: np.full(attrs["shape"], attrs["value"], dtype=attrs["dtype"]),
+        ),
+        OpDef("increment", 1, _increment, _per_element(1), _increment_kernel),
+    )
+}
 
 
 def op_def(name: str) -> OpDef:
@@ -300,8 +330,9 @@ def op_def(name: str) -> OpDef:
         raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
 
 
-def infer(op: str, inputs: Sequence[TensorSpec], attrs: Attrs,
-          label: str | None = None) -> TensorSpec:
+def infer(
+    op: str, inputs: Sequence[TensorSpec], attrs: Attrs, label: str | None = None
+) -> TensorSpec:
     """Result spec of ``op`` applied to ``inputs``.
 
     ValueError if the op rejects them; the message starts with ``label`` (default:

@@ -107,7 +107,8 @@ def verify_package_hash(model: Model) -> None:
             f"package hash mismatch: the metadata of model {model.metadata.modelName()!r} "
             f"(in {source_of(model.metadata)}) expects executable hash {expected}, but "
             f"executable {model.executable.name()!r} (in {source_of(model.executable)}) "
-            f"has hash {actual}")
+            f"has hash {actual}"
+        )
 
 
 def source_of(blob: Metadata | Executable) -> str:
@@ -116,6 +117,7 @@ def source_of(blob: Metadata | Executable) -> str:
 
 
 # -- checks ---------------------------------------------------------------------------
+
 
 def _found(files: list[ContainerContents]) -> str:
     return "; ".join(f.describe() for f in files) or "no files"
@@ -128,8 +130,10 @@ def _check_no_duplicates(files: list[ContainerContents]) -> None:
             seen[kind, name].append(str(contents.path))
     for (kind, name), where in seen.items():
         if len(where) > 1:
-            raise ModelFileError(f"{kind} blob {name!r} appears {len(where)} times: in "
-                                 f"{' and '.join(where)}; a model may hold each blob once")
+            raise ModelFileError(
+                f"{kind} blob {name!r} appears {len(where)} times: in "
+                f"{' and '.join(where)}; a model may hold each blob once"
+            )
 
 
 def _blob_names(contents: ContainerContents) -> Iterator[tuple[str, str]]:
@@ -141,8 +145,9 @@ def _blob_names(contents: ContainerContents) -> Iterator[tuple[str, str]]:
 def _single_metadata(files: list[ContainerContents]) -> Metadata:
     found = [m for f in files for m in f.metadata]
     if len(found) != 1:
-        raise ModelFileError(f"a model needs exactly one metadata blob, found {len(found)} "
-                             f"in: {_found(files)}")
+        raise ModelFileError(
+            f"a model needs exactly one metadata blob, found {len(found)} in: {_found(files)}"
+        )
     return found[0]
 
 
@@ -152,7 +157,8 @@ def _executable_for(metadata: Metadata, files: list[ContainerContents]) -> Execu
     if names != [metadata.executable()]:
         raise ModelFileError(
             f"the metadata (in {source_of(metadata)}) needs exactly one executable, named "
-            f"{metadata.executable()!r}; found {names or 'none'} in: {_found(files)}")
+            f"{metadata.executable()!r}; found {names or 'none'} in: {_found(files)}"
+        )
     return found[0]
 
 
@@ -163,7 +169,8 @@ def _check_program_flow(metadata: Metadata, executable: Executable) -> None:
         if not 0 <= index < count:
             raise ModelFileError(
                 f"the program flow (in {source_of(metadata)}) names program {index}, but "
-                f"executable {executable.name()!r} (in {source_of(executable)}) has {count}")
+                f"executable {executable.name()!r} (in {source_of(executable)}) has {count}"
+            )
 
 
 def _check_streams(metadata: Metadata, executable: Executable) -> None:
@@ -180,7 +187,8 @@ def _check_streams(metadata: Metadata, executable: Executable) -> None:
                     f"executable {executable.name()!r} (in {source_of(executable)}): program "
                     f"{program.name!r} streams {step.anchor!r} with {step.op}; expected an "
                     f"{wanted[step.op].value} anchor in the metadata "
-                    f"(in {source_of(metadata)}), found {found}")
+                    f"(in {source_of(metadata)}), found {found}"
+                )
 
 
 def _walk(steps: tuple[Step, ...]) -> Iterator[Step]:
@@ -192,16 +200,18 @@ def _walk(steps: tuple[Step, ...]) -> Iterator[Step]:
 
 def _check_tensor_data(data: TensorData, metadata: Metadata, path: Path) -> None:
     where = f"{path}: tensor data blob {data.name()!r}"
-    anchor: Anchor | None = next((a for a in metadata.anchors() if a.name() == data.name()),
-                                 None)
+    anchor: Anchor | None = next((a for a in metadata.anchors() if a.name() == data.name()), None)
     if anchor is None or anchor.type() is not TensorType.INPUT:
         inputs = [a.name() for a in metadata.anchors() if a.type() is TensorType.INPUT]
-        raise ModelFileError(f"{where}: expected an input anchor of that name in the "
-                             f"metadata (in {source_of(metadata)}); its inputs are {inputs}")
+        raise ModelFileError(
+            f"{where}: expected an input anchor of that name in the "
+            f"metadata (in {source_of(metadata)}); its inputs are {inputs}"
+        )
     expected, found = anchor.tensorInfo(), data.info.tensorInfo()
     if expected != found:
-        raise ModelFileError(f"{where}: expected {_spec(expected)} (anchor {anchor.name()!r}), "
-                             f"found {_spec(found)}")
+        raise ModelFileError(
+            f"{where}: expected {_spec(expected)} (anchor {anchor.name()!r}), found {_spec(found)}"
+        )
 
 
 def _spec(info: TensorInfo) -> str:

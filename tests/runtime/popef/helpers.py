@@ -66,7 +66,7 @@ class Host:
 
 
 def rewrite_zip(
-    path: Path, change: Callable[[dict[str, bytes]], None], *, fix_index: bool = False
+    path: Path, change: Callable[[dict[str, bytes]], object], *, fix_index: bool = False
 ) -> None:
     """Rewrite the zip at ``path`` after ``change`` edits its ``{member: bytes}``.
 

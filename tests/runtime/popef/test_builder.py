@@ -113,8 +113,10 @@ def test_steps_between_branches_are_rejected() -> None:
 def test_switch_needs_an_integer_selector_and_a_branch() -> None:
     g = GraphBuilder("switchy", batch_size=1)
     selector = g.input("f", (1,))
-    with pytest.raises(ValueError, match=r"selector 'f' must have an integer dtype"), \
-            g.switch(selector):
+    with (
+        pytest.raises(ValueError, match=r"selector 'f' must have an integer dtype"),
+        g.switch(selector),
+    ):
         pass
     selector = g.input("s", (1,), "int32")
     with pytest.raises(ValueError, match=r"switch on 's' has no branches"), g.switch(selector):
@@ -133,7 +135,7 @@ def test_attributes_must_be_storable() -> None:
     with pytest.raises(ValueError, match=r"cannot be stored"):
         g.fill(float("nan"), "float32", (1,))
     # numpy scalars and tuples are stored as plain JSON values
-    t = g.fill(np.float32(2), "float32", (np.int64(2), 3))
+    t = g.fill(np.float32(2), "float32", (np.int64(2), 3))  # type: ignore[arg-type]
     step = g.build().executable.program(1).steps[-1]
     assert t.shape == (2, 3) and step.attrs == {"value": 2.0, "dtype": "float32", "shape": [2, 3]}
 

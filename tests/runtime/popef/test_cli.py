@@ -22,7 +22,7 @@ def test_example_writes_a_loadable_model(tmp_path: Path) -> None:
     out = tmp_path / "simple.popef"
     result = invoke("example", "simple", str(out), "--batch-size", "3", "--seed", "4")
     assert result.exit_code == 0, result.output
-    assert f"{out}: metadata, executable, tensor data (1 tensors)" in result.output
+    assert f"{out}: metadata, executable, tensor data (1 tensor)" in result.output
     model = load_model(out)
     assert model.metadata.batchSize() == 3
     np.testing.assert_array_equal(
@@ -70,8 +70,9 @@ def test_options_of_other_examples_are_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--hidden-size does not apply to the 'noop' example" in result.output
     assert not (tmp_path / "n.popef").exists()
-    from_env = invoke("example", "simple", str(tmp_path / "s.popef"),
-                      env={"IPUSERVE_MODEL_EXAMPLE_LAYERS": "3"})
+    from_env = invoke(
+        "example", "simple", str(tmp_path / "s.popef"), env={"IPUSERVE_MODEL_EXAMPLE_LAYERS": "3"}
+    )
     assert from_env.exit_code == 2
     assert "--layers does not apply to the 'simple' example" in from_env.output
 
@@ -84,10 +85,13 @@ def test_invalid_example_option_is_a_clean_error(tmp_path: Path) -> None:
 
 def test_help_shows_env_vars_and_defaults() -> None:
     text = " ".join(invoke("example", "--help").output.split())
-    assert "--elements INTEGER RANGE noop: elements per sample (1048576 float32 = 4 MiB). " \
+    assert (
+        "--elements INTEGER RANGE noop: elements per sample (1048576 float32 = 4 MiB). "
         "[env var: IPUSERVE_MODEL_EXAMPLE_ELEMENTS; default: 1024; x>=1]" in text
-    assert "IPUSERVE_MODEL_EXAMPLE_BATCH_SIZE; default: (simple, noop, branches: 1; mlp: 16)" \
-        in text
+    )
+    assert (
+        "IPUSERVE_MODEL_EXAMPLE_BATCH_SIZE; default: (simple, noop, branches: 1; mlp: 16)" in text
+    )
 
 
 def section(text: str, title: str) -> list[str]:

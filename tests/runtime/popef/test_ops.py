@@ -34,7 +34,8 @@ def run(op: str, *inputs: np.ndarray[Any, Any], **attrs: Any) -> np.ndarray[Any,
 def gelu64(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """The exact (erf) gelu, to check the tanh approximation is the right one."""
     erf = np.vectorize(math.erf)
-    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+    result: np.ndarray[Any, Any] = 0.5 * x * (1 + erf(x / math.sqrt(2)))
+    return result
 
 
 # -- kernels versus numpy -------------------------------------------------------------
