@@ -53,13 +53,14 @@ def ipuserve_image(docker_engine: str) -> str:
 def stack(docker_engine: str, ipuserve_image: str) -> Iterator[ComposeProject]:
     """compose.yaml brought up with one broker and two workers; torn down whatever happens."""
     name = os.environ.get(PROJECT_ENV) or f"ipuserve-test-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    frontend_port, metrics_port = free_port(), free_port()
     project = ComposeProject(
         name=name,
         command=compose_command(),
         settings={
             IMAGE_ENV: ipuserve_image,
-            "IPUSERVE_FRONTEND_PORT": f"127.0.0.1:{port}",
+            "IPUSERVE_FRONTEND_PORT": f"127.0.0.1:{frontend_port}",
+            "IPUSERVE_METRICS_PORT": f"127.0.0.1:{metrics_port}",
             "IPUSERVE_MODEL": "mlp",
         },
     )
@@ -81,3 +82,9 @@ def stack(docker_engine: str, ipuserve_image: str) -> Iterator[ComposeProject]:
 def frontend(stack: ComposeProject) -> str:
     """The broker's frontend address as seen from the host."""
     return f"tcp://{stack.settings['IPUSERVE_FRONTEND_PORT']}"
+
+
+@pytest.fixture(scope="module")
+def metrics_url(stack: ComposeProject) -> str:
+    """The broker's Prometheus endpoint as seen from the host."""
+    return f"http://{stack.settings['IPUSERVE_METRICS_PORT']}/metrics"

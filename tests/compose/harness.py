@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,18 @@ def poll(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{diagnose()}")
         time.sleep(interval)
+
+
+def metric_total(url: str, family: str) -> float:
+    """Sum of every sample of one Prometheus family (all label sets) scraped from ``url``."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == family and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ipuserve import protocol as wire
 from ipuserve.client.client import Client
 from ipuserve.runtime.popef import examples
 from tests.compose.conftest import WORKERS
-from tests.compose.harness import ComposeProject, poll
+from tests.compose.harness import ComposeProject, metric_total, poll
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
 
@@ -111,7 +111,9 @@ def test_stack_is_healthy(stack: ComposeProject) -> None:
     assert services == ["broker"] + ["worker"] * WORKERS
 
 
-def test_host_client_gets_correct_results(client: Client, weights: dict[str, Array]) -> None:
+def test_host_client_gets_correct_results(
+    client: Client, weights: dict[str, Array], metrics_url: str
+) -> None:
     info = served_by(client, WORKERS)
     requests = request_batches(info.spec, REQUESTS, seed=1)
     check_results(send_all(client, requests), requests, weights)
@@ -124,7 +126,7 @@ def test_host_client_gets_correct_results(client: Client, weights: dict[str, Arr
 
 
 def test_requests_survive_a_killed_worker(
-    stack: ComposeProject, client: Client, weights: dict[str, Array]
+    stack: ComposeProject, client: Client, weights: dict[str, Array], metrics_url: str
 ) -> None:
     info = served_by(client, WORKERS)
     victim = stack.containers("worker")[0]
@@ -153,3 +155,5 @@ def test_requests_survive_a_killed_worker(
     )
     after = request_batches(info.spec, REQUESTS, seed=3)
     check_results(send_all(client, after), after, weights)
+    if stack.state(victim.id).status != "running":
+        assert metric_total(metrics_url, "ipuserve_broker_workers_lost_total") >= 1
