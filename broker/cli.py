@@ -58,7 +58,13 @@ log = logging.getLogger(__name__)
     "--client-hwm",
     default=1000,
     type=click.IntRange(min=1),
-    help="Replies queued for a client that stopped reading before they are dropped.",
+    help="Replies ZeroMQ queues for one client (its pipe's high-water mark).",
+)
+@option(
+    "--client-backlog",
+    default=1000,
+    type=click.IntRange(min=1),
+    help="Further replies the broker keeps for a slow client before dropping them.",
 )
 @option(
     "--metrics-port",
@@ -77,6 +83,7 @@ def broker(
     max_attempts: int,
     max_payload_bytes: int,
     client_hwm: int,
+    client_backlog: int,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -95,6 +102,7 @@ def broker(
             max_attempts=max_attempts,
             max_payload_bytes=max_payload_bytes,
             client_hwm=client_hwm,
+            client_backlog=client_backlog,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )

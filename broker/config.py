@@ -16,8 +16,10 @@ class BrokerConfig:
     tried on at most ``max_attempts`` workers that die holding it. For one
     ``grace_ms`` after start (default: one liveness window) requests for models
     nobody serves yet are queued, because workers may be reconnecting after a
-    broker restart. ``queue_limit`` bounds each model's queue; ``client_hwm`` bounds
-    the replies queued for one client that stopped reading (more are dropped).
+    broker restart. ``queue_limit`` bounds each model's queue. Replies to a client
+    first fill its ZeroMQ pipe (``client_hwm`` messages), then wait in a broker-side
+    backlog (``client_backlog`` messages, retried in order); a client that stopped
+    reading loses the replies beyond both (counted), and nobody else waits for it.
     """
 
     frontend: str = "tcp://*:5555"
@@ -29,12 +31,20 @@ class BrokerConfig:
     max_attempts: int = 3
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
     client_hwm: int = 1000
+    client_backlog: int = 1000
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     shutdown_linger_ms: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("heartbeat_ms", "liveness_ms", "queue_limit", "max_attempts", "client_hwm"):
+        for name in (
+            "heartbeat_ms",
+            "liveness_ms",
+            "queue_limit",
+            "max_attempts",
+            "client_hwm",
+            "client_backlog",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.liveness_ms < self.heartbeat_ms:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Messages read from one socket per turn before the other socket and the timers get theirs.
 BATCH = 256
+#: How soon to retry replies waiting for a client whose pipe was full.
+BACKLOG_RETRY_S = 0.002
 
 
 class Broker:
@@ -49,9 +51,8 @@ class Broker:
         self.frontend_endpoint = _endpoint(self._frontend)
         self.backend_endpoint = _endpoint(self._backend)
         self.registry = Registry()
-        self.scheduler = Scheduler(
-            config, self.registry, Outbox(self._frontend, self._backend, self.metrics), self.metrics
-        )
+        self._outbox = Outbox(self._frontend, self._backend, self.metrics, config.client_backlog)
+        self.scheduler = Scheduler(config, self.registry, self._outbox, self.metrics)
         now = time.monotonic()
         self._clients = ClientHandlers(self.scheduler, self.epoch, now + config.startup_grace_s)
         welcome = wire.Welcome(self.epoch, config.heartbeat_ms, config.liveness_ms)
@@ -134,6 +135,8 @@ class Broker:
             if self._frontend in events:
                 self._drain(self._frontend, self._on_client)
             self._on_timers(time.monotonic())
+            if self._outbox.pending:
+                self._outbox.flush()
 
     @staticmethod
     def _drain(sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
@@ -175,6 +178,8 @@ class Broker:
 
     def _timeout_ms(self) -> int:
         due = [self._next_beat, self._clients.grace_until, self.scheduler.deadlines.next_due()]
+        if self._outbox.pending:  # retry the backlog of slow clients soon
+            due.append(time.monotonic() + BACKLOG_RETRY_S)
         wake = min(t for t in due if t is not None)
         return max(0, int((wake - time.monotonic()) * 1000) + 1)
 

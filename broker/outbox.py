@@ -1,16 +1,19 @@
 """Sending on the broker's two ROUTER sockets without ever blocking the loop.
 
 Both ROUTERs set ROUTER_MANDATORY, so a send to a peer that is gone raises
-EHOSTUNREACH and a send to a peer whose queue is full (it stopped reading) raises
-EAGAIN instead of silently dropping or blocking. A client that stops reading loses
-the replies that do not fit (counted); a worker we cannot reach is reported to the
-caller, which drops it and re-queues its jobs.
+EHOSTUNREACH and a send to a peer whose pipe is full raises EAGAIN instead of
+silently dropping or blocking. A reply that does not fit waits in that client's
+backlog (in order, frames by reference) and is retried by :meth:`Outbox.flush`;
+only a client whose backlog is full — one that stopped reading — loses replies
+(counted). A worker we cannot reach is reported to the caller, which drops it and
+re-queues its jobs.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,29 +24,70 @@ from ipuserve.protocol import Frame
 
 log = logging.getLogger(__name__)
 
+Frames = Sequence[Frame]
+
 
 class Outbox:
     def __init__(
-        self, frontend: zmq.Socket[Any], backend: zmq.Socket[Any], metrics: BrokerMetrics
+        self,
+        frontend: zmq.Socket[Any],
+        backend: zmq.Socket[Any],
+        metrics: BrokerMetrics,
+        backlog_limit: int,
     ) -> None:
         self._frontend = frontend
         self._backend = backend
         self._dropped = metrics.dropped
+        self._backlog_limit = backlog_limit
+        self._backlogs: dict[bytes, deque[Frames]] = {}
 
-    def to_client(self, identity: bytes, frames: Sequence[Frame]) -> bool:
+    @property
+    def pending(self) -> bool:
+        """Replies wait for a slow client: call :meth:`flush` again soon."""
+        return bool(self._backlogs)
+
+    def to_client(self, identity: bytes, frames: Frames) -> bool:
+        """Send, or keep for later; False only if the reply is lost (and counted)."""
+        backlog = self._backlogs.get(identity)
+        if backlog is not None:
+            return self._defer(backlog, frames)
         reason = _send(self._frontend, identity, frames)
-        if reason is not None:
-            self._dropped.inc(reason=f"client_{reason}")
+        if reason == "unwritable":
+            return self._defer(self._backlogs.setdefault(identity, deque()), frames)
+        if reason == "gone":
+            self._dropped.inc(reason="client_gone")
         return reason is None
 
-    def to_worker(self, identity: bytes, frames: Sequence[Frame]) -> bool:
+    def _defer(self, backlog: deque[Frames], frames: Frames) -> bool:
+        if len(backlog) >= self._backlog_limit:
+            self._dropped.inc(reason="client_backlog_full")
+            return False
+        backlog.append(frames)
+        return True
+
+    def flush(self) -> None:
+        """Retry the backlogs, oldest reply first, until each client's pipe is full again."""
+        for identity, backlog in list(self._backlogs.items()):
+            while backlog:
+                reason = _send(self._frontend, identity, backlog[0])
+                if reason == "unwritable":
+                    break
+                if reason == "gone":
+                    self._dropped.inc(len(backlog), reason="client_gone")
+                    backlog.clear()
+                    break
+                backlog.popleft()
+            if not backlog:
+                del self._backlogs[identity]
+
+    def to_worker(self, identity: bytes, frames: Frames) -> bool:
         reason = _send(self._backend, identity, frames)
         if reason is not None:
             self._dropped.inc(reason=f"worker_{reason}")
         return reason is None
 
 
-def _send(sock: zmq.Socket[Any], identity: bytes, frames: Sequence[Frame]) -> str | None:
+def _send(sock: zmq.Socket[Any], identity: bytes, frames: Frames) -> str | None:
     """Send one message; None when sent, else why not ("unwritable" or "gone")."""
     try:
         sock.send(identity, zmq.SNDMORE | zmq.NOBLOCK)
@@ -53,6 +97,6 @@ def _send(sock: zmq.Socket[Any], identity: bytes, frames: Sequence[Frame]) -> st
         if exc.errno == errno.EHOSTUNREACH:
             return "gone"
         raise
-    # The peer accepted the first frame; the rest of the message goes with it.
+    # The pipe took the first frame, so it takes the rest: HWM counts whole messages.
     sock.send_multipart(frames, copy=False)  # type: ignore[arg-type]
     return None

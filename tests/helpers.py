@@ -110,6 +110,13 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait(timeout=10)
+        self.close()
+
+    def close(self) -> None:
+        """Wait for the output to end (the process exited) and close the pipe."""
+        self._reader.join(timeout=10)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
 
     def terminate(self) -> None:
         if self.popen.poll() is None:
@@ -385,3 +392,47 @@ def scrape(url: str) -> dict[str, float]:
             key, value = line.rsplit(" ", 1)
             samples[key] = float(value)
     return samples
+
+
+class Load:
+    """Closed-loop load from one RawClient: ``window`` add requests in flight, each with
+    its own inputs, every reply checked against numpy and every request id tallied."""
+
+    def __init__(self, client: RawClient, total: int, window: int, prefix: bytes = b"L") -> None:
+        self.client, self.total, self.window = client, total, window
+        self.inputs = {b"%s%d" % (prefix, i): add_inputs(1 + i % 4, seed=i) for i in range(total)}
+        self.order = list(self.inputs)
+        self.sent = 0
+        self.replies: dict[bytes, list[wire.Message]] = {rid: [] for rid in self.order}
+
+    @property
+    def answered(self) -> int:
+        return sum(1 for replies in self.replies.values() if replies)
+
+    def send(self, request_id: bytes) -> None:
+        self.client.request("add", self.inputs[request_id], request_id=request_id)
+
+    def run(self, until: int | None = None, timeout: float = REPLY_TIMEOUT) -> None:
+        """Keep ``window`` in flight until ``until`` (default: all) requests are answered."""
+        until = self.total if until is None else until
+        while self.answered < until:
+            while self.sent < self.total and self.sent - self.answered < self.window:
+                self.send(self.order[self.sent])
+                self.sent += 1
+            self.take(self.client.recv(timeout))
+
+    def take(self, message: wire.Message) -> None:
+        request_id = getattr(message, "request_id", None)
+        assert request_id in self.replies, message
+        self.replies[request_id].append(message)
+
+    def unanswered(self) -> list[bytes]:
+        return [rid for rid in self.order[: self.sent] if not self.replies[rid]]
+
+    def check(self, exactly_once: bool = True) -> None:
+        for request_id, replies in self.replies.items():
+            assert replies, f"{request_id!r} was never answered"
+            if exactly_once:
+                assert len(replies) == 1, f"{request_id!r} answered {len(replies)} times"
+            for reply in replies:
+                assert_add_reply(reply, self.inputs[request_id])

@@ -1,0 +1,177 @@
+"""Malformed input from a raw socket against real broker and worker processes.
+
+Each kind of bad message gets an ERROR with the right code (addressed to the id it
+carried, when it carried one), and the very next well-formed request is served.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve import protocol as wire
+from tests.helpers import (
+    BrokerProc,
+    Processes,
+    RawClient,
+    add_inputs,
+    assert_add_reply,
+    scrape,
+    start_broker,
+    start_worker,
+)
+
+pytestmark = pytest.mark.slow
+
+TAG, REQ = wire.TAG_FRAME, bytes([wire.Command.REQUEST])
+F32 = {"name": "x", "dtype": "float32", "shape": [2, 8]}
+Y32 = {**F32, "name": "y"}
+ROWS = bytes(64)
+
+
+def request(header: dict[str, Any] | bytes, *tensors: bytes, rid: bytes = b"bad") -> list[bytes]:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return [TAG, REQ, rid, raw, *tensors]
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    return {**F32, **changes}
+
+
+CASES: list[tuple[str, list[bytes], str]] = [
+    ("empty message", [b""], "BAD_MESSAGE"),
+    ("too few frames", [TAG, REQ, b"bad"], "BAD_MESSAGE"),
+    ("wrong tag", [b"GET /", REQ, b"bad", b"{}"], "BAD_MESSAGE"),
+    ("wrong version", [b"IPUS\x07", REQ, b"bad", b"{}"], "UNSUPPORTED_VERSION"),
+    ("empty command", [TAG, b"", b"bad", b"{}"], "BAD_MESSAGE"),
+    ("unknown command", [TAG, b"\x7f", b"bad", b"{}"], "BAD_MESSAGE"),
+    (
+        "worker command",
+        [TAG, bytes([wire.Command.BYE]), b"bad", b'{"handed_back":[]}'],
+        "BAD_MESSAGE",
+    ),
+    ("id too long", [TAG, REQ, b"x" * 65, b"{}"], "BAD_MESSAGE"),
+    ("header not json", request(b"{nope"), "BAD_MESSAGE"),
+    ("header not utf-8", request(b"\xc3\x28"), "BAD_MESSAGE"),
+    ("header not an object", request(b'"add"'), "BAD_MESSAGE"),
+    ("header too big", request(b'{"model":"' + b"a" * 300_000 + b'"}'), "BAD_MESSAGE"),
+    ("missing field", request({"tensors": []}), "BAD_MESSAGE"),
+    ("unknown field", request({"model": "add", "tensors": [], "priority": 1}), "BAD_MESSAGE"),
+    ("wrong field type", request({"model": ["add"], "tensors": []}), "BAD_MESSAGE"),
+    ("NaN timeout", request(b'{"model":"add","tensors":[],"timeout_ms":NaN}'), "BAD_MESSAGE"),
+    ("negative timeout", request({"model": "add", "tensors": [], "timeout_ms": -5}), "BAD_MESSAGE"),
+    (
+        "dtype not allowed",
+        request({"model": "add", "tensors": [spec(dtype="complex128")]}, ROWS),
+        "INVALID_INPUT",
+    ),
+    ("negative dim", request({"model": "add", "tensors": [spec(shape=[-2, 8])]}), "INVALID_INPUT"),
+    (
+        "huge shape",
+        request({"model": "add", "tensors": [spec(shape=[2**40, 2**40])]}),
+        "INVALID_INPUT",
+    ),
+    (
+        "rank too big",
+        request({"model": "add", "tensors": [spec(shape=[1] * 9)]}, bytes(4)),
+        "INVALID_INPUT",
+    ),
+    (
+        "byte count",
+        request({"model": "add", "tensors": [F32, Y32]}, ROWS, bytes(63)),
+        "INVALID_INPUT",
+    ),
+    ("frames missing", request({"model": "add", "tensors": [F32, Y32]}, ROWS), "BAD_MESSAGE"),
+    ("too many frames", request({"model": "add", "tensors": [F32]}, *[ROWS] * 70), "BAD_MESSAGE"),
+    (
+        "payload too large",
+        request({"model": "add", "tensors": [spec(shape=[40_000, 8])]}, bytes(1_280_000)),
+        "PAYLOAD_TOO_LARGE",
+    ),
+    (
+        "duplicate names",
+        request({"model": "add", "tensors": [F32, F32]}, ROWS, ROWS),
+        "INVALID_INPUT",
+    ),
+    (
+        "unknown model",
+        request({"model": "mul", "tensors": [F32, Y32]}, ROWS, ROWS),
+        "UNKNOWN_MODEL",
+    ),
+    (
+        "wrong tensor name",
+        request({"model": "add", "tensors": [F32, spec(name="w")]}, ROWS, ROWS),
+        "INVALID_INPUT",
+    ),
+    (
+        "wrong dtype",
+        request({"model": "add", "tensors": [F32, spec(name="y", dtype="int32")]}, ROWS, ROWS),
+        "INVALID_INPUT",
+    ),
+    (
+        "wrong shape",
+        request(
+            {"model": "add", "tensors": [spec(shape=[2, 9]), spec(name="y", shape=[2, 9])]},
+            bytes(72),
+            bytes(72),
+        ),
+        "INVALID_INPUT",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[BrokerProc]:
+    procs = Processes()
+    try:
+        broker = start_broker(procs, "--max-payload-bytes", str(1 << 20))
+        start_worker(procs, broker)
+        yield broker
+    finally:
+        procs.close()
+
+
+@pytest.fixture
+def client(fabric: BrokerProc) -> Iterator[RawClient]:
+    with RawClient(fabric.frontend) as raw:
+        yield raw
+
+
+def test_there_are_at_least_twenty_kinds() -> None:
+    assert len({name for name, _frames, _code in CASES}) >= 20
+
+
+@pytest.mark.parametrize(("frames", "code"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_malformed_input_gets_an_error_and_the_next_request_is_served(
+    client: RawClient, frames: list[bytes], code: str
+) -> None:
+    client.send_frames(frames)
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply), reply
+    assert reply.code == code, reply.message
+    expected_id = frames[2] if len(frames) > 2 and len(frames[2]) <= 64 else b""
+    assert reply.request_id == expected_id
+    assert reply.message
+    inputs = add_inputs(3)
+    assert_add_reply(client.call("add", inputs), inputs)
+
+
+def test_garbage_on_the_worker_socket_is_dropped_and_counted(fabric: BrokerProc) -> None:
+    before = scrape(fabric.metrics_url).get(
+        'ipuserve_broker_dropped_total{reason="malformed_from_worker"}', 0.0
+    )
+    with RawClient(fabric.backend) as stranger:
+        stranger.send_frames([b"\x00garbage"])
+        stranger.send_frames([TAG, bytes([wire.Command.RESULT]), b"j", b"[]"])
+        stranger.send(wire.Heartbeat(in_flight=0))
+        assert isinstance(stranger.recv(), wire.Reconnect)  # the broker read all three
+    after = scrape(fabric.metrics_url)
+    assert after['ipuserve_broker_dropped_total{reason="malformed_from_worker"}'] == before + 2
+    with RawClient(fabric.frontend) as client:
+        inputs = add_inputs(1)
+        assert_add_reply(client.call("add", inputs), inputs)
+    assert np.isfinite(after["ipuserve_broker_request_seconds_sum"])
