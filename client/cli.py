@@ -1,7 +1,124 @@
-"""Click commands owned by ipuserve.client (mounted by ipuserve.cli)."""
+"""Click commands owned by ipuserve.client (mounted by ipuserve.cli): infer, models, bench.
+
+Every option has an ``IPUSERVE_<COMMAND>_<OPTION>`` environment variable (the
+root group's auto prefix), shown in ``--help``. Errors the fabric reports become
+one-line ``Error: [CODE] message`` exits instead of tracebacks.
+"""
 
 from __future__ import annotations
 
-import click
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
-commands: list[click.Command] = []
+import click
+import numpy as np
+
+from ipuserve import protocol as wire
+from ipuserve.client.bench_cli import bench, parse_npy_inputs
+from ipuserve.client.client import Client
+from ipuserve.clikit import option
+from ipuserve.errors import IpuserveError
+
+BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
+
+
+@contextmanager
+def _typed_errors() -> Iterator[None]:
+    """Turn a reported IpuserveError into a one-line click error that names its code."""
+    try:
+        yield
+    except IpuserveError as exc:
+        raise click.ClickException(f"[{exc.code}] {exc}") from exc
+
+
+def describe(array: np.ndarray[Any, Any]) -> str:
+    """One line about an output: dtype, shape and a few statistics."""
+    head = f"{array.dtype}{list(array.shape)}"
+    if array.size == 0 or array.dtype.kind not in "biuf":
+        return head
+    values = array.astype(np.float64)
+    return (
+        f"{head} min {values.min():.6g} max {values.max():.6g} "
+        f"mean {values.mean():.6g} first {values.reshape(-1)[:4].tolist()}"
+    )
+
+
+@click.command()
+@option("--broker", required=True, help=BROKER_HELP)
+@option("--model", required=True, help="Model name, as `ipuserve models` lists it.")
+@option(
+    "--input",
+    "inputs",
+    multiple=True,
+    required=True,
+    callback=parse_npy_inputs,
+    help="NAME=FILE.npy, once per input tensor.",
+)
+@option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Save outputs (.npz).")
+@option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    help="Give up (DEADLINE_EXCEEDED) after this long.",
+)
+def infer(
+    broker: str, model: str, inputs: dict[str, Any], output: Path | None, timeout_s: float
+) -> None:
+    """Send one request with tensors from .npy files and print (or save) the outputs."""
+    with _typed_errors(), Client(broker, timeout=timeout_s) as client:
+        future = client.infer_async(model, inputs)
+        outputs = future.result(timeout_s + 5)
+    for name, array in outputs.items():
+        click.echo(f"{name}: {describe(array)}")
+    if future.timing is not None:
+        click.echo(f"took {future.timing.total_us / 1e3:.3f} ms", err=True)
+    if output is not None:
+        np.savez(output, **outputs)  # type: ignore[arg-type]
+        click.echo(f"saved {', '.join(outputs)} to {output}", err=True)
+
+
+@click.command()
+@option("--broker", required=True, help=BROKER_HELP)
+@option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    help="Give up after this long.",
+)
+def models(broker: str, as_json: bool, timeout_s: float) -> None:
+    """List the broker's models, their workers, credit, in-flight and queue depth."""
+    with _typed_errors(), Client(broker, timeout=timeout_s) as client:
+        found = client.models()
+    if as_json:
+        click.echo(json.dumps([info.to_json() for info in found], indent=2))
+        return
+    click.echo(models_table(found))
+
+
+_ROW = "{:20} {:>5} {:>6}  {:28} {:>6} {:>9}"
+
+
+def models_table(found: list[wire.ModelInfo]) -> str:
+    """One row per (model, worker), then the model's inputs."""
+    header = _ROW.format("model", "batch", "queued", "worker", "credit", "in flight")
+    lines = [header, "-" * len(header)]
+    for info in found:
+        first = (info.spec.name, info.spec.batch_size, info.queued)
+        for i, w in enumerate(info.workers or (wire.WorkerLoad("-", 0, 0),)):
+            lines.append(
+                _ROW.format(
+                    *(first if i == 0 else ("", "", "")), w.worker_id, w.credit, w.in_flight
+                )
+            )
+        tensors = ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in info.spec.inputs)
+        lines.append(f"{'':20} inputs {tensors}")
+    if not found:
+        lines.append("(no models: no worker has registered yet)")
+    return "\n".join(lines)
+
+
+commands: list[click.Command] = [infer, models, bench]

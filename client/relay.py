@@ -109,52 +109,70 @@ def raw_closed_loop(
     *,
     payload_bytes: int,
     in_flight: int,
-    requests: int,
+    requests: int | None = None,
+    duration_s: float | None = None,
     warmup: int = 0,
     copy: bool | None = None,
 ) -> RawResult:
-    """Keep ``in_flight`` echo requests outstanding on one DEALER; time ``requests`` of them.
+    """Keep ``in_flight`` echo requests outstanding on one DEALER; time them.
 
-    One thread, blocking receives, no futures: the ceiling a Python client can
-    reach. The send time rides in the first frame and comes back in the reply.
+    Stops after ``requests`` measured requests or ``duration_s`` measured seconds,
+    whichever comes first (the first ``warmup`` replies are not measured). One
+    thread, blocking receives, no futures: the ceiling a Python client can reach.
+    The send time rides in the first frame and comes back in the reply.
     """
+    if requests is None and duration_s is None:
+        raise ValueError("give requests or duration_s")
     if copy is None:
         copy = payload_bytes < 64 * 1024
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = _socket(context, zmq.DEALER)
     sock.connect(address)
     payload = np.random.default_rng(0).integers(0, 255, payload_bytes, dtype=np.uint8).tobytes()
+    limit = _Limit(requests, duration_s, warmup)
     try:
-        return _drive(sock, payload, in_flight, requests, warmup, copy)
+        return _drive(sock, payload, in_flight, limit, copy)
     finally:
         sock.close(linger=0)
 
 
+@dataclass(frozen=True)
+class _Limit:
+    requests: int | None
+    duration_s: float | None
+    warmup: int
+
+    def reached(self, counted: int, start: float) -> bool:
+        """Stop sending? ``counted`` = measured replies + requests still outstanding."""
+        if self.requests is not None and counted >= self.requests:
+            return True
+        return self.duration_s is not None and time.perf_counter() - start >= self.duration_s
+
+
 def _drive(
-    sock: zmq.Socket[bytes],
-    payload: bytes,
-    in_flight: int,
-    requests: int,
-    warmup: int,
-    copy: bool,
+    sock: zmq.Socket[bytes], payload: bytes, in_flight: int, limit: _Limit, copy: bool
 ) -> RawResult:
-    total = requests + warmup
-    latencies = np.empty(total, dtype=np.int64)
-    sent = 0
-    for _ in range(min(in_flight, total)):
+    def send() -> None:
         sock.send_multipart([_STAMP.pack(time.perf_counter_ns()), payload], copy=copy)
-        sent += 1
-    start = time.perf_counter()
-    for done in range(total):
-        if done == warmup:
-            start = time.perf_counter()
+
+    for _ in range(in_flight):
+        send()
+    latencies: list[int] = []
+    outstanding, replies, stopped = in_flight, 0, False
+    start = end = time.perf_counter()
+    while outstanding:
         stamp = _bytes(sock.recv_multipart(0, copy)[0])
-        latencies[done] = time.perf_counter_ns() - _STAMP.unpack(stamp)[0]
-        if sent < total:
-            sock.send_multipart([_STAMP.pack(time.perf_counter_ns()), payload], copy=copy)
-            sent += 1
-    elapsed = time.perf_counter() - start
-    return RawResult(latencies[warmup:], elapsed, len(payload))
+        end = time.perf_counter()
+        outstanding, replies = outstanding - 1, replies + 1
+        if replies > limit.warmup:
+            latencies.append(time.perf_counter_ns() - _STAMP.unpack(stamp)[0])
+        elif replies == limit.warmup:
+            start = end
+        stopped = stopped or limit.reached(len(latencies) + outstanding, start)
+        if not stopped:
+            send()
+            outstanding += 1
+    return RawResult(np.asarray(latencies, dtype=np.int64), end - start, len(payload))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

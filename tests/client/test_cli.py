@@ -1,0 +1,95 @@
+"""`ipuserve infer`, `ipuserve models` and `ipuserve bench` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ipuserve.cli import main
+from tests.helpers import (
+    BrokerProc,
+    Processes,
+    add_expected,
+    add_inputs,
+    fn_worker_argv,
+    processes,  # noqa: F401  (a fixture)
+    start_broker,
+    start_worker,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def served(processes: Processes) -> BrokerProc:  # noqa: F811
+    broker = start_broker(processes)
+    start_worker(processes, broker, fn_worker_argv("add"))
+    return broker
+
+
+def invoke(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_infer_reads_npy_files_and_writes_an_npz(served: BrokerProc, tmp_path: Path) -> None:
+    given = add_inputs(rows=3, seed=4)
+    for name, array in given.items():
+        np.save(tmp_path / f"{name}.npy", array)
+    out = tmp_path / "out.npz"
+    printed = invoke(
+        "infer", "--broker", served.frontend, "--model", "add",
+        "--input", f"x={tmp_path / 'x.npy'}", "--input", f"y={tmp_path / 'y.npy'}",
+        "--output", str(out),
+    )  # fmt: skip
+    assert printed.startswith("z: float32[3, 8]")
+    with np.load(out) as saved:
+        np.testing.assert_allclose(saved["z"], add_expected(given), rtol=1e-6)
+
+
+def test_infer_reports_a_typed_error_on_one_line(served: BrokerProc, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((2, 8), np.float64))
+    args = ["infer", "--broker", served.frontend, "--model", "nope"]
+    result = CliRunner().invoke(main, [*args, "--input", f"x={tmp_path / 'x.npy'}"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "Error: [UNKNOWN_MODEL] no worker serves model 'nope' (models: add)"
+    ]
+
+
+def test_infer_rejects_an_input_that_is_not_name_equals_file() -> None:
+    args = ["infer", "--broker", "tcp://127.0.0.1:1", "--model", "m", "--input", "x.npy"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "NAME=FILE.npy" in result.output
+
+
+def test_models_json_lists_the_model_and_its_worker(served: BrokerProc) -> None:
+    listed = json.loads(invoke("models", "--broker", served.frontend, "--json"))
+    assert [m["spec"]["name"] for m in listed] == ["add"]
+    assert len(listed[0]["workers"]) == 1
+    table = invoke("models", "--broker", served.frontend)
+    assert "add" in table and "x:float32[4, 8]" in table
+
+
+@pytest.mark.parametrize(
+    "load", [["--concurrency", "4"], ["--rate", "400"]], ids=["closed", "open"]
+)
+def test_a_short_bench_prints_json_whose_counts_add_up(served: BrokerProc, load: list[str]) -> None:
+    printed = invoke(
+        "bench", "--broker", served.frontend, "--model", "add", "--batch", "2",
+        "--warmup-s", "0", "--requests", "60", "--json", *load,
+    )  # fmt: skip
+    summary = json.loads(printed)
+    assert summary["requests"] == 60
+    assert summary["ok"] + sum(summary["errors"].values()) == summary["requests"]
+    assert summary["client"]["sent"] >= summary["requests"]
+    assert summary["samples_per_request"] == 2
+    assert summary["request_bytes"] == 2 * 2 * 8 * 4
+    assert set(summary["split_us"]) == {
+        "broker_queue", "worker_queue", "device", "worker_other", "wire", "total"
+    }  # fmt: skip

@@ -1,0 +1,155 @@
+"""Client against real processes: `ipuserve broker` and FunctionBackend workers."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve import errors
+from ipuserve.client.client import Client
+from ipuserve.client.io_loop import ClientConfig
+from tests.helpers import (
+    BrokerProc,
+    Processes,
+    add_expected,
+    add_inputs,
+    fn_worker_argv,
+    processes,  # noqa: F401  (a fixture)
+    restart_broker,
+    start_broker,
+    start_worker,
+)
+
+pytestmark = pytest.mark.slow
+X = add_inputs()["x"]
+FAST = ClientConfig(ping_interval_s=0.05, liveness_s=1.0)
+
+
+@pytest.fixture
+def broker(processes: Processes) -> BrokerProc:  # noqa: F811
+    return start_broker(processes, "--max-payload-bytes", "65536")
+
+
+@pytest.fixture
+def served(processes: Processes, broker: BrokerProc) -> BrokerProc:  # noqa: F811
+    start_worker(processes, broker, fn_worker_argv("add", "--model", "fail"))
+    return broker
+
+
+@pytest.fixture
+def client(served: BrokerProc) -> Iterator[Client]:
+    with Client(served.frontend, timeout=20, config=FAST) as c:
+        yield c
+
+
+def test_sync_and_async_results_equal_numpy(client: Client) -> None:
+    given = add_inputs(rows=3, seed=1)
+    np.testing.assert_allclose(client.infer("add", given)["z"], add_expected(given), rtol=1e-6)
+    futures = [client.infer_async("add", add_inputs(rows=1 + i % 4, seed=i)) for i in range(20)]
+    for i, future in enumerate(futures):
+        expected = add_expected(add_inputs(rows=1 + i % 4, seed=i))
+        np.testing.assert_allclose(future.result(20)["z"], expected, rtol=1e-6)
+    timing = futures[-1].timing
+    assert timing is not None and timing.worker_us > 0 and timing.total_us >= timing.worker_us
+
+
+def test_threads_share_one_client_against_a_real_broker(client: Client) -> None:
+    wrong: list[int] = []
+
+    def caller(seed: int) -> None:
+        for i in range(25):
+            given = add_inputs(rows=2, seed=seed * 100 + i)
+            if not np.allclose(client.infer("add", given)["z"], add_expected(given)):
+                wrong.append(seed)
+
+    threads = [threading.Thread(target=caller, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_models_lists_the_workers(client: Client) -> None:
+    listed = {info.spec.name: info for info in client.models()}
+    assert set(listed) == {"add", "fail"}
+    assert len(listed["add"].workers) == 1 and listed["add"].workers[0].credit >= 1
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "error", "match"),
+    [
+        ("nope", add_inputs(), errors.UnknownModelError, "nope"),
+        (
+            "add",
+            {"x": add_inputs()["x"], "w": add_inputs()["y"]},
+            errors.InvalidInputError,
+            "missing: y",
+        ),
+        (
+            "add",
+            {k: v.astype(np.float64) for k, v in add_inputs().items()},
+            errors.InvalidInputError,
+            "float32",
+        ),
+        ("add", {k: v[:, :3] for k, v in add_inputs().items()}, errors.InvalidInputError, "shape"),
+        ("add", add_inputs(rows=2000), errors.PayloadTooLargeError, "limit"),
+        ("fail", {"x": add_inputs()["x"]}, errors.InferenceError, "fail"),
+    ],
+    ids=["unknown-model", "tensor-name", "dtype", "shape", "payload", "inference"],
+)
+def test_the_fabric_errors_are_raised_as_their_class(
+    client: Client, model: str, inputs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match) as caught:
+        client.infer(model, inputs)
+    assert type(caught.value) is error
+
+
+def test_a_slow_worker_makes_the_request_time_out(processes: Processes, broker: BrokerProc) -> None:  # noqa: F811
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "3000"))
+    with (
+        Client(broker.frontend, timeout=20, config=FAST) as client,
+        pytest.raises(errors.DeadlineExceeded),
+    ):
+        client.infer("add", add_inputs(), timeout=0.3)
+
+
+def test_pending_requests_survive_a_broker_restart_exactly_once(
+    processes: Processes,  # noqa: F811
+    broker: BrokerProc,
+) -> None:
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "400"))
+    given = [add_inputs(rows=1, seed=i) for i in range(6)]
+    results: Counter[int] = Counter()
+    with Client(broker.frontend, timeout=30, config=FAST) as client:
+        futures = [client.infer_async("add", g) for g in given]
+        for i, future in enumerate(futures):
+            future.add_done_callback(lambda _f, i=i: results.update([i]))
+        held = client.models()  # ordered after the requests: the broker holds them all now
+        assert (
+            sum(w.in_flight for info in held for w in info.workers)
+            + sum(info.queued for info in held)
+            == 6
+        )
+        restart_broker(processes, broker)
+        for future, g in zip(futures, given, strict=True):
+            np.testing.assert_allclose(future.result(30)["z"], add_expected(g), rtol=1e-6)
+        assert client.stats.epoch_changes == 1 and client.stats.resent >= 6
+    assert results == Counter(range(6))
+
+
+def test_close_fails_what_is_still_pending(processes: Processes, broker: BrokerProc) -> None:  # noqa: F811
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "3000"))
+    client = Client(broker.frontend, timeout=None, config=FAST)
+    futures = [client.infer_async("add", add_inputs(seed=i)) for i in range(3)]
+    client.models()  # the broker has them
+    client.close()
+    for future in futures:
+        with pytest.raises(errors.ClosedError):
+            future.result(5)
