@@ -144,14 +144,8 @@ def reference(
     """What one main-program run of example ``name`` must output, computed in float64
     and rounded to each output's dtype. ``opts`` repeats build options that change
     the maths (only ``batch_dim`` for ``simple``)."""
-    references: dict[str, Callable[..., dict[str, Array]]] = {
-        "simple": _simple_reference,
-        "mlp": _mlp_reference,
-        "noop": _noop_reference,
-        "branches": _branches_reference,
-    }
-    _builder(name)
-    return references[name](inputs, tensor_data, **opts)
+    _builder(name)  # an unknown name raises the same ValueError as build()
+    return _REFERENCES[name](inputs, tensor_data, **opts)
 
 
 def tensor_arrays(model: Model) -> dict[str, Array]:
@@ -221,3 +215,11 @@ def _softmax64(x: Array) -> Array:
     shifted = np.exp(x - np.max(x, axis=-1, keepdims=True))
     result: Array = shifted / np.sum(shifted, axis=-1, keepdims=True)
     return result
+
+
+_REFERENCES: dict[str, Callable[..., dict[str, Array]]] = {
+    "simple": _simple_reference,
+    "mlp": _mlp_reference,
+    "noop": _noop_reference,
+    "branches": _branches_reference,
+}

@@ -196,3 +196,10 @@ def test_state_tensors_persist_and_locals_do_not() -> None:
         )
     assert set(memory) == {"total"}  # the identity's result did not leak into device state
     np.testing.assert_array_equal(host_out, [[2.5], [5.0]])
+
+
+def test_unknown_example_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown example 'resnet'; examples: simple, mlp"):
+        examples.build("resnet")
+    with pytest.raises(ValueError, match=r"unknown example 'resnet'"):
+        examples.reference("resnet", {}, {})
