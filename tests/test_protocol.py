@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -81,12 +82,16 @@ def test_every_command_round_trips_over_zeromq(
     assert _same(p.decode(receiver.recv_multipart(copy=False)), message)
 
 
+_PAIRS = itertools.count()
+
+
 @pytest.fixture
 def pair() -> Any:
     context = zmq.Context.instance()
     a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
-    a.bind("inproc://protocol-test")
-    b.connect("inproc://protocol-test")
+    address = f"inproc://protocol-test-{next(_PAIRS)}"  # an inproc name frees asynchronously
+    a.bind(address)
+    b.connect(address)
     yield a, b
     a.close(linger=0)
     b.close(linger=0)

@@ -1,0 +1,63 @@
+"""SIGTERM drains a real worker process: what it cannot finish in time goes elsewhere."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers import (
+    Processes,
+    RawClient,
+    add_inputs,
+    assert_add_reply,
+    fn_worker_argv,
+    start_broker,
+    start_worker,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def in_flight(client: RawClient) -> int:
+    (info,) = client.models()
+    return sum(worker.in_flight for worker in info.workers)
+
+
+@pytest.mark.parametrize(
+    ("drain_ms", "handed_back"), [(10_000, 0), (50, 2)], ids=["finishes", "hands back"]
+)
+def test_sigterm_finishes_or_hands_back_and_exits_0(
+    processes: Processes, drain_ms: int, handed_back: int
+) -> None:
+    broker = start_broker(processes)
+    leaving = start_worker(
+        processes,
+        broker,
+        fn_worker_argv(
+            "add",
+            "--credit",
+            "2",
+            "--threads",
+            "1",
+            "--delay-ms",
+            "400",
+            "--drain-timeout-ms",
+            str(drain_ms),
+        ),
+        name="leaving",
+    )
+    with RawClient(broker.frontend) as client:
+        inputs = {
+            client.request("add", add_inputs(2, seed=i)): add_inputs(2, seed=i) for i in range(3)
+        }
+        deadline = time.monotonic() + 20
+        while in_flight(client) < 2:  # the third waits in the broker's queue
+            assert time.monotonic() < deadline, "the worker never held two requests"
+        leaving.terminate()
+        assert leaving.wait() == 0
+        leaving.wait_for(rf"drained: handed back {handed_back} job\(s\)")
+        start_worker(processes, broker, name="successor")
+        for _ in inputs:
+            reply = client.recv()
+            assert_add_reply(reply, inputs[reply.request_id])  # type: ignore[union-attr]
