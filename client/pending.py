@@ -63,7 +63,8 @@ class Pending:
     def frames(self, now_ns: int) -> list[wire.Frame]:
         """The message to (re)send now; a request's timeout is what is left of it."""
         message = self.message
-        if isinstance(message, wire.Request) and self.deadline_ns is not None:
+        resent = now_ns - self.started_ns > 1_000_000  # fresh: the timeout it was built with
+        if resent and isinstance(message, wire.Request) and self.deadline_ns is not None:
             left_ms = max((self.deadline_ns - now_ns) / 1e6, 0.001)
             message = dataclasses.replace(message, timeout_ms=round(left_ms, 3))
         return message.encode()

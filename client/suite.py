@@ -45,6 +45,10 @@ from ipuserve.client.stats import latency_us
 Log = Callable[[str], None]
 SMALL_ELEMENTS = 16  # float32: 64-byte requests
 LARGE_ELEMENTS = 1 << 20  # float32: 4 MiB requests
+#: Several workers share two cores: a multi-threaded BLAS in each of them spins and
+#: fights the others (and the broker) for the cores, which made MLP batches take
+#: 10-100x their simulated time. One BLAS thread per process is how such hosts are run.
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +86,11 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
         workdir = config.workdir or Path(tmp)
         models = write_models(workdir, config)
         scale = config.mlp_device_ms / 1e3 / models["mlp_seconds"]
-        env = {"IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"), "IPUSERVE_SIM_IPUS": "16"}
+        env = {
+            **ONE_BLAS_THREAD,
+            "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
+            "IPUSERVE_SIM_IPUS": "16",
+        }
         with Fleet(workdir, env) as fleet:
             ends = start_fleet(fleet, config, models, scale)
             log(f"fleet up (logs in {workdir}); {config.runs} run(s)")
