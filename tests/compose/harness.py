@@ -224,12 +224,23 @@ class ComposeProject:
     def down(self) -> None:
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10")
 
-    def run_job(self, service: str, *args: str, timeout: float = 120) -> str:
-        """Run a one-shot service (one behind a profile) to completion; its output."""
+    def run_job(
+        self, service: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> str:
+        """Run a one-shot service (one behind a profile) to completion; its stdout."""
+        options = [arg for key, value in (env or {}).items() for arg in ("-e", f"{key}={value}")]
         result = self.compose(
-            "--profile", service, "run", "--rm", "--no-deps", service, *args, timeout=timeout
+            "--profile",
+            service,
+            "run",
+            "--rm",
+            "--no-deps",
+            *options,
+            service,
+            *args,
+            timeout=timeout,
         )
-        return result.stdout + result.stderr
+        return result.stdout
 
     def container_ids(self, service: str | None = None) -> list[str]:
         argv = [
@@ -257,6 +268,9 @@ class ComposeProject:
         return _parse_state(
             _run(["docker", "inspect", "--format", _STATE_FORMAT, container_id]).stdout.strip()
         )
+
+    def pause(self, container: ContainerState) -> None:
+        _run(["docker", "pause", container.id])
 
     def kill(self, container: ContainerState) -> None:
         _run(["docker", "kill", container.id])

@@ -13,8 +13,12 @@ comes last.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +29,7 @@ from ipuserve import protocol as wire
 from ipuserve.client.client import Client
 from ipuserve.runtime.popef import examples
 from tests.compose.conftest import WORKERS
-from tests.compose.harness import ComposeProject, metric_total, poll
+from tests.compose.harness import ComposeProject, ContainerState, metric_total, poll
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
 
@@ -104,6 +108,15 @@ def send_all(client: Client, requests: list[dict[str, Array]]) -> list[Future[An
     return [client.infer_async(MODEL, inputs) for inputs in requests]
 
 
+def worker_load(client: Client, container: ContainerState) -> wire.WorkerLoad | None:
+    """The broker's entry for the worker running in ``container`` (ids are hostname:pid)."""
+    for model in client.models(timeout=5):
+        for load in model.workers:
+            if model.spec.name == MODEL and load.worker_id.startswith(container.hostname + ":"):
+                return load
+    return None
+
+
 def test_stack_is_healthy(stack: ComposeProject) -> None:
     status = stack.health()
     assert sorted(status.values()) == ["healthy"] * (1 + WORKERS), status
@@ -119,41 +132,93 @@ def test_host_client_gets_correct_results(
     check_results(send_all(client, requests), requests, weights)
     # The blocking call too, with exactly one compiled batch.
     full = {t.name: np.ones(t.shape, t.dtype) for t in info.spec.inputs}
-    outputs = client.infer(MODEL, full)
-    np.testing.assert_allclose(
-        outputs["probs"], examples.reference(MODEL, full, weights)["probs"], rtol=1e-4, atol=1e-5
+    check_results([client.infer_async(MODEL, full)], [full], weights)
+    # The published metrics endpoint counted them.
+    assert metric_total(metrics_url, "ipuserve_broker_replies_total") >= REQUESTS + 1
+
+
+def test_ipuserve_infer_on_the_host(
+    frontend: str, weights: dict[str, Array], tmp_path: Path
+) -> None:
+    """The CLI a user types on the host, against the published port."""
+    batch = np.random.default_rng(4).standard_normal((5, 784)).astype(np.float32)
+    np.save(tmp_path / "input.npy", batch)
+    argv = [
+        sys.executable,
+        "-m",
+        "ipuserve",
+        "infer",
+        "--broker",
+        frontend,
+        "--model",
+        MODEL,
+        "--input",
+        f"input={tmp_path / 'input.npy'}",
+        "--output",
+        str(tmp_path / "out.npz"),
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "out.npz") as saved:
+        outputs = {name: saved[name] for name in saved.files}
+    expected = examples.reference(MODEL, {"input": batch}, weights)
+    assert set(outputs) == set(expected)
+    for name, want in expected.items():
+        np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_one_shot_client_job(stack: ComposeProject) -> None:
+    """`compose --profile client run client`: ipuserve bench from inside the network."""
+    output = stack.run_job(
+        "client",
+        env={
+            "IPUSERVE_BENCH_REQUESTS": "40",
+            "IPUSERVE_BENCH_WARMUP_S": "0",
+            "IPUSERVE_BENCH_CONCURRENCY": "4",
+            "IPUSERVE_BENCH_AS_JSON": "1",
+        },
     )
+    report = json.loads(output[output.index("{") : output.rindex("}") + 1])
+    assert report["model"] == MODEL
+    assert report["requests"] == 40
+    assert report["ok"] == 40, report["errors"]
 
 
 def test_requests_survive_a_killed_worker(
     stack: ComposeProject, client: Client, weights: dict[str, Array], metrics_url: str
 ) -> None:
+    """A worker that dies holding requests: the broker re-sends them to the other one.
+
+    The victim is paused first, so it certainly holds requests it will never
+    answer when it is killed (a running worker might finish them all first).
+    """
     info = served_by(client, WORKERS)
     victim = stack.containers("worker")[0]
-    in_flight = request_batches(info.spec, REQUESTS, seed=2)
-    futures = send_all(client, in_flight)
-    stack.kill(victim)
-    check_results(futures, in_flight, weights)
+    requeued = metric_total(metrics_url, "ipuserve_broker_requeued_total")
+    stack.pause(victim)
+    requests = request_batches(info.spec, REQUESTS, seed=2)
+    futures = send_all(client, requests)
 
-    # The broker drops the dead worker once its liveness window passes, unless the
-    # restart policy brought the container back first (then it is listed again,
-    # under the same hostname). Either way MODEL stays served; new requests succeed.
-    def settled() -> wire.ModelInfo | None:
-        restarted = stack.state(victim.id).status == "running"
-        for model in client.models(timeout=5):
-            if model.spec.name == MODEL and model.workers:
-                listed = any(w.worker_id.startswith(victim.hostname) for w in model.workers)
-                return model if restarted or not listed else None
-        return None
+    def victim_holds_requests() -> wire.WorkerLoad | None:
+        load = worker_load(client, victim)
+        return load if load is not None and load.in_flight > 0 else None
 
     poll(
-        settled,
+        victim_holds_requests,
         timeout=READY_TIMEOUT_S,
-        interval=0.5,
-        what=f"the broker to drop the killed worker {victim.name}",
+        interval=0.05,
+        what=f"the broker to dispatch requests to {victim.name}",
         diagnose=lambda: repr(client.models(timeout=5)),
     )
+    stack.kill(victim)
+    check_results(futures, requests, weights)
+    assert metric_total(metrics_url, "ipuserve_broker_requeued_total") > requeued
+
+    # The broker has dropped the dead worker (that is how its requests came back)
+    # unless the restart policy brought the container back; either way MODEL stays
+    # served and new requests succeed.
     after = request_batches(info.spec, REQUESTS, seed=3)
     check_results(send_all(client, after), after, weights)
     if stack.state(victim.id).status != "running":
+        assert worker_load(client, victim) is None
         assert metric_total(metrics_url, "ipuserve_broker_workers_lost_total") >= 1
