@@ -24,12 +24,14 @@ from ipuserve.worker.cli import serve
 from ipuserve.worker.config import WorkerConfig
 
 WIDTH = 8
+log = logging.getLogger("fn_worker")
 
 
 def models(args: argparse.Namespace) -> dict[ModelSpec, ModelFn]:
     def delayed(fn: ModelFn) -> ModelFn:
         def run(inputs: Mapping[str, Any]) -> Mapping[str, Any]:
             if args.delay_ms:
+                log.info("running a job for %s ms", args.delay_ms)
                 time.sleep(args.delay_ms / 1000)
             return fn(inputs)
 

@@ -98,6 +98,13 @@ class Proc:
                     )
                 self._changed.wait(left)
 
+    def wait_for_count(self, pattern: str, count: int, timeout: float = START_TIMEOUT) -> None:
+        """Wait until ``count`` output lines match ``pattern``."""
+        since = 0
+        for _ in range(count):
+            match = self.wait_for(pattern, timeout, since)
+            since = self.lines.index(match.string, since) + 1
+
     def output(self) -> str:
         return "\n".join(f"  [{self.name}] {line}" for line in list(self.lines))
 

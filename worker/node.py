@@ -425,9 +425,13 @@ class WorkerNode:
         if now - session.last_heard > session.liveness_s:
             return Exit.SILENT
         if now >= session.next_heartbeat:
-            self._send(wire.Heartbeat(in_flight=len(self._jobs)))
+            self._send(wire.Heartbeat(in_flight=self._held()))
             session.next_heartbeat = now + session.heartbeat_s
         return None
+
+    def _held(self) -> int:
+        """Jobs this worker holds: running, waiting, or set aside while draining."""
+        return len(self._jobs) + len(self._draining or ())
 
     def _send(self, message: wire.Message) -> None:
         """Send without ever blocking the loop; a message the broker cannot take is dropped."""
@@ -448,8 +452,9 @@ class WorkerNode:
         for job_id in self._draining:
             self._jobs.pop(job_id, None)
         self._waiting.clear()
-        self._send(wire.Heartbeat(in_flight=len(self._jobs), credit=0))
+        self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
         self._finish_running(session)
+        self._read(session)  # JOBs that arrived meanwhile are handed back too
         handed_back = self._draining + list(self._jobs)
         self._send(wire.Bye(tuple(handed_back)))
         log.warning(
@@ -468,5 +473,5 @@ class WorkerNode:
             if self._mailbox.fd in events:
                 self._deliver()
             if time.monotonic() >= session.next_heartbeat:
-                self._send(wire.Heartbeat(in_flight=len(self._jobs), credit=0))
+                self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
                 session.next_heartbeat = time.monotonic() + session.heartbeat_s

@@ -206,6 +206,8 @@ def test_stop_drains_finishes_running_jobs_and_hands_back_the_rest(
     while not (isinstance(beat, wire.Heartbeat) and beat.credit == 0):
         _identity, beat = broker.recv(heartbeats=True)
     broker.job(identity, b"late")
+    while not (isinstance(beat, wire.Heartbeat) and beat.in_flight == 3):
+        _identity, beat = broker.recv(heartbeats=True)  # the node holds all three
     model.gate.set()
     expect_result(broker, b"running", running)
     _identity, bye = broker.expect(wire.Bye)
