@@ -27,7 +27,6 @@ class IoPlan:
         meta = model.metadata
         flow = meta.programFlow()
         self._anchors = {a.name(): a for a in meta.anchors()}
-        self._handles = {a.handle(): a.name() for a in meta.anchors()}
         self.frozen = self._frozen(config)
         main, load = set(flow.main()), set(flow.load())
         self.execute_inputs = [
@@ -82,13 +81,13 @@ class IoPlan:
 
     # -- helpers --------------------------------------------------------------------
     def _walk(self, steps: tuple[Step, ...], provided: set[str], ok: bool) -> Iterator[str]:
-        ins = [self._handles.get(s.anchor or "", "") for s in steps if s.op == "stream_in"]
+        ins = [s.anchor or "" for s in steps if s.op == "stream_in"]
         ok = ok and all(
             n in provided or n in self.frozen or n in self.model.tensorData for n in ins
         )
         for step in steps:
             if step.op == "stream_out" and ok:
-                yield self._handles.get(step.anchor or "", step.anchor or "")
+                yield step.anchor or ""
             for branch in step.branches:
                 yield from self._walk(branch, provided, ok)
 

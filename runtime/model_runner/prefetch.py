@@ -47,27 +47,27 @@ class _Failed:
 def prefetchable(model: Model, fed_by_queues: set[str]) -> list[Anchor] | None:
     """The queue-fed main-program inputs in read order, or None if any is conditional."""
     executable = model.executable
-    by_handle = {a.handle(): a for a in model.metadata.anchors()}
+    by_name = {a.name(): a for a in model.metadata.anchors()}
     ordered: list[Anchor] = []
     for index in model.metadata.programFlow().main():
         for step in executable.program(index).steps:
-            if step.op == "switch" and _streams_in(step.branches, by_handle, fed_by_queues):
+            if step.op == "switch" and _streams_in(step.branches, by_name, fed_by_queues):
                 return None
-            anchor = by_handle.get(step.anchor or "")
+            anchor = by_name.get(step.anchor or "")
             if step.op == "stream_in" and anchor is not None and anchor.name() in fed_by_queues:
                 ordered.append(anchor)
     return ordered
 
 
 def _streams_in(
-    branches: tuple[tuple[Any, ...], ...], by_handle: dict[str, Anchor], fed: set[str]
+    branches: tuple[tuple[Any, ...], ...], by_name: dict[str, Anchor], fed: set[str]
 ) -> bool:
     for branch in branches:
         for step in branch:
-            anchor = by_handle.get(step.anchor or "")
+            anchor = by_name.get(step.anchor or "")
             if step.op == "stream_in" and anchor is not None and anchor.name() in fed:
                 return True
-            if step.branches and _streams_in(step.branches, by_handle, fed):
+            if step.branches and _streams_in(step.branches, by_name, fed):
                 return True
     return False
 

@@ -193,11 +193,21 @@ class Replica:
         if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
             return
         try:
-            if self._stopping or (self._config.flush_on_waiting_outputs and not self._pending):
+            if self._stopping or (
+                self._config.flush_on_waiting_outputs and not self._partial_batch_waiting()
+            ):
                 return
             self._flush(ring.label())
         finally:
             self.lock.release()
+
+    def _partial_batch_waiting(self) -> bool:
+        """Some request's samples sit in a batch that cannot fill up without padding.
+
+        This, not "a request is in flight", is when padding helps: a full batch
+        already on the device gains nothing from a dummy one behind it.
+        """
+        return any(q.paddingSamples() < q.batchSize() for q in self.queues.inputs.values())
 
     def _flush(self, waited: str) -> None:
         inputs = InputMemoryView(

@@ -172,7 +172,7 @@ class ProgramFlow:
 class Step:
     """One instruction of a simulated program.
 
-    ``op`` is ``"stream_in"`` (read ``anchor`` from the host into ``output``),
+    ``op`` is ``"stream_in"`` (read the anchor named ``anchor`` into ``output``),
     ``"stream_out"`` (write ``inputs[0]`` to the host as ``anchor``), ``"switch"``
     (run ``branches[int(selector)]`` where the selector is ``inputs[0]``), or the
     name of a compute kernel in :mod:`ipuserve.runtime.popef.graph`.

@@ -73,7 +73,7 @@ class Engine:
             )
         self.executable = executable
         self.memory: dict[str, np.ndarray] = {}
-        self._anchors = {a.handle(): a for a in anchors}
+        self._anchors = {a.name(): a for a in anchors}  # steps name anchors; callbacks use handles
         self._zero_time = executable.zeroTime() or cost.time_scale == 0
         self._launch = 0.0 if self._zero_time else cost.launch_seconds()
         self._step_seconds = {} if self._zero_time else _step_costs(executable, cost)
@@ -111,7 +111,7 @@ class Engine:
                 pending_check.pop()()
             clock.advance(step_seconds.get(id(step), 0.0))
             clock.sleep_until_deadline()  # the host sees the data once the transfer ends
-            callbacks[step.anchor or ""](value)
+            callbacks[self._anchors[step.anchor or ""].handle()](value)
 
         def on_step(step: Step) -> None:
             if step.op not in _STREAMS:
