@@ -142,7 +142,7 @@ class Broker:
     def _drain(sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         for _ in range(BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = wire.recv(sock, nonblock=True)
             except zmq.Again:
                 return
             handle(frames)

@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from ipuserve import protocol as wire
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.protocol import Frame
 
@@ -90,13 +91,11 @@ class Outbox:
 def _send(sock: zmq.Socket[Any], identity: bytes, frames: Frames) -> str | None:
     """Send one message; None when sent, else why not ("unwritable" or "gone")."""
     try:
-        sock.send(identity, zmq.SNDMORE | zmq.NOBLOCK)
+        wire.send(sock, frames, identity=identity, nonblock=True)
     except zmq.Again:
         return "unwritable"
     except zmq.ZMQError as exc:
         if exc.errno == errno.EHOSTUNREACH:
             return "gone"
         raise
-    # The pipe took the first frame, so it takes the rest: HWM counts whole messages.
-    sock.send_multipart(frames, copy=False)  # type: ignore[arg-type]
     return None

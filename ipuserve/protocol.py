@@ -28,7 +28,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import numpy as np
 import zmq
@@ -499,6 +499,53 @@ def _frames(
     return [TAG_FRAME, _CMD_FRAMES[command], ident, body, *tensors]
 
 
+# ---------------------------------------------------------------- sending and receiving
+#
+# pyzmq's Socket.send/recv_multipart wrap the Cython methods in Python (flag enums,
+# group checks, a loop per frame): several microseconds per frame, which is most of
+# a broker's time per message. These call the Cython methods of zmq.Socket's base
+# class directly; the header frames (small bytes) are copied, tensor frames are
+# passed by reference (pyzmq still copies those below its copy threshold).
+
+_BASE = next(
+    (c for c in zmq.Socket.__mro__[1:] if "send" in vars(c) and "recv" in vars(c)), zmq.Socket
+)
+_SEND: Callable[..., Any] = getattr(_BASE, "send")  # noqa: B009  (a Cython base class)
+_RECV: Callable[..., Any] = getattr(_BASE, "recv")  # noqa: B009
+_MORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+def send(
+    sock: zmq.Socket[Any],
+    frames: Sequence[Frame],
+    *,
+    identity: bytes | None = None,
+    nonblock: bool = False,
+) -> None:
+    """Send one encoded message, behind ``identity`` on a ROUTER.
+
+    With ``nonblock``, zmq.Again (peer's pipe full) or a ZMQError (EHOSTUNREACH under
+    ROUTER_MANDATORY) is raised by the first frame, before anything was queued.
+    """
+    flags = _NOBLOCK if nonblock else 0
+    if identity is not None:
+        _SEND(sock, identity, flags | _MORE, True, False)
+    last = len(frames) - 1
+    for index, frame in enumerate(frames):
+        _SEND(sock, frame, flags if index == last else flags | _MORE, index < HEADER_FRAMES, False)
+
+
+def recv(sock: zmq.Socket[Any], nonblock: bool = False) -> list[zmq.Frame]:
+    """Receive one whole message as zmq.Frame objects (no copy of any frame)."""
+    frame = _RECV(sock, _NOBLOCK if nonblock else 0, False, False)
+    frames = [frame]
+    while frame.more:
+        frame = _RECV(sock, 0, False, False)
+        frames.append(frame)
+    return frames
+
+
 # ---------------------------------------------------------------- decoding
 
 
@@ -607,7 +654,8 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-Check: TypeAlias = Callable[[Any, str, Limits], Any]
+Check: TypeAlias = Callable[[Any, Limits], Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,19 +667,26 @@ class _Field:
 def _check_fields(
     header: dict[str, Any], schema: Mapping[str, _Field], where: str, limits: Limits
 ) -> dict[str, Any]:
-    unknown = [key for key in header if key not in schema]
-    if unknown:
+    if len(header) > len(schema) or any(key not in schema for key in header):
+        unknown = ", ".join(key for key in header if key not in schema)
         raise ProtocolError(
-            f"{where} has unknown field(s) {', '.join(unknown)}; "
-            f"expected {', '.join(schema) or 'none'}"
+            f"{where} has unknown field(s) {unknown}; expected {', '.join(schema) or 'none'}"
         )
     fields = {}
     for key, field in schema.items():
-        if key in header:
-            fields[key] = field.check(header[key], f"{where} field {key!r}", limits)
-        elif field.required:
-            raise ProtocolError(f"{where} is missing field {key!r}")
+        value = header.get(key, _MISSING)
+        if value is _MISSING:
+            if field.required:
+                raise ProtocolError(f"{where} is missing field {key!r}")
+            continue
+        try:
+            fields[key] = field.check(value, limits)
+        except IpuserveError as exc:
+            raise _at(f"{where} field {key!r}", exc) from None
     return fields
+
+
+_MISSING = object()
 
 
 def _tensors(
@@ -658,110 +713,138 @@ def _tensors(
 
 
 # ---------------------------------------------------------------- field checks
+#
+# A check takes (value, limits) and raises without saying where; the caller that
+# knows the location (a header field, a list index) adds it on the way out, so the
+# valid path never formats a location string.
 
 
-def _kind(value: Any, types: type | tuple[type, ...], what: str, where: str) -> None:
+def _at(where: str, error: IpuserveError) -> IpuserveError:
+    """The same error, its message prefixed with where it happened (ProtocolError only:
+    InvalidInputError messages already name their tensor)."""
+    if isinstance(error, ProtocolError):
+        return type(error)(f"{where}: {error}")
+    return error
+
+
+def _kind(value: Any, types: type | tuple[type, ...], what: str) -> None:
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
-        raise ProtocolError(f"{where} must be {what}; got {json.dumps(value)[:80]}")
+        raise ProtocolError(f"must be {what}; got {json.dumps(value)[:80]}")
 
 
 def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 
 
-def _name(value: Any, where: str, _limits: Limits) -> str:
-    _kind(value, str, f"a string of 1..{MAX_NAME_CHARS} characters", where)
-    if not 0 < len(value) <= MAX_NAME_CHARS:
-        raise ProtocolError(f"{where} must have 1..{MAX_NAME_CHARS} characters; got {len(value)}")
+_NAME_RULE = f"a string of 1..{MAX_NAME_CHARS} characters"
+
+
+def _name(value: Any, _limits: Limits) -> str:
+    if type(value) is not str or not 0 < len(value) <= MAX_NAME_CHARS:
+        _kind(value, str, _NAME_RULE)
+        raise ProtocolError(f"must have 1..{MAX_NAME_CHARS} characters; got {len(value)}")
+    return value
+
+
+def _text(value: Any, _limits: Limits) -> str:
+    _kind(value, str, "a string")
     return str(value)
 
 
-def _text(value: Any, where: str, _limits: Limits) -> str:
-    _kind(value, str, "a string", where)
-    return str(value)
-
-
-def _count(value: Any, where: str, _limits: Limits) -> int:
-    _kind(value, int, "an integer >= 0", where)
+def _count(value: Any, _limits: Limits) -> int:
+    _kind(value, int, "an integer >= 0")
     if value < 0:
-        raise ProtocolError(f"{where} must be >= 0; got {value}")
+        raise ProtocolError(f"must be >= 0; got {value}")
     return int(value)
 
 
-def _positive(value: Any, where: str, limits: Limits) -> int:
-    if _count(value, where, limits) < 1:
-        raise ProtocolError(f"{where} must be >= 1; got {value}")
+def _positive(value: Any, limits: Limits) -> int:
+    if _count(value, limits) < 1:
+        raise ProtocolError(f"must be >= 1; got {value}")
     return int(value)
 
 
-def _duration(value: Any, where: str, _limits: Limits) -> float:
-    _kind(value, (int, float), "a number of milliseconds > 0", where)
+def _duration(value: Any, _limits: Limits) -> float:
+    _kind(value, (int, float), "a number of milliseconds > 0")
     if not 0 < value < 1e12:
-        raise ProtocolError(f"{where} must be > 0 and < 1e12 milliseconds; got {value}")
+        raise ProtocolError(f"must be > 0 and < 1e12 milliseconds; got {value}")
     return float(value)
 
 
 def _optional(check: Check) -> Check:
-    def checked(value: Any, where: str, limits: Limits) -> Any:
-        return None if value is None else check(value, where, limits)
+    def checked(value: Any, limits: Limits) -> Any:
+        return None if value is None else check(value, limits)
 
     return checked
 
 
-def _budget(value: Any, where: str, _limits: Limits) -> float | None:
+def _budget(value: Any, _limits: Limits) -> float | None:
     if value is None:
         return None
-    _kind(value, (int, float), "a number of milliseconds or null", where)
+    _kind(value, (int, float), "a number of milliseconds or null")
     if not -1e12 < value < 1e12:
-        raise ProtocolError(f"{where} is out of range: {value}")
+        raise ProtocolError(f"is out of range: {value}")
     return float(value)
 
 
-def _code(value: Any, where: str, _limits: Limits) -> str:
-    _kind(value, str, "an error code", where)
+def _code(value: Any, _limits: Limits) -> str:
+    _kind(value, str, "an error code")
     if not (0 < len(value) <= 64 and value.replace("_", "").isalnum() and value.isupper()):
-        raise ProtocolError(f"{where} must be an UPPER_CASE error code; got {value[:80]!r}")
+        raise ProtocolError(f"must be an UPPER_CASE error code; got {value[:80]!r}")
     return str(value)
 
 
-def _timing(value: Any, where: str, _limits: Limits) -> dict[str, float]:
-    _kind(value, dict, "an object of numbers", where)
+def _timing(value: Any, limits: Limits) -> dict[str, float]:
+    _kind(value, dict, "an object of numbers")
     if len(value) > MAX_TIMING_KEYS:
-        raise ProtocolError(f"{where} has {len(value)} entries; the limit is {MAX_TIMING_KEYS}")
+        raise ProtocolError(f"has {len(value)} entries; the limit is {MAX_TIMING_KEYS}")
     for key, number in value.items():
-        _name(key, f"{where} key", _limits)
-        _kind(number, (int, float), "an object of numbers", f"{where}[{key!r}]")
+        _name(key, limits)
+        if type(number) is not float and type(number) is not int:
+            raise ProtocolError(f"must be an object of numbers; {key!r} is {number!r}"[:120])
     return {key: float(number) for key, number in value.items()}
 
 
-def _list(value: Any, where: str, limit: int) -> list[Any]:
-    _kind(value, list, "a list", where)
+def _list(value: Any, limit: int) -> list[Any]:
+    _kind(value, list, "a list")
     if len(value) > limit:
-        raise ProtocolError(f"{where} has {len(value)} entries; the limit is {limit}")
+        raise ProtocolError(f"has {len(value)} entries; the limit is {limit}")
     return value  # type: ignore[no-any-return]
 
 
-def _tensor_specs(value: Any, where: str, limits: Limits) -> tuple[TensorSpec, ...]:
-    items = _list(value, where, limits.max_tensors)
-    specs = tuple(_tensor_spec(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+def _items(
+    value: Any, limit: int, check: Callable[[Any, Limits], T], limits: Limits
+) -> tuple[T, ...]:
+    """Check each entry of a JSON list, naming the index of a bad one."""
+    checked = []
+    for index, item in enumerate(_list(value, limit)):
+        try:
+            checked.append(check(item, limits))
+        except IpuserveError as exc:
+            raise _at(f"[{index}]", exc) from None
+    return tuple(checked)
+
+
+def _tensor_specs(value: Any, limits: Limits) -> tuple[TensorSpec, ...]:
+    specs = _items(value, limits.max_tensors, _tensor_spec, limits)
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
-        raise InvalidInputError(f"{where} names a tensor twice: {names}")
+        raise InvalidInputError(f"a tensor is named twice: {names}")
     return specs
 
 
 _SPEC_KEYS = {"name", "dtype", "shape"}
 
 
-def _tensor_spec(item: Any, where: str, limits: Limits) -> TensorSpec:
-    _kind(item, dict, "an object {name, dtype, shape}", where)
-    if item.keys() != _SPEC_KEYS:
+def _tensor_spec(item: Any, limits: Limits) -> TensorSpec:
+    if type(item) is not dict or item.keys() != _SPEC_KEYS:
+        _kind(item, dict, "an object {name, dtype, shape}")
         raise ProtocolError(
-            f"{where} must have exactly the fields name, dtype, shape; got {', '.join(item)}"
+            f"must have exactly the fields name, dtype, shape; got {', '.join(item)}"
         )
-    name = _name(item["name"], f"{where}.name", limits)
+    name = _name(item["name"], limits)
     dtype = item["dtype"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if type(dtype) is not str or dtype not in DTYPES:
         raise InvalidInputError(
             f"tensor {name!r} has dtype {json.dumps(dtype)[:40]}; allowed: {', '.join(DTYPES)}"
         )
@@ -769,14 +852,14 @@ def _tensor_spec(item: Any, where: str, limits: Limits) -> TensorSpec:
 
 
 def _shape(value: Any, name: str, limits: Limits) -> tuple[int, ...]:
-    if not isinstance(value, list) or len(value) > limits.max_rank:
+    if type(value) is not list or len(value) > limits.max_rank:
         raise InvalidInputError(
             f"tensor {name!r} shape must be a list of at most "
             f"{limits.max_rank} integers; got {json.dumps(value)[:80]}"
         )
     elements = 1
     for dim in value:
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+        if type(dim) is not int or dim < 0:
             raise InvalidInputError(
                 f"tensor {name!r} shape {json.dumps(value)[:80]} must hold integers >= 0"
             )
@@ -788,8 +871,8 @@ def _shape(value: Any, name: str, limits: Limits) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _model_spec(value: Any, where: str, limits: Limits) -> ModelSpec:
-    fields = _check_fields(_as_object(value, where), _MODEL_SCHEMA, where, limits)
+def _model_spec(value: Any, limits: Limits) -> ModelSpec:
+    fields = _check_fields(_as_object(value), _MODEL_SCHEMA, "model spec", limits)
     spec = ModelSpec(
         fields["name"],
         fields["inputs"],
@@ -799,52 +882,50 @@ def _model_spec(value: Any, where: str, limits: Limits) -> ModelSpec:
     )
     dim = spec.batching_dim
     if dim is not None and any(dim >= len(t.shape) for t in spec.inputs + spec.outputs):
-        raise ProtocolError(f"{where}: batching_dim {dim} exceeds the rank of a tensor")
+        raise ProtocolError(f"batching_dim {dim} exceeds the rank of a tensor")
     return spec
 
 
-def _as_object(value: Any, where: str) -> dict[str, Any]:
-    _kind(value, dict, "an object", where)
+def _as_object(value: Any) -> dict[str, Any]:
+    _kind(value, dict, "an object")
     return value  # type: ignore[no-any-return]
 
 
-def _model_specs(value: Any, where: str, limits: Limits) -> tuple[ModelSpec, ...]:
-    items = _list(value, where, 1024)
-    return tuple(_model_spec(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+def _model_specs(value: Any, limits: Limits) -> tuple[ModelSpec, ...]:
+    return _items(value, 1024, _model_spec, limits)
 
 
-def _worker_load(value: Any, where: str, limits: Limits) -> WorkerLoad:
-    fields = _check_fields(_as_object(value, where), _LOAD_SCHEMA, where, limits)
+def _worker_load(value: Any, limits: Limits) -> WorkerLoad:
+    fields = _check_fields(_as_object(value), _LOAD_SCHEMA, "worker", limits)
     return WorkerLoad(fields["worker_id"], fields["credit"], fields["in_flight"])
 
 
-def _model_info(value: Any, where: str, limits: Limits) -> ModelInfo:
-    fields = _check_fields(_as_object(value, where), _INFO_SCHEMA, where, limits)
+def _model_info(value: Any, limits: Limits) -> ModelInfo:
+    fields = _check_fields(_as_object(value), _INFO_SCHEMA, "model", limits)
     return ModelInfo(fields["spec"], fields["queued"], fields["workers"])
 
 
-def _worker_loads(value: Any, where: str, limits: Limits) -> tuple[WorkerLoad, ...]:
-    items = _list(value, where, 100_000)
-    return tuple(_worker_load(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+def _worker_loads(value: Any, limits: Limits) -> tuple[WorkerLoad, ...]:
+    return _items(value, 100_000, _worker_load, limits)
 
 
-def _model_infos(value: Any, where: str, limits: Limits) -> tuple[ModelInfo, ...]:
-    items = _list(value, where, 100_000)
-    return tuple(_model_info(item, f"{where}[{i}]", limits) for i, item in enumerate(items))
+def _model_infos(value: Any, limits: Limits) -> tuple[ModelInfo, ...]:
+    return _items(value, 100_000, _model_info, limits)
 
 
-def _job_ids(value: Any, where: str, _limits: Limits) -> tuple[bytes, ...]:
-    ids = []
-    for item in _list(value, where, 1_000_000):
-        _kind(item, str, "a list of hex job ids", where)
-        try:
-            job_id = bytes.fromhex(item)
-        except ValueError:
-            raise ProtocolError(f"{where} holds {item[:80]!r}, not a hex job id") from None
-        if len(job_id) > MAX_ID_BYTES:
-            raise ProtocolError(f"{where} holds a job id longer than {MAX_ID_BYTES} bytes")
-        ids.append(job_id)
-    return tuple(ids)
+def _job_id(item: Any, _limits: Limits) -> bytes:
+    _kind(item, str, "a hex job id")
+    try:
+        job_id = bytes.fromhex(item)
+    except ValueError:
+        raise ProtocolError(f"{item[:80]!r} is not a hex job id") from None
+    if len(job_id) > MAX_ID_BYTES:
+        raise ProtocolError(f"a job id is longer than {MAX_ID_BYTES} bytes")
+    return job_id
+
+
+def _job_ids(value: Any, limits: Limits) -> tuple[bytes, ...]:
+    return _items(value, 1_000_000, _job_id, limits)
 
 
 _MODEL_SCHEMA = {

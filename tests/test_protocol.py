@@ -183,7 +183,7 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "wrong field type",
         frames_with({"model": 5, "tensors": []}),
         ProtocolError,
-        "'model' must be a string",
+        "'model': must be a string",
     ),
     ("empty model name", frames_with({"model": "", "tensors": []}), ProtocolError, "1..256"),
     ("timeout zero", frames_with(request(timeout_ms=0), F8), ProtocolError, "> 0"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -113,12 +114,12 @@ def worker(
 
 
 def _runner_backend(model_paths: list[str], **options: Any) -> Any:
-    try:
-        from ipuserve.worker.runner_backend import RunnerBackend
+    try:  # the lead's module; imported by name so this builds before it lands
+        runner_backend = importlib.import_module("ipuserve.worker.runner_backend")
     except ImportError as exc:
         raise click.ClickException(f"the ModelRunner backend is not available: {exc}") from exc
     try:
-        return RunnerBackend(model_paths, **options)
+        return runner_backend.RunnerBackend(model_paths, **options)
     except IpuserveError as exc:
         raise click.ClickException(f"cannot serve {', '.join(model_paths)}: {exc}") from exc
 

@@ -191,7 +191,7 @@ class WorkerNode:
     def _handshake(self) -> bool:
         sock = self._new_socket()
         hello = wire.Hello(self._config.worker_id, tuple(self._models.values()), self._credit)
-        sock.send_multipart(hello.encode(), copy=False)  # type: ignore[arg-type]
+        wire.send(sock, hello.encode())
         deadline = time.monotonic() + self._config.handshake_timeout_ms / 1000
         poller = self._poller(sock)
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
@@ -205,7 +205,7 @@ class WorkerNode:
 
     def _welcomed(self, sock: zmq.Socket[Any]) -> bool:
         try:
-            message = wire.decode(sock.recv_multipart(copy=False), self._limits)
+            message = wire.decode(wire.recv(sock), self._limits)
         except IpuserveError as exc:
             log.warning("malformed message during the handshake: %s", exc)
             return False
@@ -297,7 +297,7 @@ class WorkerNode:
         """Handle every message waiting on the socket."""
         while True:
             try:
-                frames = session.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = wire.recv(session.socket, nonblock=True)
             except zmq.Again:
                 return None
             session.last_heard = time.monotonic()
@@ -438,7 +438,7 @@ class WorkerNode:
         if self._session is None:
             return
         try:
-            self._session.socket.send_multipart(message.encode(), zmq.NOBLOCK, copy=False)  # type: ignore[arg-type]
+            wire.send(self._session.socket, message.encode(), nonblock=True)
         except zmq.Again:
             log.warning("broker not accepting messages; dropped %s", type(message).__name__)
 
