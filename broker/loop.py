@@ -141,9 +141,8 @@ class Broker:
     @staticmethod
     def _drain(sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         for _ in range(BATCH):
-            try:
-                frames = wire.recv(sock, nonblock=True)
-            except zmq.Again:
+            frames = wire.try_recv(sock)
+            if frames is None:
                 return
             handle(frames)
 

@@ -256,10 +256,9 @@ class Request:
     timeout_ms: float | None = None
 
     def encode(self) -> list[Frame]:
-        header: dict[str, Any] = {"model": self.model, "tensors": self.tensors.header()}
-        if self.timeout_ms is not None:
-            header["timeout_ms"] = self.timeout_ms
-        return _frames(self.COMMAND, self.request_id, header, self.tensors.frames)
+        timeout = "" if self.timeout_ms is None else f',"timeout_ms":{_json(self.timeout_ms)}'
+        body = f'{{"model":{_json(self.model)},"tensors":{_specs_json(self.tensors)}{timeout}}}'
+        return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +269,8 @@ class Reply:
     timing: Mapping[str, float]
 
     def encode(self) -> list[Frame]:
-        header = {"tensors": self.tensors.header(), "timing": dict(self.timing)}
-        return _frames(self.COMMAND, self.request_id, header, self.tensors.frames)
+        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{_json(dict(self.timing))}}}'
+        return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,12 +399,10 @@ class Job:
     budget_ms: float | None = None
 
     def encode(self) -> list[Frame]:
-        header = {
-            "model": self.model,
-            "tensors": self.tensors.header(),
-            "budget_ms": self.budget_ms,
-        }
-        return _frames(self.COMMAND, self.job_id, header, self.tensors.frames)
+        budget = "null" if self.budget_ms is None else _json(self.budget_ms)
+        specs = _specs_json(self.tensors)
+        body = f'{{"model":{_json(self.model)},"tensors":{specs},"budget_ms":{budget}}}'
+        return _frames(self.COMMAND, self.job_id, body, self.tensors.frames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,8 +413,8 @@ class Result:
     timing: Mapping[str, float]
 
     def encode(self) -> list[Frame]:
-        header = {"tensors": self.tensors.header(), "timing": dict(self.timing)}
-        return _frames(self.COMMAND, self.job_id, header, self.tensors.frames)
+        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{_json(dict(self.timing))}}}'
+        return _frames(self.COMMAND, self.job_id, body, self.tensors.frames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,10 +489,26 @@ Message: TypeAlias = (
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+_json = _ENCODER.encode
+
+#: Tensor specs -> their JSON list: the hot messages repeat the same specs.
+_SPECS_JSON: dict[tuple[TensorSpec, ...], str] = {}
+
+
+def _specs_json(tensors: Tensors) -> str:
+    text = _SPECS_JSON.get(tensors.specs)
+    if text is None:
+        if len(_SPECS_JSON) >= _FIELDS_CACHE_SIZE:
+            _SPECS_JSON.clear()
+        text = _SPECS_JSON[tensors.specs] = _json(tensors.header())
+    return text
+
+
 def _frames(
-    command: Command, ident: bytes, header: dict[str, Any], tensors: tuple[Frame, ...] = ()
+    command: Command, ident: bytes, header: dict[str, Any] | str, tensors: tuple[Frame, ...] = ()
 ) -> list[Frame]:
-    body = _ENCODER.encode(header).encode("ascii")
+    """The frames of one message; the hot messages pass their header as JSON text."""
+    body = (header if isinstance(header, str) else _json(header)).encode("ascii")
     return [TAG_FRAME, _CMD_FRAMES[command], ident, body, *tensors]
 
 
@@ -508,10 +521,13 @@ def _frames(
 # passed by reference (pyzmq still copies those below its copy threshold).
 
 _BASE = next(
-    (c for c in zmq.Socket.__mro__[1:] if "send" in vars(c) and "recv" in vars(c)), zmq.Socket
+    (c for c in zmq.Socket.__mro__[1:] if {"send", "recv", "get"} <= vars(c).keys()), zmq.Socket
 )
 _SEND: Callable[..., Any] = getattr(_BASE, "send")  # noqa: B009  (a Cython base class)
 _RECV: Callable[..., Any] = getattr(_BASE, "recv")  # noqa: B009
+_GET: Callable[..., Any] = getattr(_BASE, "get")  # noqa: B009
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 _MORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
 
@@ -536,14 +552,22 @@ def send(
         _SEND(sock, frame, flags if index == last else flags | _MORE, index < HEADER_FRAMES, False)
 
 
-def recv(sock: zmq.Socket[Any], nonblock: bool = False) -> list[zmq.Frame]:
-    """Receive one whole message as zmq.Frame objects (no copy of any frame)."""
-    frame = _RECV(sock, _NOBLOCK if nonblock else 0, False, False)
+def recv(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    """Receive one whole message as zmq.Frame objects (no copy of any frame); blocks."""
+    frame = _RECV(sock, 0, False, False)
     frames = [frame]
     while frame.more:
         frame = _RECV(sock, 0, False, False)
         frames.append(frame)
     return frames
+
+
+def try_recv(sock: zmq.Socket[Any]) -> list[zmq.Frame] | None:
+    """One whole message if one waits, else None (asked of ZMQ_EVENTS, which is
+    cheaper than the zmq.Again a non-blocking recv raises)."""
+    if not _GET(sock, _EVENTS) & _POLLIN:
+        return None
+    return recv(sock)
 
 
 # ---------------------------------------------------------------- decoding

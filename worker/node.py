@@ -295,15 +295,12 @@ class WorkerNode:
 
     def _read(self, session: Session) -> Exit | None:
         """Handle every message waiting on the socket."""
-        while True:
-            try:
-                frames = wire.recv(session.socket, nonblock=True)
-            except zmq.Again:
-                return None
+        while (frames := wire.try_recv(session.socket)) is not None:
             session.last_heard = time.monotonic()
             why = self._on_message(session, frames)
             if why is not None:
                 return why
+        return None
 
     def _on_message(self, session: Session, frames: list[Any]) -> Exit | None:
         try:
