@@ -18,9 +18,11 @@ carries them) and re-exported here.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,7 +39,16 @@ from ipuserve.errors import (
 )
 from ipuserve.protocol import ModelSpec, TensorSpec
 
-__all__ = ["Backend", "Done", "FunctionBackend", "Job", "ModelSpec", "Result", "TensorSpec"]
+__all__ = [
+    "Backend",
+    "Done",
+    "FunctionBackend",
+    "Job",
+    "Mailbox",
+    "ModelSpec",
+    "Result",
+    "TensorSpec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +105,8 @@ class FunctionBackend:
 
     Jobs past their deadline when a thread picks them up are answered
     DeadlineExceeded without running. An exception from the function becomes an
-    InferenceError that names the model.
+    InferenceError that names the model. With ``threads=0`` jobs run inline, on the
+    thread that submits them (for trivial functions: no thread hop at all).
     """
 
     def __init__(
@@ -105,7 +117,7 @@ class FunctionBackend:
         capacity: int | None = None,
     ) -> None:
         self._models = {spec.name: (spec, fn) for spec, fn in models.items()}
-        self._capacity = capacity if capacity is not None else 2 * threads
+        self._capacity = capacity if capacity is not None else max(1, 2 * threads)
         self._jobs: queue.SimpleQueue[tuple[Job, Done, float] | None] = queue.SimpleQueue()
         self._closed = False
         self._threads = [
@@ -126,7 +138,10 @@ class FunctionBackend:
             raise ClosedError("the backend is closed")
         if job.model not in self._models:
             raise UnknownModelError(f"this worker does not serve model {job.model!r}")
-        self._jobs.put((job, done, time.monotonic()))
+        if self._threads:
+            self._jobs.put((job, done, time.monotonic()))
+        else:
+            done(job, self._execute(job, time.monotonic()))
 
     def close(self) -> None:
         if self._closed:
@@ -171,3 +186,48 @@ class FunctionBackend:
         finished = time.monotonic()
         timing = {"queue_us": (started - submitted) * 1e6, "device_us": (finished - started) * 1e6}
         return Result(outputs, timing)
+
+
+Outcome = tuple[Job, "Result | IpuserveError"]
+
+
+class Mailbox:
+    """Outcomes from backend threads to the socket thread.
+
+    ``put`` writes the eventfd only on the empty -> non-empty transition; the check,
+    the append and the write share a lock with ``take``'s swap, so a wake-up is never
+    lost (``take`` clears the eventfd *before* swapping, so a put racing with it at
+    worst causes one spurious wake-up).
+    """
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._items: deque[Outcome] = deque()
+        self._lock = threading.RLock()  # re-entrant: wake() may run in a signal handler
+        self._closed = False
+
+    def put(self, job: Job, outcome: Result | IpuserveError) -> None:
+        with self._lock:
+            was_empty = not self._items
+            self._items.append((job, outcome))
+            if was_empty and not self._closed:
+                os.eventfd_write(self.fd, 1)
+
+    def wake(self) -> None:
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self.fd, 1)
+
+    def take(self) -> deque[Outcome]:
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        with self._lock:
+            items, self._items = self._items, deque()
+        return items
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            os.close(self.fd)

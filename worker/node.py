@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -35,54 +33,10 @@ from ipuserve.errors import (
     OverloadedError,
     UnknownModelError,
 )
-from ipuserve.worker.backend import Backend, Job, Result
+from ipuserve.worker.backend import Backend, Job, Mailbox, Outcome, Result
 from ipuserve.worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
-
-Outcome = tuple[Job, "Result | IpuserveError"]
-
-
-class Mailbox:
-    """Outcomes from backend threads to the socket thread.
-
-    ``put`` writes the eventfd only on the empty -> non-empty transition; the check,
-    the append and the write share a lock with ``take``'s swap, so a wake-up is never
-    lost (``take`` clears the eventfd *before* swapping, so a put racing with it at
-    worst causes one spurious wake-up).
-    """
-
-    def __init__(self) -> None:
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._items: deque[Outcome] = deque()
-        self._lock = threading.RLock()  # re-entrant: wake() may run in a signal handler
-        self._closed = False
-
-    def put(self, job: Job, outcome: Result | IpuserveError) -> None:
-        with self._lock:
-            was_empty = not self._items
-            self._items.append((job, outcome))
-            if was_empty and not self._closed:
-                os.eventfd_write(self.fd, 1)
-
-    def wake(self) -> None:
-        with self._lock:
-            if not self._closed:
-                os.eventfd_write(self.fd, 1)
-
-    def take(self) -> deque[Outcome]:
-        try:
-            os.eventfd_read(self.fd)
-        except BlockingIOError:
-            pass
-        with self._lock:
-            items, self._items = self._items, deque()
-        return items
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            os.close(self.fd)
 
 
 class Exit(enum.Enum):

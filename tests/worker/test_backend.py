@@ -18,8 +18,7 @@ from ipuserve.errors import (
     UnavailableError,
     UnknownModelError,
 )
-from ipuserve.worker.backend import FunctionBackend, Job, Result
-from ipuserve.worker.node import Mailbox
+from ipuserve.worker.backend import FunctionBackend, Job, Mailbox, Result
 from tests.worker.fakes import ADD, GatedAdd, add_inputs
 
 Outcomes = queue.SimpleQueue[tuple[Job, Result | IpuserveError, str]]
