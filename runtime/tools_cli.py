@@ -43,7 +43,15 @@ def tools() -> None:
     """Benchmarks of the queues and callbacks, and runs on real data (spec chapter 7)."""
 
 
-def _json_option(func: Callable[..., Any]) -> Callable[..., Any]:
+def _output_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--json, and --progress/--no-progress (default: a progress line on a terminal only)."""
+    func = option(
+        "--progress/--no-progress",
+        "show_progress",
+        default=None,
+        show_default="on when stderr is a terminal",
+        help="Draw a progress line on stderr.",
+    )(func)
     return option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
 
 
@@ -79,13 +87,14 @@ def _json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     help="Measure for this long.",
 )
 @option("--warmup", type=click.IntRange(min=0), default=100, help="Unmeasured items first.")
-@_json_option
+@_output_options
 def queues_benchmark(
     shape: str,
     items: int | None,
     duration_s: float | None,
     warmup: int,
     as_json: bool,
+    show_progress: bool | None,
     **geometry: Any,
 ) -> None:
     """Measure how fast tensors move through the ring buffers and queues.
@@ -100,7 +109,7 @@ def queues_benchmark(
             budget=Budget(warmup=warmup, count=items, duration_s=_duration(items, duration_s)),
             **geometry,
         )
-        with _progress() as progress:
+        with _progress(show_progress) as progress:
             report = run_queues_benchmark(config, progress)
     _emit(report, queues_table, as_json)
 
@@ -135,13 +144,14 @@ def queues_benchmark(
     help="Stop measuring after this long.",
 )
 @option("--warmup", type=click.IntRange(min=0), default=10, help="Unmeasured runs first.")
-@_json_option
+@_output_options
 def callbacks_benchmark(
     popef: tuple[str, ...],
     runs: int,
     duration_s: float | None,
     warmup: int,
     as_json: bool,
+    show_progress: bool | None,
     **rest: Any,
 ) -> None:
     """Measure how fast a Session's anchor callbacks move data.
@@ -154,7 +164,7 @@ def callbacks_benchmark(
         config = CallbacksBenchConfig(
             popef=popef, budget=Budget(warmup=warmup, count=runs, duration_s=duration_s), **rest
         )
-        with _progress() as progress:
+        with _progress(show_progress) as progress:
             report = run_callbacks_benchmark(config, progress)
     _emit(report, callbacks_table, as_json)
 
@@ -192,13 +202,15 @@ def callbacks_benchmark(
 )
 @option("--runs", type=click.IntRange(min=1), default=1, help="How many times to run.")
 @option("--ipu-model", is_flag=True, help="Run on IPU Models instead of attached IPUs.")
-@_json_option
-def real_data(input_specs: tuple[str, ...], as_json: bool, **opts: Any) -> None:
+@_output_options
+def real_data(
+    input_specs: tuple[str, ...], as_json: bool, show_progress: bool | None, **opts: Any
+) -> None:
     """Run a model on inputs read from .npy files and write its outputs as .npy files."""
     specs = [_input_spec(spec) for spec in input_specs]
     with _errors():
         inputs = read_inputs(specs)
-        with _progress() as progress:
+        with _progress(show_progress) as progress:
             report = run_real_data(RealDataConfig(**opts), inputs, progress)
     _emit(report, real_data_table, as_json)
 
@@ -226,8 +238,8 @@ def _errors() -> Iterator[None]:
 
 
 @contextmanager
-def _progress() -> Iterator[ProgressLine]:
-    line = ProgressLine()
+def _progress(show: bool | None) -> Iterator[ProgressLine]:
+    line = ProgressLine(enabled=show)
     try:
         yield line
     finally:

@@ -3,8 +3,8 @@
 Benchmarks call a :data:`ProgressCallback` with a :class:`Progress` snapshot as
 often as they like (every run, every tick of a wait); :class:`ProgressLine`
 redraws at most every ``interval_s`` so the reporting costs nothing measurable.
-It is on only when the stream is a terminal (or when forced), so pipes, logs and
-``--json`` output stay clean.
+By default it is on only when the stream is a terminal, so pipes, logs and
+``--json`` output stay clean; ``enabled`` overrides that either way.
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ class ProgressLine:
     """Draws :class:`Progress` snapshots as one updating line (``\\r``, no newline)."""
 
     def __init__(
-        self, stream: TextIO | None = None, *, force: bool = False, interval_s: float = 0.2
+        self,
+        stream: TextIO | None = None,
+        *,
+        enabled: bool | None = None,
+        interval_s: float = 0.2,
     ) -> None:
         self._stream = stream if stream is not None else sys.stderr
-        self._enabled = force or _is_terminal(self._stream)
+        self._enabled = _is_terminal(self._stream) if enabled is None else enabled
         self._interval_s = interval_s
         self._next_draw = 0.0
         self._drawn = False

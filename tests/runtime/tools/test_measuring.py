@@ -108,7 +108,7 @@ def test_item_clock_during_warm_up_has_no_window() -> None:
 
 def test_progress_line_draws_one_updating_line_when_forced() -> None:
     stream = io.StringIO()
-    line = ProgressLine(stream, force=True, interval_s=0.0)
+    line = ProgressLine(stream, enabled=True, interval_s=0.0)
     line(Progress("warm-up", 1.0, 10, "items"))
     line(Progress("measuring", 2.0, 500, "items"))
     line.finish()
@@ -117,17 +117,17 @@ def test_progress_line_draws_one_updating_line_when_forced() -> None:
     assert "measuring" in text and "500 items" in text and "250 items/s" in text
 
 
-def test_progress_line_is_silent_off_a_terminal() -> None:
+def test_progress_line_is_silent_off_a_terminal_unless_enabled() -> None:
     stream = io.StringIO()  # isatty() is False
-    line = ProgressLine(stream)
-    line(Progress("measuring", 1.0, 1, "runs"))
-    line.finish()
+    for line in (ProgressLine(stream), ProgressLine(stream, enabled=False, interval_s=0.0)):
+        line(Progress("measuring", 1.0, 1, "runs"))
+        line.finish()
     assert stream.getvalue() == ""
 
 
 def test_progress_line_redraws_at_most_once_per_interval() -> None:
     stream = io.StringIO()
-    line = ProgressLine(stream, force=True, interval_s=3600.0)
+    line = ProgressLine(stream, enabled=True, interval_s=3600.0)
     for done in range(100):
         line(Progress("measuring", 1.0, done, "runs"))
     assert stream.getvalue().count("\r") == 1
