@@ -264,6 +264,29 @@ def fn_worker_argv(model: str = "add", *args: str) -> WorkerArgv:
     return argv
 
 
+def runner_worker_argv(*model_paths: str, args: tuple[str, ...] = ()) -> WorkerArgv:
+    """A real ``ipuserve worker`` (ModelRunner backend) serving ``model_paths``."""
+
+    def argv(backend: str) -> list[str]:
+        models = [part for path in model_paths for part in ("--model", path)]
+        return [
+            sys.executable,
+            "-m",
+            "ipuserve",
+            "--log-level",
+            "INFO",
+            "worker",
+            "--broker",
+            backend,
+            *models,
+            "--heartbeat-ms",
+            "50",
+            *args,
+        ]
+
+    return argv
+
+
 _REGISTERED = r"worker (\S+) registered with \S+ \(epoch "
 _worker_names = itertools.count(1)
 
