@@ -106,7 +106,9 @@ class Scheduler:
         if worker is not None:
             worker.in_flight.pop(job_id, None)
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or (not isinstance(outcome, wire.Result) and job.worker is not worker):
+            # Answered already; or an error from a worker the job no longer counts on
+            # (it was re-queued): only a result may win from there.
             self.metrics.duplicates.inc()
         elif isinstance(outcome, wire.Result):
             self.answer(job, outcome)

@@ -171,6 +171,24 @@ def test_the_first_result_wins_and_the_dropped_worker_is_told_to_reconnect(
     assert broker.metrics.duplicates.value() == 1
 
 
+def test_an_error_from_a_dropped_worker_does_not_answer_a_requeued_job(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(liveness_ms=300)
+    slow = fake(broker, workers, credit=1, worker_id="slow")
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("add", INPUTS)
+        first = slow.job()
+        slow.alive = False
+        other = fake(broker, workers, credit=1, worker_id="other")
+        second = other.job()
+        slow.send(wire.Fail(first.job_id, "UNAVAILABLE", "my backend closed"))
+        assert isinstance(slow.recv(), wire.Reconnect)  # the broker read the FAIL
+        other.answer(second)
+        assert_add_reply(client.recv(), INPUTS)
+    assert broker.metrics.duplicates.value() == 1
+
+
 def test_a_job_held_by_too_many_dying_workers_fails(
     start_broker_thread: StartBroker, workers: list[FakeWorker]
 ) -> None:
