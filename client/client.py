@@ -24,6 +24,7 @@ the request so the fabric stops working on it too.
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -36,7 +37,7 @@ import zmq
 from ipuserve import protocol as wire
 from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
-from ipuserve.errors import DeadlineExceeded
+from ipuserve.errors import DeadlineExceeded, RuntimeUsageError
 
 _DEFAULT: Any = object()
 T = TypeVar("T")
@@ -102,15 +103,25 @@ class Client:
     ) -> Arrays:
         """Send one request and wait for its outputs (raises the reported error class)."""
         timeout = self.timeout if timeout is _DEFAULT else timeout
+        self._refuse_blocking_on_io_thread("infer")
         return _wait(self.infer_async(model, inputs, timeout=timeout), timeout)
 
     def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
         """The broker's models: their specs, queue depth, and each worker's credit/in-flight."""
         timeout = self.timeout if timeout is _DEFAULT else timeout
+        self._refuse_blocking_on_io_thread("models")
         future: Future[list[wire.ModelInfo]] = Future()
         message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
         self._io.submit(Pending(message, future, timeout, parse_models))
         return _wait(future, timeout)
+
+    def _refuse_blocking_on_io_thread(self, what: str) -> None:
+        """A blocking call from a done-callback would wait for the thread it blocks."""
+        if threading.current_thread() is self._io.thread:
+            raise RuntimeUsageError(
+                f"{what}() called from a future's callback would deadlock the client's "
+                "I/O thread; use infer_async() there"
+            )
 
     # ------------------------------------------------------------------ lifecycle
 

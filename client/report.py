@@ -69,16 +69,24 @@ def _errors(summary: dict[str, Any]) -> str:
     return ", ".join(f"{code} {n}" for code, n in errors.items())
 
 
+def _rows(rows: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{row['name'] + ' (' + row['unit'] + ')':44} {row['ipuserve']:12.1f} "
+        f"{row['baseline']:12.1f} {row['ratio']:8.2f} {row['target']:>9}  "
+        f"{'yes' if row['met'] else 'NO'}"
+        for row in rows
+    ]
+
+
 def suite_table(results: dict[str, Any]) -> str:
     """The fabric suite: one row per comparison, medians and same-run ratios."""
-    header = f"{'comparison':34} {'ipuserve':>12} {'baseline':>12} {'ratio':>8} {'target':>9}  ok"
+    header = f"{'comparison':44} {'ipuserve':>12} {'baseline':>12} {'ratio':>8} {'target':>9}  ok"
     lines = [header, "-" * len(header)]
-    for row in results["comparisons"]:
-        lines.append(
-            f"{row['name'] + ' (' + row['unit'] + ')':34} {row['ipuserve']:12.1f} "
-            f"{row['baseline']:12.1f} {row['ratio']:8.2f} {row['target']:>9}  "
-            f"{'yes' if row['met'] else 'NO'}"
-        )
+    lines.extend(_rows(results["comparisons"]))
     lines.append("")
     lines.append(f"medians of {results['runs']} runs; ratio = median of the same-run ratios")
+    if results.get("diagnostics"):
+        lines.append("")
+        lines.append("diagnostics (the client's own cost: Client vs a bare protocol loop)")
+        lines.extend(_rows(results["diagnostics"]))
     return "\n".join(lines)

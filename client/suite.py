@@ -35,10 +35,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ipuserve.client.bench import bench
 from ipuserve.client.client import Client
 from ipuserve.client.fleet import PYTHON, Fleet, endpoint, wait_for_models
 from ipuserve.client.loadgen import LoadConfig
+from ipuserve.client.rawproto import protocol_closed_loop
 from ipuserve.client.relay import raw_closed_loop
 from ipuserve.client.stats import latency_us
 
@@ -176,6 +179,7 @@ def one_run(config: SuiteConfig, ends: Endpoints, index: int, log: Log) -> dict[
         for label, in_flight in (("latency", 1), ("throughput", config.in_flight)):
             run[f"relay_{label}"] = _relay(ends.relay_small, 4 * SMALL_ELEMENTS, in_flight, seconds)
             run[f"fabric_{label}"] = _fabric(client, "noop", in_flight, seconds, warm)
+            run[f"protocol_{label}"] = _protocol(ends.frontend, in_flight, seconds)
             log(f"run {index + 1}: {label} done")
         run["relay_goodput"] = _relay(
             ends.relay_large, 4 * LARGE_ELEMENTS, config.large_in_flight, seconds
@@ -203,6 +207,24 @@ def _relay(address: str, payload: int, in_flight: int, seconds: float) -> dict[s
             "req_per_s": round(per_s, 1),
             "mb_per_s": round(per_s * 2 * payload / 1e6, 2),
         },
+        "latency_us": latency_us(raw.latencies_ns),
+    }
+
+
+def _protocol(address: str, in_flight: int, seconds: float) -> dict[str, Any]:
+    """The fabric through a bare protocol loop: the client's own cost, by difference."""
+    inputs = {"input": np.zeros((1, SMALL_ELEMENTS), np.float32)}
+    raw = protocol_closed_loop(
+        address,
+        "noop",
+        inputs,
+        in_flight=in_flight,
+        duration_s=seconds,
+        warmup=max(20, 2 * in_flight),
+    )
+    return {
+        "requests": raw.requests,
+        "throughput": {"req_per_s": round(raw.requests / max(raw.elapsed_s, 1e-9), 1)},
         "latency_us": latency_us(raw.latencies_ns),
     }
 
@@ -277,6 +299,22 @@ def results(
             True,
         ),
     ]
+    diagnostics = [
+        _row(
+            "client vs bare protocol loop, p50",
+            "us",
+            pairs("fabric_latency", "protocol_latency", "latency_us", "p50"),
+            "<= 1.1",
+            False,
+        ),
+        _row(
+            f"client vs bare protocol loop, {config.in_flight} in flight",
+            "req/s",
+            pairs("fabric_throughput", "protocol_throughput", "throughput", "req_per_s"),
+            ">= 0.9",
+            True,
+        ),
+    ]
     device_us = [_get(r["fabric_mlp"], ("split_us", "device")) for r in runs]
     return {
         "suite": "fabric",
@@ -289,6 +327,7 @@ def results(
             "reported_device_us_median": round(statistics.median(device_us), 1),
         },
         "comparisons": comparisons,
+        "diagnostics": diagnostics,
         "split_us": {
             case: runs[-1][f"fabric_{case}"]["split_us"]
             for case in ("latency", "throughput", "goodput", "mlp")

@@ -52,7 +52,6 @@ class FakeBroker:
         self.pings = 0
         self.duplicate_replies = 1  # how many times each reply is sent
         self.silent = False  # swallow everything, pings included (a hung broker)
-        self._context: zmq.Context[Any] = zmq.Context.instance()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -76,19 +75,25 @@ class FakeBroker:
         self.epoch = uuid.uuid4().hex
         self.start()
 
-    def _bind(self) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
+    def _bind(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
+        sock: zmq.Socket[Any] = context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if self.address:
             sock.bind(self.address)
         else:
-            sock.bind("tcp://127.0.0.1:*")
-            self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            # Below the ephemeral range: while we are down for a restart, a client
+            # reconnecting to an ephemeral port can connect to itself (TCP
+            # simultaneous open) and hold the port, and the rebind then fails.
+            port = sock.bind_to_random_port("tcp://127.0.0.1", 20_000, 32_000)
+            self.address = f"tcp://127.0.0.1:{port}"
         return sock
 
     def _run(self) -> None:
-        sock = self._bind()
+        # A private context: term() returns once the listener is really closed, so a
+        # restart can bind the same port at once (socket close alone is asynchronous).
+        context: zmq.Context[Any] = zmq.Context()
+        sock = self._bind(context)
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -97,6 +102,7 @@ class FakeBroker:
                     self._answer(sock, frames[0].bytes, frames[1:])
         finally:
             sock.close(linger=0)
+            context.term()
 
     def _answer(self, sock: zmq.Socket[Any], peer: bytes, frames: list[Any]) -> None:
         try:

@@ -106,9 +106,25 @@ def test_many_threads_share_one_client(client: Client) -> None:
     assert client.stats.replies == 8 * 40
 
 
-def test_done_callbacks_can_chain_requests_on_the_io_thread(client: Client) -> None:
+def gated(broker: FakeBroker) -> threading.Event:
+    """Hold the first reply until the event is set: its callback is attached by then."""
+    gate = threading.Event()
+
+    def handler(request: wire.Request) -> Any:
+        gate.wait(10)
+        return add_handler(request)
+
+    broker.handler = handler
+    return gate
+
+
+def test_done_callbacks_can_chain_requests_on_the_io_thread(
+    client: Client, broker: FakeBroker
+) -> None:
     done: Future[list[bool]] = Future()
     checks: list[bool] = []
+    threads: set[str] = set()
+    gate = gated(broker)
 
     def next_request(n: int) -> None:
         given = inputs(n)
@@ -117,14 +133,35 @@ def test_done_callbacks_can_chain_requests_on_the_io_thread(client: Client) -> N
 
     def on_done(future: Any, n: int, given: dict[str, np.ndarray[Any, Any]]) -> None:
         checks.append(bool(np.array_equal(future.result()["y"], expected(given))))
-        assert threading.current_thread().name == "ipuserve-client-io"
+        threads.add(threading.current_thread().name)
         if n < 20:
             next_request(n + 1)
         else:
             done.set_result(checks)
 
     next_request(0)
+    gate.set()
     assert done.result(10) == [True] * 21
+    assert threads == {"ipuserve-client-io"}
+
+
+def test_blocking_calls_from_a_callback_are_refused_instead_of_deadlocking(
+    client: Client, broker: FakeBroker
+) -> None:
+    refused: Future[BaseException | None] = Future()
+    gate = gated(broker)
+
+    def on_done(_f: Any) -> None:
+        try:
+            client.infer("add", inputs())
+        except errors.RuntimeUsageError as exc:
+            refused.set_result(exc)
+        else:
+            refused.set_result(None)
+
+    client.infer_async("add", inputs()).add_done_callback(on_done)
+    gate.set()
+    assert isinstance(refused.result(10), errors.RuntimeUsageError)
 
 
 def test_models_lists_the_brokers_models(client: Client) -> None:

@@ -32,13 +32,20 @@ FAST = ClientConfig(ping_interval_s=0.05, liveness_s=1.0)
 
 @pytest.fixture
 def broker(processes: Processes) -> BrokerProc:  # noqa: F811
-    return start_broker(processes, "--max-payload-bytes", "65536")
+    """A broker of its own; after a restart it queues requests until the worker is back."""
+    return start_broker(processes, grace_ms=10_000)
 
 
-@pytest.fixture
-def served(processes: Processes, broker: BrokerProc) -> BrokerProc:  # noqa: F811
-    start_worker(processes, broker, fn_worker_argv("add", "--model", "fail"))
-    return broker
+@pytest.fixture(scope="module")
+def served() -> Iterator[BrokerProc]:
+    """One broker and worker for the tests that do not stop or slow them (saves seconds)."""
+    procs = Processes()
+    try:
+        broker = start_broker(procs, "--max-payload-bytes", "65536")
+        start_worker(procs, broker, fn_worker_argv("add", "--model", "fail"))
+        yield broker
+    finally:
+        procs.close()
 
 
 @pytest.fixture
