@@ -32,6 +32,7 @@ from ipuserve.client.pending import EXPECTS, Pending
 from ipuserve.client.waker import Waker
 from ipuserve.errors import (
     ClosedError,
+    ConfigError,
     DeadlineExceeded,
     IpuserveError,
     ProtocolError,
@@ -45,13 +46,19 @@ log = logging.getLogger(__name__)
 class ClientConfig:
     """Tuning of one client; the defaults suit a broker on the same network."""
 
-    timeout_s: float | None = 30.0
     ping_interval_s: float = 1.0
     liveness_s: float = 3.0
     reconnect_max_s: float = 2.0
     send_hwm: int = 100_000
     recv_batch: int = 256
     routing_id: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ping_interval_s < self.liveness_s:
+            raise ConfigError(
+                f"need 0 < ping_interval_s ({self.ping_interval_s}) < liveness_s "
+                f"({self.liveness_s}): a broker is only silent if it was asked"
+            )
 
 
 @dataclass
@@ -153,16 +160,24 @@ class IoLoop:
             self._send_new(pending)
 
     def _send_new(self, pending: Pending) -> None:
-        now = time.monotonic()
-        if not self._pending:  # idle until now: silence so far means nothing
-            self._last_heard = now
-            self._ping(now)
+        if not self._pending:
+            self._wake_liveness(time.monotonic())
         self._pending[pending.request_id] = pending
         if pending.deadline_ns is not None:
             entry = (pending.deadline_ns, next(self._seq), pending.request_id)
             heapq.heappush(self._deadlines, entry)
         self._send(pending)
         self.stats.sent += 1
+
+    def _wake_liveness(self, now: float) -> None:
+        """Busy again after idling: silence while idle means nothing, and PING if due.
+
+        Not a PING per request: with one request at a time the pending table empties
+        after every reply, and a PING each time would double the broker's work.
+        """
+        if now >= self._next_ping:
+            self._last_heard = now
+            self._ping(now)
 
     def _send(self, pending: Pending) -> None:
         try:
