@@ -11,10 +11,12 @@ its `branch` input selects. It uses the model written by
 
 With dynamic batching, a lone request of fewer samples than the compiled batch
 leaves a batch partly filled; after `batch_size_timeout_ns` ModelRunner flushes:
-it pads the batch with dummy samples and runs it. By default it pads *every*
-input and discards the rest of *every* output -- but the run executes only one
-of the two models, so the other model's padding would stay queued and be read,
-with its outputs thrown away, in place of that model's next real request.
+it pads the batch with dummy samples and runs it. The real Model Runtime pads
+*every* input and discards the rest of *every* output by default -- but the run
+executes only one of the two models, so the other model's padding would stay
+queued and be read, with its outputs thrown away, in place of that model's next
+real request. ipuserve offers only the queues that hold a partial batch (the
+executed model's), so the callback below is defensive rather than required here.
 
 `flush_callback(tensor_id, inputs, outputs)` is called once per such timeout,
 with the tensor the device was waiting for and views of the padding about to be
@@ -56,8 +58,8 @@ class FusedModelFlush:
         for other, anchors in MODELS.items():
             if other != self.model:
                 # Do not pad the other model's input or discard its output.
-                del inputs[anchors["input"]]
-                del outputs[anchors["output"]]
+                inputs.pop(anchors["input"], None)
+                outputs.pop(anchors["output"], None)
         # Custom padding values: the padded samples select the same model.
         inputs[SELECTOR][...] = self.model
         print("\tflush_callback: flushing only " + ", ".join([*inputs, *outputs]))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipuserve.errors import DeviceRequestError, DeviceUnavailableError
 from ipuserve.runtime.popef.types import Model
+from ipuserve.runtime.simulator.blas import limit_blas_threads
 from ipuserve.runtime.simulator.config import SimulatorConfig
 from ipuserve.runtime.simulator.cost import SMALL_MODEL_TILES, CostModel, IpuSpec, ipu_spec
 from ipuserve.runtime.simulator.executor import DeviceThread
@@ -110,6 +111,7 @@ class Device:
         locks: IpuLocks | None = None,
         ipu_model_tiles: int | None = None,
     ) -> None:
+        limit_blas_threads()
         self._slot = slot
         self._spec = spec
         self._locks = locks

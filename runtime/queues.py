@@ -40,9 +40,18 @@ from ipuserve.runtime.popef.types import TensorInfo
 from ipuserve.runtime.ring_buffer import InputRingBuffer, OutputRingBuffer, SpscRingBuffer
 
 __all__ = [
-    "IQueue", "InputData", "InputQueue", "InputRingBuffer", "OutputData", "OutputQueue",
-    "OutputRingBuffer", "ReadCompleteCallback", "ReadStartCallback", "ReadTimeoutPolicy",
-    "StreamCallback", "WriteCompleteCallback",
+    "IQueue",
+    "InputData",
+    "InputQueue",
+    "InputRingBuffer",
+    "OutputData",
+    "OutputQueue",
+    "OutputRingBuffer",
+    "ReadCompleteCallback",
+    "ReadStartCallback",
+    "ReadTimeoutPolicy",
+    "StreamCallback",
+    "WriteCompleteCallback",
 ]
 
 Array: TypeAlias = NDArray[Any]
@@ -86,8 +95,10 @@ class _Item:
 
     def __repr__(self) -> str:
         shape = None if self.data is None else list(self.data.shape)
-        return (f"{type(self).__name__}(data={shape}, data_size={self.data_size}, "
-                f"dummy={self.dummy}, cancelled={self.cancelled}, tag={self.tag!r})")
+        return (
+            f"{type(self).__name__}(data={shape}, data_size={self.data_size}, "
+            f"dummy={self.dummy}, cancelled={self.cancelled}, tag={self.tag!r})"
+        )
 
 
 class InputData(_Item):
@@ -144,16 +155,20 @@ class _Layout:
     def __init__(self, name: str, info: TensorInfo, batch_dim: int) -> None:
         self.name = name
         self.dtype = info.numpyDType()
-        self.shape = tuple(info.shape()) or (1,)   # a scalar tensor is one sample
+        self.shape = tuple(info.shape()) or (1,)  # a scalar tensor is one sample
         if not 0 <= batch_dim < len(self.shape):
-            raise self.error(f"expected batch_dim in [0, {len(self.shape)}), given {batch_dim} "
-                             f"for shape {info.shape()}")
+            raise self.error(
+                f"expected batch_dim in [0, {len(self.shape)}), given {batch_dim} "
+                f"for shape {info.shape()}"
+            )
         self.batch_dim = batch_dim
         self.batch = self.shape[batch_dim]
         self.sample_bytes = math.prod(self.shape) // max(self.batch, 1) * self.dtype.itemsize
         if self.batch < 1 or self.sample_bytes == 0:
-            raise self.error(f"cannot queue a tensor of shape {info.shape()}: "
-                             "no samples, or samples of zero bytes")
+            raise self.error(
+                f"cannot queue a tensor of shape {info.shape()}: "
+                "no samples, or samples of zero bytes"
+            )
 
     def error(self, what: str) -> TensorError:
         return TensorError(f"tensor {self.name!r}: {what}")
@@ -161,7 +176,7 @@ class _Layout:
     def shape_for(self, samples: int) -> tuple[int, ...]:
         """The tensor's shape with ``samples`` in place of the batch."""
         bd = self.batch_dim
-        return (*self.shape[:bd], samples, *self.shape[bd + 1:])
+        return (*self.shape[:bd], samples, *self.shape[bd + 1 :])
 
     def rows(self, array: Array) -> Array:
         """A view with the batch dimension first, so samples are sliced as ``[a:b]``."""
@@ -173,8 +188,10 @@ class _Layout:
     def whole_samples(self, nbytes: int) -> int:
         """``nbytes`` as a positive whole number of samples, or TensorError."""
         if nbytes <= 0 or nbytes % self.sample_bytes:
-            raise self.error(f"expected a whole, non-zero number of samples "
-                             f"({self.sample_bytes} bytes each), given {nbytes} bytes")
+            raise self.error(
+                f"expected a whole, non-zero number of samples "
+                f"({self.sample_bytes} bytes each), given {nbytes} bytes"
+            )
         return nbytes // self.sample_bytes
 
     def to_samples(self, obj: object, data_size: int | None, *, writable: bool) -> Array:
@@ -185,8 +202,10 @@ class _Layout:
             raise self.error(f"expected at least one sample, given shape {list(array.shape)}")
         want = have if data_size is None else self.whole_samples(data_size)
         if want > have:
-            raise self.error(f"expected data_size <= {have * self.sample_bytes} bytes "
-                             f"(the {have} samples given), given {data_size} bytes")
+            raise self.error(
+                f"expected data_size <= {have * self.sample_bytes} bytes "
+                f"(the {have} samples given), given {data_size} bytes"
+            )
         return array if want == have else self.unrows(self.rows(array)[:want])
 
     def _as_array(self, obj: object, writable: bool) -> Array:
@@ -205,8 +224,9 @@ class _Layout:
         try:
             view = memoryview(obj)  # type: ignore[arg-type]
         except TypeError:
-            raise self.error(f"expected a numpy array of {self.dtype} or a buffer, "
-                             f"given {type(obj).__name__}") from None
+            raise self.error(
+                f"expected a numpy array of {self.dtype} or a buffer, given {type(obj).__name__}"
+            ) from None
         if not view.c_contiguous:
             raise self.error("expected a contiguous buffer, given a strided one")
         self.whole_samples(view.nbytes)
@@ -235,10 +255,11 @@ SlotT = TypeVar("SlotT", bound=_Item)
 class _Queue(IQueue, Generic[SlotT]):
     """What both queues share: geometry, the producer's lock/publish, the consumer's head item."""
 
-    _writable = False   # whether user memory must be writable (outputs)
+    _writable = False  # whether user memory must be writable (outputs)
 
-    def __init__(self, buffer: SpscRingBuffer[SlotT], info: TensorInfo, *, name: str,
-                 batch_dim: int = 0) -> None:
+    def __init__(
+        self, buffer: SpscRingBuffer[SlotT], info: TensorInfo, *, name: str, batch_dim: int = 0
+    ) -> None:
         self._ring = buffer
         self._info = info
         self._name = name
@@ -248,11 +269,11 @@ class _Queue(IQueue, Generic[SlotT]):
         self._clear_state()
 
     def _clear_state(self) -> None:
-        self._write_slot: SlotT | None = None   # producer: the enqueueLock()ed item
-        self._enqueued = 0                      # producer: samples published so far
-        self._consumed = 0                      # consumer: samples taken so far
-        self._head: SlotT | None = None         # consumer: item being consumed (read-locked)
-        self._head_offset = 0                   # consumer: its samples already taken
+        self._write_slot: SlotT | None = None  # producer: the enqueueLock()ed item
+        self._enqueued = 0  # producer: samples published so far
+        self._consumed = 0  # consumer: samples taken so far
+        self._head: SlotT | None = None  # consumer: item being consumed (read-locked)
+        self._head_offset = 0  # consumer: its samples already taken
         self._batch_started: float | None = None
         self._run_tags.clear()
 
@@ -286,8 +307,9 @@ class _Queue(IQueue, Generic[SlotT]):
         """Check the item filled after enqueueLock() and hand it to the device."""
         slot = self._write_slot
         if slot is None:
-            raise RuntimeUsageError(f"queue {self._name!r}: enqueueComplete() without "
-                                    "enqueueLock()")
+            raise RuntimeUsageError(
+                f"queue {self._name!r}: enqueueComplete() without enqueueLock()"
+            )
         if not (slot.dummy and slot.data is None):
             slot.data, slot.data_size = self._checked(slot.data, slot.data_size or None)
         self._publish(slot)
@@ -310,6 +332,14 @@ class _Queue(IQueue, Generic[SlotT]):
         handler will discard, if the queues are in step.
         """
         return self._layout.batch - self._enqueued % self._layout.batch
+
+    def hasRoom(self) -> bool:
+        """True if enqueueing one item now would not block."""
+        return self._ring.writeAvailable()
+
+    def holdsPartialBatch(self) -> bool:
+        """Enqueued samples end inside a batch: it cannot fill up without padding."""
+        return self._enqueued % self._layout.batch != 0
 
     def pendingSamples(self) -> int:
         """Samples enqueued and not yet consumed by the device (padding included)."""
@@ -399,7 +429,7 @@ class _Queue(IQueue, Generic[SlotT]):
         item = self._head
         assert item is not None
         self._head, self._head_offset = None, 0
-        item.clear()   # drop user memory now, not when the producer reuses the item
+        item.clear()  # drop user memory now, not when the producer reuses the item
         self._ring.readComplete()
 
 
@@ -410,10 +440,15 @@ class InputQueue(_Queue[InputData]):
     """
 
     # -- producer --------------------------------------------------------------------
-    def enqueue(self, input: object, data_size: int | None = None,
-                read_start_callback: ReadStartCallback | None = None,
-                read_complete_callback: ReadCompleteCallback | None = None, *,
-                tag: object = None) -> None:
+    def enqueue(
+        self,
+        input: object,
+        data_size: int | None = None,
+        read_start_callback: ReadStartCallback | None = None,
+        read_complete_callback: ReadCompleteCallback | None = None,
+        *,
+        tag: object = None,
+    ) -> None:
         """Queue ``input`` (by reference) for the device; blocks while the ring is full.
 
         ``input`` is a numpy array of the tensor's dtype whose dims other than the
@@ -439,8 +474,9 @@ class InputQueue(_Queue[InputData]):
         if padding is not None:
             data = self._layout.to_samples(padding, None, writable=False)
             if data.shape[self._layout.batch_dim] != count:
-                raise self._layout.error(f"expected {count} padding samples, given "
-                                         f"{data.shape[self._layout.batch_dim]}")
+                raise self._layout.error(
+                    f"expected {count} padding samples, given {data.shape[self._layout.batch_dim]}"
+                )
         slot = self._lock_slot()
         if slot is None:
             return 0
@@ -465,7 +501,7 @@ class InputQueue(_Queue[InputData]):
         while filled < self._layout.batch:
             item = self._next_item(filled) if self._ring.isValid() else None
             if item is None:
-                rows[filled:] = 0   # disconnected: zeros, so the running program finishes
+                rows[filled:] = 0  # disconnected: zeros, so the running program finishes
                 return None
             if filled == 0 and (whole := self._whole_batch(item)) is not None:
                 return whole.reshape(buffer.shape)
@@ -476,22 +512,27 @@ class InputQueue(_Queue[InputData]):
         """Zero-copy: the batch as a view of the item's memory, if the item covers it."""
         data, batch = item.data, self._layout.batch
         offset, count = self._chunk(item, batch)
-        if (count < batch or data is None or item.cancelled or self._layout.batch_dim != 0
-                or not data.flags.c_contiguous):
+        if (
+            count < batch
+            or data is None
+            or item.cancelled
+            or self._layout.batch_dim != 0
+            or not data.flags.c_contiguous
+        ):
             return None
         self._start(item)
         self._take(item, batch)
-        return data[offset:offset + batch]
+        return data[offset : offset + batch]
 
     def _copy_chunk(self, item: InputData, rows: Array, filled: int) -> int:
         offset, count = self._chunk(item, self._layout.batch - filled)
-        cancelled = item.cancelled   # read once: cancel() may set it meanwhile
+        cancelled = item.cancelled  # read once: cancel() may set it meanwhile
         if not cancelled:
             self._start(item)
         if item.data is None or cancelled:
-            rows[filled:filled + count] = 0
+            rows[filled : filled + count] = 0
         else:
-            rows[filled:filled + count] = self._layout.rows(item.data)[offset:offset + count]
+            rows[filled : filled + count] = self._layout.rows(item.data)[offset : offset + count]
         self._take(item, count)
         return count
 
@@ -519,12 +560,17 @@ class OutputQueue(_Queue[OutputData]):
 
     def _clear_state(self) -> None:
         super()._clear_state()
-        self._assembly: Array | None = None   # consumer: queue memory for a spanning item
+        self._assembly: Array | None = None  # consumer: queue memory for a spanning item
 
     # -- producer --------------------------------------------------------------------
-    def enqueue(self, output: object, data_size: int | None = None,
-                write_complete_callback: WriteCompleteCallback | None = None, *,
-                tag: object = None) -> None:
+    def enqueue(
+        self,
+        output: object,
+        data_size: int | None = None,
+        write_complete_callback: WriteCompleteCallback | None = None,
+        *,
+        tag: object = None,
+    ) -> None:
         """Queue a place for the next samples of output; blocks while the ring is full.
 
         ``output`` is a writable array (or buffer) checked like an input, or None
@@ -569,8 +615,8 @@ class OutputQueue(_Queue[OutputData]):
         while done < self._layout.batch:
             item = self._next_item(done) if self._ring.isValid() else None
             if item is None:
-                return   # disconnected: discard
-            if item.dummy:             # flush padding: the rest of the batch is nobody's
+                return  # disconnected: discard
+            if item.dummy:  # flush padding: the rest of the batch is nobody's
                 self._consumed += self._layout.batch - done
                 self._release_head()
                 return
@@ -579,7 +625,7 @@ class OutputQueue(_Queue[OutputData]):
     def _deliver(self, item: OutputData, rows: Array, done: int) -> int:
         offset, count = self._chunk(item, self._layout.batch - done)
         if not item.cancelled:
-            self._store(item, rows[done:done + count], offset)
+            self._store(item, rows[done : done + count], offset)
         if self._consume(item, count):
             self._complete(item)
         return count
@@ -588,16 +634,16 @@ class OutputQueue(_Queue[OutputData]):
         """Put ``chunk`` (batch-first) at sample ``offset`` of the item's memory."""
         count = chunk.shape[0]
         if item.data is not None:
-            self._layout.rows(item.data)[offset:offset + count] = chunk
+            self._layout.rows(item.data)[offset : offset + count] = chunk
             return
         total = item.data_size // self._layout.sample_bytes
         if count == total:
-            self._assembly = self._layout.unrows(chunk)   # within one run: a view
+            self._assembly = self._layout.unrows(chunk)  # within one run: a view
             return
         if offset == 0:
             self._assembly = np.empty(self._layout.shape_for(total), self._layout.dtype)
         assert self._assembly is not None
-        self._layout.rows(self._assembly)[offset:offset + count] = chunk
+        self._layout.rows(self._assembly)[offset : offset + count] = chunk
 
     def _complete(self, item: OutputData) -> None:
         filled = item.data if item.data is not None else self._assembly

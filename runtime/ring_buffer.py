@@ -49,9 +49,14 @@ class SpscRingBuffer(Generic[T]):
     more are held by the consumer. A slot index is a count modulo ``num_buffers``.
     """
 
-    def __init__(self, num_buffers: int, label: str,
-                 timeout_cb: Callable[[SpscRingBuffer[T]], None] | None = None,
-                 timeout_ns: int = 0, factory: Callable[[], T] | None = None) -> None:
+    def __init__(
+        self,
+        num_buffers: int,
+        label: str,
+        timeout_cb: Callable[[SpscRingBuffer[T]], None] | None = None,
+        timeout_ns: int = 0,
+        factory: Callable[[], T] | None = None,
+    ) -> None:
         if num_buffers < 1:
             raise ValueError(f"ring buffer {label!r} needs at least one buffer, got {num_buffers}")
         if timeout_ns < 0:
@@ -61,7 +66,10 @@ class SpscRingBuffer(Generic[T]):
         self._timeout_cb = timeout_cb
         self._timeout_ns = timeout_ns
         self._factory = factory
-        self._cond = threading.Condition(threading.Lock())
+        # Critical sections enter the lock itself: the same lock the condition waits
+        # on, without Condition.__enter__'s Python-level indirection (hot path).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._sleepers = 0
         self._reinitialise()
 
@@ -82,7 +90,7 @@ class SpscRingBuffer(Generic[T]):
         Python has no copy-assignment: the slot *becomes* ``obj``, so a later
         writeLock() may hand ``obj`` back for reuse. Dropped if the ring is invalid.
         """
-        with self._cond:
+        with self._lock:
             if not self._lock_write_slot():
                 return
             self._slots[self._written % self._size] = obj
@@ -94,17 +102,18 @@ class SpscRingBuffer(Generic[T]):
         Returns the same slot again while it is write-locked. Check isValid() after:
         on an invalidated ring the slot returned is not locked and must not be used.
         """
-        with self._cond:
+        with self._lock:
             self._lock_write_slot()
             return self._slots[self._written % self._size]
 
     def writeComplete(self) -> None:
         """Publish the write-locked slot to the consumer."""
-        with self._cond:
+        with self._lock:
             if not self._write_locked:
                 if self._valid:
-                    raise RuntimeUsageError(f"ring buffer {self._label!r}: writeComplete() "
-                                            "without writeLock()")
+                    raise RuntimeUsageError(
+                        f"ring buffer {self._label!r}: writeComplete() without writeLock()"
+                    )
                 return
             self._publish()
 
@@ -117,6 +126,10 @@ class SpscRingBuffer(Generic[T]):
                 return False
             self._write_locked = True
         return self._valid
+
+    def writeAvailable(self) -> bool:
+        """True if writeLock() would not block (ipuserve extension: flushes must not wait)."""
+        return self._valid and (self._write_locked or self._written - self._released < self._size)
 
     def _can_write(self) -> bool:
         return not self._valid or self._written - self._released < self._size
@@ -138,7 +151,7 @@ class SpscRingBuffer(Generic[T]):
         """
         timeout = self._wait_seconds(timeout_ns)
         while True:
-            with self._cond:
+            with self._lock:
                 if self._can_read() or self._sleep_until(self._can_read, timeout):
                     return self._lock_read_slot()
             if self._timeout_cb is not None:
@@ -146,11 +159,12 @@ class SpscRingBuffer(Generic[T]):
 
     def readComplete(self) -> None:
         """Release the oldest read-locked slot back to the producer."""
-        with self._cond:
+        with self._lock:
             if self._read_locked == 0:
                 if self._valid:
-                    raise RuntimeUsageError(f"ring buffer {self._label!r}: readComplete() "
-                                            "without readLock()")
+                    raise RuntimeUsageError(
+                        f"ring buffer {self._label!r}: readComplete() without readLock()"
+                    )
                 return
             self._read_locked -= 1
             self._released += 1
@@ -158,7 +172,7 @@ class SpscRingBuffer(Generic[T]):
 
     def readReset(self) -> None:
         """Un-read-lock every read-locked slot: the next readLock() returns the oldest again."""
-        with self._cond:
+        with self._lock:
             self._read_locked = 0
             self._wake()
 
@@ -185,7 +199,7 @@ class SpscRingBuffer(Generic[T]):
     # -- lifetime ------------------------------------------------------------------
     def invalidate(self) -> None:
         """Make every blocking call return at once, now and until reset()."""
-        with self._cond:
+        with self._lock:
             self._valid = False
             self._wake()
 
@@ -194,7 +208,7 @@ class SpscRingBuffer(Generic[T]):
 
         Only while neither side is using the ring (e.g. after the session stopped).
         """
-        with self._cond:
+        with self._lock:
             self._reinitialise()
             self._wake()
 
@@ -209,7 +223,7 @@ class SpscRingBuffer(Generic[T]):
         meanwhile (what makes marking items cancelled safe). ``visit`` must be quick
         and must not call into this ring.
         """
-        with self._cond:
+        with self._lock:
             for count in range(self._released, self._written):
                 visit(self._slots[count % self._size])
 
@@ -220,14 +234,16 @@ class SpscRingBuffer(Generic[T]):
         "N waiting" counts threads blocked in writeLock()/readLock(): what to look at
         when a pipeline stalls.
         """
-        with self._cond:
+        with self._lock:
             readable = self._written - self._released - self._read_locked
             free = self._size - (self._written - self._released)
-            return (f"{prefix}SpscRingBuffer {self._label!r}: "
-                    f"{'valid' if self._valid else 'invalid'}, {self._size} buffers, "
-                    f"{readable} readable, {self._read_locked} read-locked, {free} free, "
-                    f"write-locked={self._write_locked}, {self._sleepers} waiting, "
-                    f"written={self._written}, released={self._released}")
+            return (
+                f"{prefix}SpscRingBuffer {self._label!r}: "
+                f"{'valid' if self._valid else 'invalid'}, {self._size} buffers, "
+                f"{readable} readable, {self._read_locked} read-locked, {free} free, "
+                f"write-locked={self._write_locked}, {self._sleepers} waiting, "
+                f"written={self._written}, released={self._released}"
+            )
 
     def numBuffers(self) -> int:
         """The maximum number of slots the ring can hold."""

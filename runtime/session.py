@@ -94,6 +94,10 @@ class Session:
         self._needs_load = True
         self._stopped = False
         self._queue_managers: list[QueueManager] = []
+        #: ipuserve extension: called once per main-program run, after the run has
+        #: computed and before its outputs reach the host (the ModelRunner counts
+        #: device batches with it, so counts never lag behind results).
+        self.before_outputs: Callable[[], None] | None = None
         self._bind_tensor_data(self.config.pred_tensor_data)
         if self.config.policy is LaunchPolicy.Immediate:
             device = DeviceManager().getDevice(self.model, wait_config=self.config.wait_config)
@@ -159,18 +163,26 @@ class Session:
         if load_first and self._needs_load:
             self._run_now(device, self.model.metadata.programFlow().load())
             self._needs_load = False
-        self._run_now(device, programs)
+        self._run_now(device, programs, self.before_outputs if load_first else None)
         if then_loaded:
             self._needs_load = False
 
-    def _run_now(self, device: Device, programs: list[int]) -> None:
+    def _run_now(
+        self, device: Device, programs: list[int], observer: Callable[[], None] | None = None
+    ) -> None:
         engine = self._engine
         assert engine is not None  # _activate guarantees it
+
+        def before_outputs() -> None:
+            device.faults.check(device.name())
+            if observer is not None:
+                observer()
+
         for index in programs:
             if index not in self._checked_programs:
                 self.errorIfAnchorsAreNotConnectedToCallbacks([index])
                 self._checked_programs.add(index)
-            engine.run(index, self._callbacks, lambda: device.faults.check(device.name()))
+            engine.run(index, self._callbacks, before_outputs)
 
     # -- callbacks --------------------------------------------------------------
     def setCallbackForAnchor(self, anchor_handle: str, callback: CallbackHandle) -> None:

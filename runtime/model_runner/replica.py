@@ -81,7 +81,9 @@ class Replica:
             read_timeout_policy=self._read_timeout,
         )
         self._fetchers = self._track_waits()
+        self._conditional = prefetchable(model, set(self.queues.inputs)) is None
         self._look_ahead = self._look_ahead_inputs(model)
+        self.session.before_outputs = self.monitor.record_batch
         self._prefetcher = self._start_prefetcher()
         self._loop = device.thread.submit(self._run_forever)
 
@@ -106,13 +108,13 @@ class Replica:
         )
         with self.lock:
             self._check_usable()
+            request.t_enqueued = time.perf_counter()  # before the device can see it
             try:
                 self._enqueue(request, inputs, outputs, output_names, samples)
             except ClosedError:
                 self._check_usable()  # a failing run disconnected us: say why
                 raise
             self._pending.add(request)
-        request.t_enqueued = time.perf_counter()
         future.add_done_callback(lambda _f: self._pending.discard(request))
         return future
 
@@ -151,13 +153,9 @@ class Replica:
         while not self._stopping:
             try:
                 self.session.runMainPrograms()
-            except Exception as error:
-                if self._stopping:
+            except Exception as error:  # every failure fails the held requests
+                if self._stopping or not self._recover(error):
                     break
-                if not self._recover(error):
-                    break
-            else:
-                self.monitor.record_batch()
 
     def _recover(self, error: Exception) -> bool:
         """Fail what we hold; return False when the replica must stop for good."""
@@ -193,44 +191,62 @@ class Replica:
         if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
             return
         try:
-            if self._stopping or (
-                self._config.flush_on_waiting_outputs and not self._partial_batch_waiting()
-            ):
-                return
-            self._flush(ring.label())
+            if not self._stopping:
+                self._flush(ring.label())
         finally:
             self.lock.release()
 
-    def _partial_batch_waiting(self) -> bool:
-        """Some request's samples sit in a batch that cannot fill up without padding.
-
-        This, not "a request is in flight", is when padding helps: a full batch
-        already on the device gains nothing from a dummy one behind it.
-        """
-        return any(q.paddingSamples() < q.batchSize() for q in self.queues.inputs.values())
-
     def _flush(self, waited: str) -> None:
-        inputs = InputMemoryView(
-            {name: q.paddingSamples() for name, q in self.queues.inputs.items()}
-        )
-        for name, count in inputs.items():
-            inputs[name] = np.zeros(self._plan.sample_shape(name, count), self._plan.dtype(name))
-        outputs = OutputMemoryView({name: None for name in self.queues.outputs})
-        callback = self._config.flush_callback
-        if callback is not None:
-            replaced = callback(waited, inputs, outputs)
-            if replaced is not None:
-                inputs, outputs = replaced
+        """Pad what cannot fill up on its own; never block (the device thread calls this).
+
+        A flush pads exactly the input and output queues that hold a partial batch:
+        for ordinary models that is every queue (requests carry every tensor), for
+        conditional ones only the branch whose requests are waiting. With no partial
+        batch anywhere the runner is idle: the spec's dummy run ("flush anyway")
+        happens only with flush_on_waiting_outputs off, and never for conditional
+        models, whose runs read only one branch's inputs and would strand the
+        other branches' padding in their queues.
+        """
+        inputs = {n: q for n, q in self.queues.inputs.items() if q.holdsPartialBatch()}
+        outputs = {n: q for n, q in self.queues.outputs.items() if q.holdsPartialBatch()}
+        if not inputs and not outputs:
+            if self._config.flush_on_waiting_outputs or self._conditional:
+                return
+            inputs, outputs = dict(self.queues.inputs), dict(self.queues.outputs)
+        if not all(q.hasRoom() for q in [*inputs.values(), *outputs.values()]):
+            log.debug("replica %d: no room to flush; retrying at the next timeout", self.index)
+            return
+        padding, discard = self._flush_views(waited, inputs, outputs)
         padded = 0
-        for name, padding in inputs.items():
-            padded = max(padded, self.queues.inputQueue(name).flush(padding))
-        for name in outputs:
+        for name, values in padding.items():
+            padded = max(padded, self.queues.inputQueue(name).flush(values))
+        for name in discard:
             self.queues.outputQueue(name).flush()
         if padded:
             self.monitor.record_flush(padded)
         log.debug(
             "replica %d flushed %d padding samples (waited for %r)", self.index, padded, waited
         )
+
+    def _flush_views(
+        self, waited: str, inputs: dict[str, Any], outputs: dict[str, Any]
+    ) -> tuple[InputMemoryView, OutputMemoryView]:
+        """What the flush will enqueue, shown to (and editable by) the flush callback."""
+        padding = InputMemoryView(
+            {
+                name: np.zeros(
+                    self._plan.sample_shape(name, q.paddingSamples()), self._plan.dtype(name)
+                )
+                for name, q in inputs.items()
+            }
+        )
+        discard = OutputMemoryView({name: None for name in outputs})
+        callback = self._config.flush_callback
+        if callback is not None:
+            replaced = callback(waited, padding, discard)
+            if replaced is not None:
+                padding, discard = replaced
+        return padding, discard
 
     # -- wiring -----------------------------------------------------------------------
     def _bind_constants(self) -> None:

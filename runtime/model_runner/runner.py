@@ -76,21 +76,24 @@ class ModelRunner:
     def execute(
         self,
         input_data: Mapping[str, Any],
-        output_data: Mapping[str, Any] | None = None,
+        output_data: Mapping[str, Any] | int | None = None,
         replica_id: int = 0,
     ) -> OutputMemory | None:
         """Run synchronously. Returns the outputs, or None when written into ``output_data``."""
         future = self.executeAsync(input_data, output_data, replica_id)
         results = future.result()
-        return None if output_data is not None else OutputMemory(results)
+        user_allocated = output_data is not None and not isinstance(output_data, int)
+        return None if user_allocated else OutputMemory(results)
 
     def executeAsync(
         self,
         input_data: Mapping[str, Any],
-        output_data: Mapping[str, Any] | None = None,
+        output_data: Mapping[str, Any] | int | None = None,
         replica_id: int = 0,
     ) -> OutputFuture:
         t_submit = time.perf_counter()
+        if isinstance(output_data, int) and not isinstance(output_data, bool):
+            output_data, replica_id = None, output_data  # C++'s executeAsync(input, replica_id)
         replica = self._replica(replica_id)
         inputs, samples, names, outputs = self._prepare(input_data, output_data)
         with self._call_lock or nullcontext():

@@ -509,3 +509,34 @@ def test_config_is_validated_with_field_names(simple: Model) -> None:
         setattr(config, field, value)
         with pytest.raises(ConfigError, match=message):
             model_runtime.ModelRunner(simple, config=config)
+
+
+def test_idle_flushes_never_strand_padding_in_a_conditional_model(
+    make_runner, branches: Model
+) -> None:
+    """An idle conditional model must not pad branches a run will not read (it would fill
+    their queues and misalign their next requests)."""
+    runner = make_runner(branches, validate_io_params=False, timeout_ns=1 * MS)
+    first = {"branch": np.array([0], np.int32), "a_input": rows(1, 4, 1)}
+    assert_matches(runner.execute(first), reference("branches", branches, first))
+    wait_for(lambda: counts(runner)["read_timeouts"] >= 50, "many idle timeouts")
+    second = {"branch": np.array([1], np.int32), "b_input": rows(1, 8, 2)}
+    assert_matches(runner.execute(second), reference("branches", branches, second))
+    assert counts(runner)["flushed_batches"] == 0
+
+
+def test_positional_replica_id_like_the_cpp_overload(make_runner, simple: Model) -> None:
+    runner = make_runner(simple, replication_factor=2)
+    inputs = simple_inputs(95)
+    assert_matches(runner.execute(inputs, 1), reference("simple", simple, inputs))
+    assert_matches(
+        runner.executeAsync(inputs, 1).result(WAIT_S), reference("simple", simple, inputs)
+    )
+    assert counts(runner, 1)["request"] == 2 and counts(runner, 0)["request"] == 0
+
+
+def test_batch_counts_never_lag_behind_results(make_runner, simple: Model) -> None:
+    runner = make_runner(simple)
+    for i in range(1, 30):
+        runner.execute(simple_inputs(i))
+        assert counts(runner)["batches"] >= i
