@@ -18,6 +18,8 @@ ARG BASE_IMAGE=python:3.11-slim
 # ---------------------------------------------------------------------------
 # build: a virtual environment holding ipuserve and its dependencies
 FROM ${BASE_IMAGE} AS build
+# Marks this stage's (untagged) images so CI can prune them and nothing else.
+LABEL org.ipuserve.stage=build
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
