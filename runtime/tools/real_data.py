@@ -70,6 +70,7 @@ class _Outcome:
     latency: LatencyRecorder = field(default_factory=LatencyRecorder)
     runs: int = 0
     seconds: float = 0.0
+    interrupted: bool = False
 
     def add(self, results: Mapping[str, Any]) -> None:
         arrays = {name: np.array(value) for name, value in results.items()}
@@ -135,18 +136,27 @@ def _run_all(
     inputs: Mapping[str, NpyInput],
     progress: ProgressCallback | None,
 ) -> _Outcome:
-    """``config.runs`` requests, round-robin over the replicas, one in flight per replica."""
+    """``config.runs`` requests, round-robin over the replicas, one in flight per replica.
+
+    Ctrl-C after the first run ends the runs early (what is still in flight fails
+    when the runner closes); before it, there is nothing to write, so it propagates.
+    """
     outcome = _Outcome()
     pending: deque[tuple[int, OutputFuture, list[int]]] = deque()
     begin = now_ns()
-    for run in range(config.runs):
-        if len(pending) == config.replicas:
+    try:
+        for run in range(config.runs):
+            if len(pending) == config.replicas:
+                _collect(pending.popleft(), outcome)
+                _report_progress(progress, outcome, begin)
+            pending.append(_submit(runner, arrays, inputs, run % config.replicas))
+        while pending:
             _collect(pending.popleft(), outcome)
             _report_progress(progress, outcome, begin)
-        pending.append(_submit(runner, arrays, inputs, run % config.replicas))
-    while pending:
-        _collect(pending.popleft(), outcome)
-        _report_progress(progress, outcome, begin)
+    except KeyboardInterrupt:
+        if outcome.runs == 0:
+            raise
+        outcome.interrupted = True
     outcome.seconds = (now_ns() - begin) / 1e9
     return outcome
 
@@ -217,4 +227,5 @@ def _report(
         "duration_s": round(outcome.seconds, 6),
         "runs_per_s": rate(outcome.runs, outcome.seconds),
         "run_us": outcome.latency.summary_us(),
+        "interrupted": outcome.interrupted,
     }

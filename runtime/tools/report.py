@@ -71,7 +71,7 @@ def real_data_table(report: dict[str, Any]) -> str:
         + ("" if report["identical_across_runs"] else "  WARNING: outputs differ between runs"),
         "run us    " + _percentiles(report["run_us"]),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _interrupted(report))
 
 
 def _tensor_line(name: str, t: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""A real SIGINT to a running benchmark: it stops, prints a partial report, exits 0."""
+"""A real SIGINT to a running tool: it stops, prints a partial report, exits 0."""
 
 from __future__ import annotations
 
@@ -7,15 +7,34 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 WAIT_S = 60.0
 
+COMMANDS = {
+    "queues": ["queues-benchmark", "--duration-s", "600", "--warmup", "10"],
+    "ring": ["queues-benchmark", "--mode", "ring", "--duration-s", "600"],
+    "callbacks": ["callbacks-benchmark", "--runs", "1000000000", "--warmup", "2"],
+}
+
+
+def real_data_command(simple_file: Path, folder: Path) -> list[str]:
+    for name in ("tensor_A", "tensor_B"):
+        np.save(folder / f"{name}.npy", np.ones((4, 4), np.float32))
+    return [
+        "real-data", "--popef", str(simple_file), "--runs", "1000000000",
+        "--input", f"tensor_A={folder / 'tensor_A.npy'}",
+        "--input", f"tensor_B={folder / 'tensor_B.npy'}",
+        "--output-dir", str(folder / "out"),
+    ]  # fmt: skip
+
 
 def wait_for(proc: subprocess.Popen[bytes], marker: bytes) -> bytes:
     """Read stderr until ``marker`` appears (or the process ends): the progress line
-    reaching the measuring phase is proof the benchmark is under way."""
+    reaching that phase is proof the tool is under way."""
     assert proc.stderr is not None
     seen = b""
     while marker not in seen:
@@ -26,16 +45,10 @@ def wait_for(proc: subprocess.Popen[bytes], marker: bytes) -> bytes:
     return seen
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["queues-benchmark", "--duration-s", "600", "--warmup", "10"],
-        ["queues-benchmark", "--mode", "ring", "--duration-s", "600"],
-        ["callbacks-benchmark", "--runs", "1000000000", "--warmup", "2"],
-    ],
-    ids=["queues", "ring", "callbacks"],
-)
-def test_sigint_gives_a_partial_report(command: list[str]) -> None:
+@pytest.mark.parametrize("name", [*COMMANDS, "real-data"])
+def test_sigint_gives_a_partial_report(name: str, simple_file: Path, tmp_path: Path) -> None:
+    command = COMMANDS.get(name) or real_data_command(simple_file, tmp_path)
+    marker = b"running" if name == "real-data" else b"measuring"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ipuserve", "tools", *command, "--json", "--progress"],
         stdout=subprocess.PIPE,
@@ -43,8 +56,8 @@ def test_sigint_gives_a_partial_report(command: list[str]) -> None:
         env=dict(os.environ),  # the test's private IPU lock dir and time scale
     )
     try:
-        seen = wait_for(proc, b"measuring")
-        assert b"measuring" in seen, seen.decode(errors="replace")
+        seen = wait_for(proc, marker)
+        assert marker in seen, seen.decode(errors="replace")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=WAIT_S)
     finally:
@@ -56,3 +69,6 @@ def test_sigint_gives_a_partial_report(command: list[str]) -> None:
     report = json.loads(out)
     assert report["interrupted"] is True
     assert report["tool"] == command[0]
+    if name == "real-data":  # what completed was kept: the first run's outputs
+        assert report["runs"] >= 1
+        assert np.load(tmp_path / "out" / "output.npy").shape == (4, 4)

@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipuserve.runtime import DeviceManager
+from ipuserve.runtime import DeviceManager, ModelRunner
 from ipuserve.runtime.popef import examples, load_model
-from ipuserve.runtime.tools.npy_io import output_paths
+from ipuserve.runtime.tools.npy_io import NpyInput, output_paths
+from ipuserve.runtime.tools.progress import Progress
+from ipuserve.runtime.tools.real_data import RealDataConfig, run_real_data
 
 from .conftest import MLP_OPTS, all_ipus_free, invoke, invoke_json, one_line_error
 
@@ -132,6 +134,36 @@ def test_output_names_become_safe_file_names(tmp_path: Path) -> None:
     assert paths["layer/0:out"] == tmp_path / "layer_0_out.npy"
     with pytest.raises(Exception, match="would both be written"):
         output_paths(["a/b", "a_b"], tmp_path)
+
+
+def test_ctrl_c_after_a_run_keeps_what_completed(simple_file: Path, tmp_path: Path) -> None:
+    inputs = {n: NpyInput(n, tmp_path / f"{n}.npy", a) for n, a in simple_inputs(4).items()}
+
+    def interrupt_after_two(progress: Progress) -> None:
+        if progress.done == 2:
+            raise KeyboardInterrupt
+
+    config = RealDataConfig(popef=(str(simple_file),), runs=10**6, output_dir=tmp_path / "out")
+    report = run_real_data(config, inputs, interrupt_after_two)
+    assert report["interrupted"] is True and report["runs"] == 2
+    assert (tmp_path / "out" / "output.npy").is_file()
+    assert all_ipus_free()
+
+
+def test_ctrl_c_before_any_run_completes_propagates_and_frees_the_ipus(
+    simple_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inputs = {n: NpyInput(n, tmp_path / f"{n}.npy", a) for n, a in simple_inputs(4).items()}
+
+    def interrupted_submit(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C lands while the first request is submitted
+
+    monkeypatch.setattr(ModelRunner, "executeAsync", interrupted_submit)
+    config = RealDataConfig(popef=(str(simple_file),), runs=3, output_dir=tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        run_real_data(config, inputs)
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing is written
+    assert all_ipus_free()
 
 
 # -- errors: one line, naming the file and the tensor ---------------------------------------
