@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -29,19 +30,32 @@ from tests.compose.harness import (
 WORKERS = 2
 
 
+def _unavailable(reason: str) -> NoReturn:
+    """Skip, or fail when the run must exercise Docker (IPUSERVE_COMPOSE_REQUIRED=1)."""
+    if env_flag(REQUIRED_ENV):
+        pytest.fail(f"{REQUIRED_ENV}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def docker_engine() -> str:
     """The version of the reachable Docker engine; skips (or fails, in CI) without one."""
     try:
         return engine_version()
     except EngineUnavailable as exc:
-        reason = (
+        _unavailable(
             f"no Docker engine reachable ({exc}); start dockerd or set DOCKER_HOST to run "
             f"the compose tests (.ci/run does, with {REQUIRED_ENV}=1)"
         )
-        if env_flag(REQUIRED_ENV):
-            pytest.fail(f"{REQUIRED_ENV}=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def compose_cli(docker_engine: str) -> list[str]:
+    """The compose command line (v2 plugin or Debian's docker-compose)."""
+    try:
+        return compose_command()
+    except EngineUnavailable as exc:
+        _unavailable(f"{exc}; install Docker Compose to run the compose tests")
 
 
 @pytest.fixture(scope="session")
@@ -50,13 +64,13 @@ def ipuserve_image(docker_engine: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(docker_engine: str, ipuserve_image: str) -> Iterator[ComposeProject]:
+def stack(compose_cli: list[str], ipuserve_image: str) -> Iterator[ComposeProject]:
     """compose.yaml brought up with one broker and two workers; torn down whatever happens."""
     name = os.environ.get(PROJECT_ENV) or f"ipuserve-test-{uuid.uuid4().hex[:8]}"
     frontend_port, metrics_port = free_port(), free_port()
     project = ComposeProject(
         name=name,
-        command=compose_command(),
+        command=compose_cli,
         settings={
             IMAGE_ENV: ipuserve_image,
             "IPUSERVE_FRONTEND_PORT": f"127.0.0.1:{frontend_port}",
@@ -69,8 +83,7 @@ def stack(docker_engine: str, ipuserve_image: str) -> Iterator[ComposeProject]:
         project.wait_healthy(expected=1 + WORKERS)
         yield project
     finally:
-        print(f"--- compose project {name}: {project.health()}")
-        print(project.logs(tail=40))
+        print(project.describe())
         try:
             project.down()
         finally:

@@ -83,7 +83,7 @@ def compose_command() -> list[str]:
     v1 = shutil.which("docker-compose")
     if v1:
         return [v1]
-    raise RuntimeError("neither `docker compose` nor `docker-compose` is installed")
+    raise EngineUnavailable("neither `docker compose` nor `docker-compose` is installed")
 
 
 def _succeeds(argv: Sequence[str]) -> bool:
@@ -313,7 +313,12 @@ class ComposeProject:
         return result.stdout + result.stderr
 
     def describe(self) -> str:
-        return f"health: {self.health()}\n{self.logs()}"
+        """Health and recent logs of the project, for a failure message (never raises)."""
+        try:
+            health = repr(self.health())
+        except RuntimeError as exc:
+            health = f"(unknown: {exc})"
+        return f"--- compose project {self.name}: {health}\n{self.logs()}"
 
 
 _STATE_FORMAT = (

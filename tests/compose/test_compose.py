@@ -1,10 +1,12 @@
-"""compose.yaml end to end: a broker and two workers in containers, a client on the host.
+"""compose.yaml end to end: a broker and two workers in containers, clients on the host.
 
 The image bakes ``/models/mlp.popef`` with ``ipuserve model example mlp`` and its
 default seed; the host builds the same example in memory, so it knows the weights
-and checks every result against the plain-numpy reference. Then one worker
-container is killed (SIGKILL: no drain) while requests are in flight, and every
-request must still succeed, served by the other worker.
+and checks every result against the plain-numpy reference. Requests go through
+the published frontend port from the Python client and from ``ipuserve infer``,
+and from the one-shot ``client`` job inside the compose network. Last, one worker
+container is paused (so it certainly holds requests) and killed (SIGKILL: no
+drain): every request, those it held included, must still succeed.
 
 Skipped when no Docker engine is reachable (see conftest.py); .ci/run runs it for
 real. The tests share one stack (module scope) and run in file order: the kill
