@@ -457,11 +457,47 @@ class InputQueue(_Queue[InputData]):
         fit; ClosedError if the queue is disconnected.
         """
         data, size = self._checked(input, data_size)
-        slot = self.enqueueLock()
-        slot.data, slot.data_size, slot.tag = data, size, tag
-        slot.readStartCallback = read_start_callback
-        slot.readCompleteCallback = read_complete_callback
-        self._publish(slot)
+        self._put(
+            data,
+            size // self._layout.sample_bytes,
+            tag,
+            read_start_callback,
+            read_complete_callback,
+        )
+
+    def enqueueTrusted(
+        self,
+        data: Array,
+        samples: int,
+        read_start_callback: ReadStartCallback | None = None,
+        read_complete_callback: ReadCompleteCallback | None = None,
+        *,
+        tag: object = None,
+    ) -> None:
+        """enqueue() without re-checking ``data`` (ipuserve extension, the ModelRunner's
+        hot path): the caller guarantees an array in the tensor's layout holding
+        ``samples`` samples, as its own validation already established."""
+        self._put(data, samples, tag, read_start_callback, read_complete_callback)
+
+    def _put(
+        self,
+        data: Array | None,
+        samples: int,
+        tag: object,
+        read_start: ReadStartCallback | None,
+        read_complete: ReadCompleteCallback | None,
+    ) -> None:
+        now = time.monotonic()
+        size = samples * self._layout.sample_bytes
+
+        def fill(slot: InputData) -> None:
+            slot.data, slot.data_size, slot.tag, slot.enqueue_time = data, size, tag, now
+            slot.dummy = slot.cancelled = False
+            slot.readStartCallback, slot.readCompleteCallback = read_start, read_complete
+            self._enqueued += samples  # before the device can see the item
+
+        if not self._ring.writeWith(fill):
+            raise ClosedError(f"queue {self._name!r} is disconnected")
 
     def flush(self, padding: object = None) -> int:
         """Pad the batch being assembled with a dummy item; returns the samples added.
@@ -579,10 +615,38 @@ class OutputQueue(_Queue[OutputData]):
         array otherwise. ``write_complete_callback(filled)`` receives it.
         """
         data, size = self._checked(output, data_size)
-        slot = self.enqueueLock()
-        slot.data, slot.data_size, slot.tag = data, size, tag
-        slot.writeCompleteCallback = write_complete_callback
-        self._publish(slot)
+        self._put(data, size // self._layout.sample_bytes, tag, write_complete_callback)
+
+    def enqueueTrusted(
+        self,
+        data: Array | None,
+        samples: int,
+        write_complete_callback: WriteCompleteCallback | None = None,
+        *,
+        tag: object = None,
+    ) -> None:
+        """enqueue() without re-checking ``data`` (ipuserve extension, the ModelRunner's
+        hot path); ``data=None`` lets the queue provide the memory."""
+        self._put(data, samples, tag, write_complete_callback)
+
+    def _put(
+        self,
+        data: Array | None,
+        samples: int,
+        tag: object,
+        write_complete: WriteCompleteCallback | None,
+    ) -> None:
+        now = time.monotonic()
+        size = samples * self._layout.sample_bytes
+
+        def fill(slot: OutputData) -> None:
+            slot.data, slot.data_size, slot.tag, slot.enqueue_time = data, size, tag, now
+            slot.dummy = slot.cancelled = False
+            slot.writeCompleteCallback = write_complete
+            self._enqueued += samples  # before the device can see the item
+
+        if not self._ring.writeWith(fill):
+            raise ClosedError(f"queue {self._name!r} is disconnected")
 
     def flush(self) -> None:
         """Enqueue a dummy handler: it discards the rest of the current batch.

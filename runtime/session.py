@@ -174,7 +174,7 @@ class Session:
         assert engine is not None  # _activate guarantees it
 
         def before_outputs() -> None:
-            device.faults.check(device.name())
+            device.faults.check(device)
             if observer is not None:
                 observer()
 

@@ -8,10 +8,10 @@ told of completion without a thread per request.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,35 +23,68 @@ from ipuserve.runtime.model_runner.monitoring import Monitor, RequestTrace
 if TYPE_CHECKING:
     from ipuserve.runtime.model_runner.replica import Replica
 
+log = logging.getLogger(__name__)
+
 
 class OutputFuture(Mapping[str, TensorResult]):
+    """The outputs of one request, some time from now.
+
+    Deliberately lighter than ``concurrent.futures.Future`` (which allocates a
+    Condition per instance): one lock held until completion, for waiters, and one
+    for the callbacks list. Every request of every client allocates one.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_done",
+        "_error",
+        "_names",
+        "_outputs",
+        "_replica",
+        "_state",
+        "trace",
+    )
+
     def __init__(self, names: list[str], replica: Replica) -> None:
         self._names = names
         self._replica = replica
-        self._future: Future[dict[str, TensorResult]] = Future()
+        self._done = threading.Lock()
+        self._done.acquire()  # released once, on completion
+        self._state = threading.Lock()
+        self._outputs: dict[str, TensorResult] | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[OutputFuture], object]] | None = []
         self.trace: RequestTrace | None = None
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every output is ready (or the request failed)."""
-        try:
-            self._future.exception(timeout)
-        except FutureTimeout:
-            raise RequestTimeoutError(self._timeout_message(timeout)) from None
+        if self._callbacks is None:
+            return
+        if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise RequestTimeoutError(self._timeout_message(timeout))
+        self._done.release()  # let the next waiter through
 
     def result(self, timeout: float | None = None) -> dict[str, TensorResult]:
         self.wait(timeout)
-        return self._future.result()
+        if self._error is not None:
+            raise self._error
+        assert self._outputs is not None
+        return self._outputs
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self.wait(timeout)
-        return self._future.exception()
+        return self._error
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._callbacks is None
 
     def add_done_callback(self, fn: Callable[[OutputFuture], object]) -> None:
         """``fn(self)`` runs once the request finished -- on the device thread, so keep it short."""
-        self._future.add_done_callback(lambda _f: fn(self))
+        with self._state:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def __getitem__(self, name: str) -> TensorResult:
         return self.result()[name]
@@ -71,24 +104,35 @@ class OutputFuture(Mapping[str, TensorResult]):
         )
         return f"outputs {self._names} not ready after {timeout} s: {where}"
 
-    # completion (runtime side) -----------------------------------------------
+    # completion (runtime side); the first outcome wins -----------------------------
     def _resolve(self, outputs: dict[str, TensorResult]) -> None:
-        try:
-            self._future.set_result(outputs)
-        except InvalidStateError:  # already failed (e.g. closed) -- first outcome wins
-            pass
+        self._complete(outputs, None)
 
     def _fail(self, error: BaseException) -> None:
-        try:
-            self._future.set_exception(error)
-        except InvalidStateError:
-            pass
+        self._complete(None, error)
+
+    def _complete(
+        self, outputs: dict[str, TensorResult] | None, error: BaseException | None
+    ) -> None:
+        with self._state:
+            callbacks = self._callbacks
+            if callbacks is None:
+                return
+            self._outputs, self._error = outputs, error
+            self._callbacks = None
+        self._done.release()
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:  # a caller's callback must not break the device loop
+                log.exception("done callback of a request raised")
 
 
 class Request:
     """One request's progress through the queues; every callback runs on the device thread."""
 
     __slots__ = (
+        "finished",
         "future",
         "inputs_left",
         "monitor",
@@ -112,8 +156,10 @@ class Request:
         user_outputs: bool,
         monitor: Monitor,
         t_submit: float,
+        finished: Callable[[Request], None],
     ) -> None:
         self.future = future
+        self.finished = finished
         self.inputs_left = inputs
         self.outputs_left = outputs
         self.samples = samples
@@ -135,6 +181,8 @@ class Request:
             self.t_read_complete = time.perf_counter()
 
     def output_written(self, name: str, array: np.ndarray) -> None:
+        if not array.flags.c_contiguous:  # batching_dim != 0: np.frombuffer must work
+            array = np.ascontiguousarray(array)
         self.outputs[name] = TensorResult.wrap(array, user_allocated=self.user_outputs)
         self.outputs_left -= 1
         if self.outputs_left == 0:
@@ -152,4 +200,5 @@ class Request:
         )
         self.future.trace = trace
         self.monitor.record(trace)
+        self.finished(self)  # bookkeeping first: nothing may see it done and still pending
         self.future._resolve(self.outputs)

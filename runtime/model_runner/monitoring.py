@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 PHASES = ("request", "read_preparation", "read_queue", "computation")
 
 
-@dataclass(frozen=True)
-class RequestTrace:
+class RequestTrace(NamedTuple):
+    """Microseconds per phase of one request (a tuple: one is made per request)."""
+
     request_duration_us: float
     read_preparation_duration_us: float
     read_queue_duration_us: float

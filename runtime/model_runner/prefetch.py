@@ -78,7 +78,13 @@ class Prefetcher:
     def __init__(self, inputs: list[PrefetchedInput], depth: int, name: str) -> None:
         self._inputs = inputs
         self._first = inputs[0].handle
-        self._ready: queue.Queue[dict[str, np.ndarray] | _Failed] = queue.Queue(maxsize=depth)
+        # Two C-implemented queues instead of one bounded queue.Queue (whose Condition
+        # costs several microseconds per hand-over): ready input sets, and tokens for
+        # the sets the prefetcher may still fetch ahead.
+        self._ready: queue.SimpleQueue[dict[str, np.ndarray] | _Failed] = queue.SimpleQueue()
+        self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(depth):
+            self._room.put(None)
         self._current: dict[str, np.ndarray] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-prefetch", daemon=True)
@@ -106,17 +112,27 @@ class Prefetcher:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stopping = True
-        self.discard()  # unblocks a put() on a full queue
+        self.discard()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        while not self._stopping:
+        while self._wait_for_room():
             try:
                 fetched: dict[str, np.ndarray] | _Failed = self._fetch_set()
-            except Exception as error:
+            except Exception as error:  # handed to the device thread
                 fetched = _Failed(error)
-            self._hand_over(fetched)
+            self._ready.put(fetched)
+
+    def _wait_for_room(self) -> bool:
+        """Block until the device has taken a set (look-ahead bound); False when stopping."""
+        while not self._stopping:
+            try:
+                self._room.get(timeout=_POLL_S)
+                return not self._stopping
+            except queue.Empty:
+                continue
+        return False
 
     def _fetch_set(self) -> dict[str, np.ndarray]:
         fetched: dict[str, np.ndarray] = {}
@@ -126,14 +142,6 @@ class Prefetcher:
             fetched[spec.handle] = offered if given is None else given
         return fetched
 
-    def _hand_over(self, fetched: dict[str, np.ndarray] | _Failed) -> None:
-        while not self._stopping:
-            try:
-                self._ready.put(fetched, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
-
     def _next_set(self) -> dict[str, np.ndarray]:
         while True:
             try:
@@ -142,6 +150,7 @@ class Prefetcher:
                 if self._stopping:  # shutting down: let the run finish on zeros
                     return {s.handle: np.zeros(s.shape, s.dtype) for s in self._inputs}
                 continue
+            self._room.put(None)
             if isinstance(fetched, _Failed):
                 raise fetched.error
             return fetched

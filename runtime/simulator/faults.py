@@ -23,8 +23,11 @@ class FaultState:
         with self._lock:
             self._armed += runs
 
-    def check(self, device_name: str) -> None:
-        """Called as each program run starts; raises if the run must fail."""
+    def check(self, device: object) -> None:
+        """Called once per run; raises if it must fail. ``device`` names itself only then."""
+        if not self._armed and not self._broken:  # the hot path: no lock, no formatting
+            return
+        device_name = device.name() if hasattr(device, "name") else str(device)
         with self._lock:
             if self._broken:
                 raise DeviceFaultError(
