@@ -76,8 +76,9 @@ LABEL org.opencontainers.image.title="ipuserve" \
 USER ipuserve
 WORKDIR /home/ipuserve
 
-# 5555: broker frontend (clients), 5556: broker backend (workers).
-EXPOSE 5555 5556
+# 5555: broker frontend (clients), 5556: broker backend (workers),
+# 9100: the broker's Prometheus metrics (compose.yaml turns it on).
+EXPOSE 5555 5556 9100
 # Workers drain in-flight requests on SIGTERM; compose.yaml runs an init (tini) as
 # PID 1 so the signal reaches ipuserve, and gives it a grace period.
 STOPSIGNAL SIGTERM
