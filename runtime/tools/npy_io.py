@@ -70,7 +70,7 @@ def _check_magic(name: str, path: Path, head: bytes) -> None:
     if head == NPY_MAGIC:
         return
     what = (
-        "an .npz archive; save the tensor alone with numpy.save"
+        "a zip archive (an .npz?), not a single array; save the tensor alone with numpy.save"
         if head.startswith(b"PK")
         else "not a .npy file (no NUMPY header)"
     )

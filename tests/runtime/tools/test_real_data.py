@@ -196,7 +196,7 @@ def test_wrong_dtype_names_file_and_tensor(simple_file: Path, tmp_path: Path) ->
     ("contents", "reason"),
     [
         (b"just some text\n", "not a .npy file"),
-        (b"PK\x03\x04 an archive", ".npz archive"),
+        (b"PK\x03\x04 an archive", "zip archive (an .npz?)"),
         (b"\x93NUMPY\x01\x00\x76\x00{'descr'", "EOF"),
         (None, "no such file"),
     ],
