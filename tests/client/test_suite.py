@@ -1,0 +1,36 @@
+"""`ipuserve bench --suite fabric --quick`: it starts everything, reports, and cleans up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ipuserve.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_quick_suite_run_reports_every_comparison_with_same_run_ratios() -> None:
+    result = CliRunner().invoke(
+        main, ["bench", "--suite", "fabric", "--quick", "--runs", "1", "--json"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout)
+    names = [row["name"] for row in results["comparisons"]]
+    assert names == [
+        "latency p50", "latency p99", "throughput, 64 in flight",
+        "MLP saturation vs ideal", "goodput, 4 MiB tensors",
+    ]  # fmt: skip
+    for row in results["comparisons"] + results["diagnostics"]:
+        [run] = row["per_run"]
+        assert run["ratio"] == pytest.approx(run["ipuserve"] / run["baseline"], abs=1e-3)
+        assert row["met"] in (True, False)
+    [detail] = results["detail"]
+    for case in ("latency", "throughput", "goodput", "mlp"):
+        measured = detail[f"fabric_{case}"]
+        assert measured["ok"] + sum(measured["errors"].values()) == measured["requests"] > 0
+        assert measured["errors"] == {}
+    assert results["mlp"]["ideal_samples_per_s"] == pytest.approx(2 * 16 / 0.005)
