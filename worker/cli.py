@@ -39,10 +39,11 @@ log = logging.getLogger(__name__)
 )
 @option(
     "--batch-timeout-ms",
-    default=1.0,
+    default=0.0,
     type=float,
     callback=parse_duration_ms,
-    help="Flush a partial batch after this long.",
+    help="Longest a partial batch waits for more requests, from its first sample's "
+    "arrival; 0 = run it as soon as the device is free (eager batching).",
 )
 @option(
     "--ipus",

@@ -2,9 +2,11 @@
 
 Every job from every client goes into the same runner, so requests share its
 dynamic batches: the runner is configured for dynamic batching on the model's
-batch dimension, flushes a partial batch ``batch_timeout_ms`` after its first
-sample arrived, and only when a request is actually waiting
-(``flush_on_waiting_outputs``) so an idle worker runs nothing.
+batch dimension and flushes a partial batch ``batch_timeout_ms`` after its first
+sample arrived -- or, with the default 0, as soon as the device would otherwise
+wait (eager batching: batches fill while the device is busy, a lone request runs
+at once) -- and only when a request is actually waiting
+(``flush_on_waiting_outputs``), so an idle worker runs nothing.
 
 Jobs go to the replica with the fewest samples outstanding. ``executeAsync``
 blocks when a replica's queues are full, which would stall the worker's socket
@@ -55,7 +57,7 @@ class RunnerBackend:
         name: str | None = None,
         replicas: int = 1,
         batching_dim: int | None = None,
-        batch_timeout_ms: float = 1.0,
+        batch_timeout_ms: float = 0.0,
         credit: int | None = None,
     ) -> None:
         model = load_model(list(model_paths))
@@ -65,7 +67,7 @@ class RunnerBackend:
             replication_factor=replicas,
             batching_dim=0 if batching_dim is None else batching_dim,
             is_batch_size_timeout_enabled=True,
-            batch_size_timeout_ns=max(1, round(batch_timeout_ms * 1e6)),
+            batch_size_timeout_ns=round(batch_timeout_ms * 1e6),
             flush_on_waiting_outputs=True,
             ring_buffer_size_multiplier=multiplier,
         )

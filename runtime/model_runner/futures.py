@@ -132,6 +132,7 @@ class Request:
     """One request's progress through the queues; every callback runs on the device thread."""
 
     __slots__ = (
+        "computation_started",
         "finished",
         "future",
         "inputs_left",
@@ -157,9 +158,11 @@ class Request:
         monitor: Monitor,
         t_submit: float,
         finished: Callable[[Request], None],
+        computation_started: Callable[[], float],
     ) -> None:
         self.future = future
         self.finished = finished
+        self.computation_started = computation_started
         self.inputs_left = inputs
         self.outputs_left = outputs
         self.samples = samples
@@ -191,11 +194,13 @@ class Request:
     def _finish(self) -> None:
         done = time.perf_counter()
         start = self.t_read_start or self.t_enqueued
-        computed_from = self.t_read_complete or start
+        # Computation starts when the device has the whole request *and* takes the set
+        # it is in: a prefetched batch may wait behind earlier ones (that is queueing).
+        computed_from = max(self.t_read_complete or start, self.computation_started())
         trace = RequestTrace(
             request_duration_us=(done - self.t_submit) * 1e6,
             read_preparation_duration_us=(self.t_enqueued - self.t_submit) * 1e6,
-            read_queue_duration_us=(start - self.t_enqueued) * 1e6,
+            read_queue_duration_us=(computed_from - self.t_enqueued) * 1e6,
             computation_duration_us=(done - computed_from) * 1e6,
         )
         self.future.trace = trace

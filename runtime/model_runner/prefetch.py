@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,19 @@ def _streams_in(
 class Prefetcher:
     """Fetches whole input sets ahead of the device, at most ``depth`` runs ahead."""
 
-    def __init__(self, inputs: list[PrefetchedInput], depth: int, name: str) -> None:
+    def __init__(
+        self,
+        inputs: list[PrefetchedInput],
+        depth: int,
+        name: str,
+        on_device_idle: Callable[[], None] | None = None,
+    ) -> None:
         self._inputs = inputs
+        self._on_device_idle = on_device_idle
+        #: True while the device waits for an input set: read by the batching policy.
+        self.device_waiting = False
+        #: perf_counter() when the device took its current input set (computation starts).
+        self.taken_at = 0.0
         self._first = inputs[0].handle
         # Two C-implemented queues instead of one bounded queue.Queue (whose Condition
         # costs several microseconds per hand-over): ready input sets, and tokens for
@@ -143,14 +155,29 @@ class Prefetcher:
         return fetched
 
     def _next_set(self) -> dict[str, np.ndarray]:
-        while True:
-            try:
-                fetched = self._ready.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self._stopping:  # shutting down: let the run finish on zeros
-                    return {s.handle: np.zeros(s.shape, s.dtype) for s in self._inputs}
-                continue
-            self._room.put(None)
-            if isinstance(fetched, _Failed):
-                raise fetched.error
-            return fetched
+        try:
+            fetched = self._ready.get_nowait()
+        except queue.Empty:
+            fetched = self._wait_for_set()
+        self.taken_at = time.perf_counter()
+        self._room.put(None)
+        if isinstance(fetched, _Failed):
+            raise fetched.error
+        return fetched
+
+    def _wait_for_set(self) -> dict[str, np.ndarray] | _Failed:
+        """The device is about to idle: say so (eager batching may flush), then wait."""
+        self.device_waiting = True
+        try:
+            if self._on_device_idle is not None:
+                self._on_device_idle()
+            while True:
+                try:
+                    return self._ready.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if self._stopping:  # shutting down: let the run finish on zeros
+                        self._ready.put(
+                            {s.handle: np.zeros(s.shape, s.dtype) for s in self._inputs}
+                        )
+        finally:
+            self.device_waiting = False

@@ -65,6 +65,9 @@ class Replica:
         self._timeout_ns, batch_timeout, parallel_timeout = config.durations_ns()
         replicated = config.replication_factor > 1 and parallel_timeout != NANOSECONDS_MAX
         self._partial_timeout_ns = parallel_timeout if replicated else batch_timeout
+        # batch_size_timeout_ns == 0: flush a partial batch as soon as the device would
+        # otherwise wait for it -- eager batching (what Triton does by default).
+        self._eager = config.is_batch_size_timeout_enabled and self._partial_timeout_ns == 0
         self.lock = threading.Lock()
         self.monitor = Monitor(config.request_tracepoints_buffer_size)
         self._pending: set[Request] = set()
@@ -107,6 +110,7 @@ class Replica:
             monitor=self.monitor,
             t_submit=t_submit,
             finished=self._pending.discard,
+            computation_started=self.computation_started,
         )
         with self.lock:
             self._check_usable()
@@ -181,20 +185,40 @@ class Replica:
         return True
 
     def _read_timeout(self, _queue: IQueue, filled: int, first_time: float | None) -> int:
-        """A partial batch waits batch_size_timeout_ns from its first sample's arrival."""
+        """A partial batch waits batch_size_timeout_ns from its first sample's arrival;
+        eagerly, it waits only while the device is busy (the device flushes when idle)."""
         limit = self._partial_timeout_ns
-        if filled and self._config.is_batch_size_timeout_enabled and limit != NANOSECONDS_MAX:
-            waited = (time.monotonic() - first_time) * 1e9 if first_time else 0.0
-            return max(_MIN_WAIT_NS, int(limit - waited))
-        return self._timeout_ns
+        if not filled or not self._config.is_batch_size_timeout_enabled:
+            return self._timeout_ns
+        if self._eager:
+            prefetcher = self._prefetcher
+            idle = prefetcher is None or prefetcher.device_waiting
+            return _MIN_WAIT_NS if idle else self._timeout_ns
+        if limit == NANOSECONDS_MAX:
+            return self._timeout_ns
+        waited = (time.monotonic() - first_time) * 1e9 if first_time else 0.0
+        return max(_MIN_WAIT_NS, int(limit - waited))
+
+    def _device_idle(self) -> None:
+        """Eager batching: the device found no input set ready; flush a waiting partial batch."""
+        if any(q.holdsPartialBatch() for q in self.queues.inputs.values()):
+            self._on_read_timeout_named("device idle")
+
+    def computation_started(self) -> float:
+        """When the device took the input set it is running now (0: unknown, no look-ahead)."""
+        prefetcher = self._prefetcher
+        return prefetcher.taken_at if prefetcher is not None else 0.0
 
     def _on_read_timeout(self, ring: Any) -> None:
         self.monitor.record_read_timeout()
+        self._on_read_timeout_named(ring.label())
+
+    def _on_read_timeout_named(self, waited: str) -> None:
         if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
             return
         try:
             if not self._stopping:
-                self._flush(ring.label())
+                self._flush(waited)
         finally:
             self.lock.release()
 
@@ -295,6 +319,7 @@ class Replica:
             self._look_ahead,
             depth or self._config.ring_buffer_size_multiplier,
             self.device.thread_name(),
+            on_device_idle=self._device_idle if self._eager else None,
         )
         for spec in self._look_ahead:
             self.session.setCallbackForAnchor(spec.handle, prefetcher.device_callback(spec.handle))

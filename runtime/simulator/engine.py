@@ -111,8 +111,8 @@ class Engine:
             clock.advance(step_seconds.get(id(step), 0.0))
             if given is None:
                 return offered
-            if given.shape == shape and given.dtype == dtype:  # the zero-copy hand-over
-                return given
+            if given.shape == shape and given.dtype == dtype and given.flags.c_contiguous:
+                return given  # the zero-copy hand-over
             return _checked(given, self._anchors[step.anchor or ""])
 
         def write_anchor(step: Step, value: np.ndarray) -> None:
@@ -153,7 +153,8 @@ def _checked(given: Any, anchor: Anchor) -> np.ndarray:
             f"callback for anchor {anchor.name()!r} returned {dtype} {shape}; "
             f"expected {info.numpyDType()} {info.shape()} (or None after filling the buffer)"
         )
-    return given
+    # Right shape but strided (e.g. Fortran order): outputs must stay C-contiguous.
+    return np.ascontiguousarray(given)
 
 
 def _step_costs(executable: Executable, cost: CostModel) -> dict[int, float]:

@@ -320,3 +320,16 @@ def test_device_must_match_the_compiled_ipus(simple: Model) -> None:
 def test_unknown_anchor(simple: Model) -> None:
     with pytest.raises(TensorError, match="no anchor 'tensor_C'; its anchors are: output"):
         model_runtime.Session(simple).setCallbackForAnchor("tensor_C", lambda _b: None)
+
+
+def test_a_strided_zero_copy_input_is_made_contiguous(device: model_runtime.Device) -> None:
+    model = examples.build("noop", batch_size=4, elements=3)
+    session = model_runtime.Session(model)
+    session.bindToDevice(device)
+    source = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(4, 3))
+    got: list[np.ndarray] = []
+    session.setCallbackForAnchor("input", lambda _offered: source)
+    session.setCallbackForAnchor("output", got.append)
+    session.runMainPrograms()
+    assert got[0].flags.c_contiguous
+    np.testing.assert_array_equal(got[0], source)

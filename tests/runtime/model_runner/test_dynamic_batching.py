@@ -6,6 +6,7 @@ import math
 import threading
 
 import numpy as np
+import pytest
 
 import ipuserve.runtime as model_runtime
 from ipuserve.runtime.popef.types import Model
@@ -109,3 +110,49 @@ def test_padding_never_reaches_a_caller(make_runner, mlp: Model) -> None:
         data = {"input": rows(1 + round_ % 7, 32, 500 + round_)}
         assert_matches(runner.execute(data), reference("mlp", mlp, data))
     assert counts(runner)["flushed_batches"] == 20
+
+
+@pytest.mark.parametrize("look_ahead", ["unlimited", "0"])
+def test_eager_batching_flushes_when_the_device_would_idle(
+    make_runner, mlp: Model, look_ahead: str
+) -> None:
+    """batch_size_timeout_ns=0: a lone partial batch runs at once, not after a timeout
+    (timeout_ns is an hour here, so only the eager path can flush it)."""
+    runner = make_runner(
+        mlp,
+        batching_dim=0,
+        timeout_ns=3600 * 10**9,
+        max_look_ahead=look_ahead,
+        is_batch_size_timeout_enabled=True,
+        batch_size_timeout_ns=0,
+        flush_on_waiting_outputs=True,
+    )
+    for n in (3, 1, 15):
+        inputs = {"input": rows(n, 32, n)}
+        assert_matches(runner.execute(inputs), reference("mlp", mlp, inputs))
+    assert counts(runner)["flushed_batches"] == 3
+
+
+def test_eager_batching_fills_batches_while_the_device_is_busy(
+    make_runner, mlp: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the device runs a batch, new requests pile into the next one instead of
+    being flushed one by one: eager flushing happens only when the device would idle."""
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "50000")  # ~0.9 s per MLP batch
+    runner = make_runner(
+        mlp,
+        batching_dim=0,
+        timeout_ns=3600 * 10**9,
+        is_batch_size_timeout_enabled=True,
+        batch_size_timeout_ns=0,
+        flush_on_waiting_outputs=True,
+        ring_buffer_size_multiplier=4,
+    )
+    first = runner.executeAsync({"input": rows(16, 32, 0)})  # a full batch: the device is busy
+    singles = [{"input": rows(1, 32, 100 + i)} for i in range(16)]
+    futures = [runner.executeAsync(x) for x in singles]
+    first.wait(WAIT_S)
+    for data, future in zip(singles, futures, strict=True):
+        assert_matches(future.result(WAIT_S), reference("mlp", mlp, data))
+    stats = counts(runner)
+    assert (stats["batches"], stats["padded_samples"]) == (2, 0)
