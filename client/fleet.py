@@ -9,6 +9,7 @@ manager that terminates (then kills) everything it started, whatever happens.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -35,6 +36,19 @@ def free_port() -> int:
 
 def endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the parent dies (Linux), so a killed
+    bench or demo never leaves a broker or worker behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's cleanup has to do
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -68,6 +82,8 @@ class Fleet:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**self.env, **(env or {})},
+                start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
+                preexec_fn=_die_with_parent,
             )
         child = Child(name, popen, log)
         self.children.append(child)

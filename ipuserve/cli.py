@@ -6,6 +6,9 @@ The components own their commands (``runtime/cli.py``, ``worker/cli.py``,
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import click
 
 from ipuserve._version import __version__
@@ -25,6 +28,56 @@ from ipuserve.logs import LOG_LEVEL_ENV, configure_logging
 def main(log_level: str) -> None:
     """Serve models on a fleet of (simulated) Graphcore IPUs over ZeroMQ."""
     configure_logging(log_level)
+
+
+@main.command()
+@click.option(
+    "--requests",
+    default=3000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    envvar="IPUSERVE_DEMO_REQUESTS",
+    show_envvar=True,
+    help="Requests to send.",
+)
+@click.option(
+    "--clients",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    envvar="IPUSERVE_DEMO_CLIENTS",
+    show_envvar=True,
+    help="Concurrent clients.",
+)
+@click.option(
+    "--in-flight",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    envvar="IPUSERVE_DEMO_IN_FLIGHT",
+    show_envvar=True,
+    help="Requests each client keeps in flight.",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    envvar="IPUSERVE_DEMO_WORKDIR",
+    show_envvar=True,
+    help="Where models and process logs go [default: a new temporary directory].",
+)
+def demo(requests: int, clients: int, in_flight: int, workdir: Path | None) -> None:
+    """Run a broker and two workers locally, send traffic, check it, report, stop."""
+    from ipuserve.demo import DemoConfig, run_demo
+
+    try:
+        code = run_demo(
+            DemoConfig(requests=requests, clients=clients, in_flight=in_flight, workdir=workdir)
+        )
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: the broker and workers were stopped", err=True)
+        code = 130
+    sys.exit(code)
 
 
 def _mount() -> None:

@@ -1,0 +1,296 @@
+"""``ipuserve demo``: the whole system on one machine, checked, in well under a minute.
+
+It writes two example models, starts a broker and one worker per model as real
+processes (``python -m ipuserve broker|worker`` on free loopback ports, with a
+private simulated-IPU host), sends requests of mixed models and batch sizes from
+concurrent clients, checks every result against numpy, prints throughput and
+latency, and stops everything -- also on Ctrl-C or an error; the children die
+with it if it is killed.
+
+This module is, like :mod:`ipuserve.cli`, a composition root: it uses the client
+for traffic and the runtime only to compute the numpy references.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from ipuserve.client import Client, Timing
+from ipuserve.client.fleet import Fleet, endpoint, wait_for_models
+from ipuserve.errors import IpuserveError
+
+PYTHON = [sys.executable, "-m", "ipuserve"]
+MODELS = {"mlp": ["--batch-size", "16"], "simple": ["--batch-size", "4"]}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    requests: int = 3000
+    clients: int = 8
+    in_flight: int = 8  # per client
+    max_batch: int = 8
+    seed: int = 0
+    workdir: Path | None = None
+
+
+@dataclass
+class Sent:
+    model: str
+    samples: int
+    latency_s: float = 0.0
+    error: str | None = None
+    timing: Timing | None = None
+
+
+def run_demo(config: DemoConfig, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run the demo; the exit code (0 only if every request got a correct result)."""
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="ipuserve-demo-"))
+    say = _printer(out)
+    say(f"ipuserve demo: working in {workdir} (process logs end up there)")
+    paths = _write_models(workdir, say)
+    references = _reference_functions(paths)
+    env = {"IPUSERVE_SIM_LOCK_DIR": str(workdir / "ipu-locks"), "OPENBLAS_NUM_THREADS": "1"}
+    frontend, backend = endpoint(), endpoint()
+    with Fleet(workdir, env) as fleet:
+        fleet.start("broker", [*PYTHON, "broker", "--frontend", frontend, "--backend", backend])
+        for name, path in paths.items():
+            fleet.start(
+                f"worker-{name}", [*PYTHON, "worker", "--broker", backend, "--model", str(path)]
+            )
+        say("started a broker and 2 workers (mlp, simple); waiting for them to register...")
+        wait_for_models(fleet, frontend, {name: 1 for name in paths}, timeout_s=60)
+        say(
+            f"sending {config.requests} requests from {config.clients} clients "
+            f"({config.in_flight} in flight each)"
+        )
+        sent, elapsed = _drive(frontend, config, references, _progress(err, config.requests))
+        say("stopping the broker and workers")
+    _report(sent, elapsed, say)
+    return 0 if not any(job.error for job in sent) else 1
+
+
+def _write_models(workdir: Path, say: Callable[[str], None]) -> dict[str, Path]:
+    import subprocess
+
+    paths = {}
+    for name, options in MODELS.items():
+        path = workdir / f"{name}.popef"
+        subprocess.run(
+            [*PYTHON, "model", "example", name, str(path), *options],
+            check=True,
+            capture_output=True,
+        )
+        paths[name] = path
+    say(f"wrote example models: {', '.join(f'{n} ({p.name})' for n, p in paths.items())}")
+    return paths
+
+
+Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _reference_functions(paths: dict[str, Path]) -> dict[str, tuple[Reference, dict[str, Any]]]:
+    """numpy reference and input shapes per model, read from the model files themselves."""
+    from ipuserve.runtime.popef import examples, load_model
+
+    found: dict[str, tuple[Reference, dict[str, Any]]] = {}
+    for name, path in paths.items():
+        model = load_model([str(path)])
+        weights = examples.tensor_arrays(model)
+        shapes = {
+            d.name(): d.tensorInfo()
+            for d in model.metadata.anchors()
+            if d.name() in examples.sample_inputs(model)
+        }
+
+        def reference(
+            inputs: dict[str, np.ndarray],
+            name: str = name,
+            weights: dict[str, np.ndarray] = weights,
+        ) -> dict[str, np.ndarray]:
+            return examples.reference(name, inputs, weights)
+
+        found[name] = (reference, shapes)
+    return found
+
+
+class _ClientRun:
+    """One client's share: make requests as needed, keep ``in_flight`` going, and check
+    every result afterwards -- checking while sending would compete for the CPU with
+    the traffic being measured (``--requests`` is capped to bound the memory kept)."""
+
+    def __init__(
+        self,
+        index: int,
+        config: DemoConfig,
+        references: dict[str, Any],
+        finished: Callable[[], None],
+    ) -> None:
+        self._indexes = range(index, config.requests, config.clients)
+        self._config = config
+        self._references = references
+        self._finished = finished
+        self._rng = np.random.default_rng(config.seed + index)
+        self._pick = random.Random(config.seed + index)
+        self._unchecked: dict[str, list[tuple[Sent, dict[str, np.ndarray], dict[str, Any]]]] = {}
+        self.sent: list[Sent] = []
+
+    def run(self, frontend: str) -> None:
+        with Client(frontend, timeout=30.0) as client:
+            window: list[tuple[Sent, dict[str, np.ndarray], Any, float]] = []
+            for position in self._indexes:
+                model = "mlp" if position % 2 else "simple"
+                inputs = self._inputs(model)
+                job = Sent(model, len(next(iter(inputs.values()))))
+                window.append((job, inputs, client.infer_async(model, inputs), time.perf_counter()))
+                if len(window) >= self._config.in_flight:
+                    self._collect(*window.pop(0))
+            for item in window:
+                self._collect(*item)
+
+    def check(self) -> None:
+        for model in list(self._unchecked):
+            self._check(model)
+
+    def _inputs(self, model: str) -> dict[str, np.ndarray]:
+        batch = self._pick.randint(1, self._config.max_batch)
+        shapes = self._references[model][1]
+        return {
+            name: self._rng.standard_normal((batch, *info.shape()[1:])).astype(info.numpyDType())
+            for name, info in shapes.items()
+        }
+
+    def _collect(
+        self, job: Sent, inputs: dict[str, np.ndarray], future: Any, sent_at: float
+    ) -> None:
+        try:
+            outputs = dict(future.result())
+            job.timing = future.timing
+            self._unchecked.setdefault(job.model, []).append((job, inputs, outputs))
+        except IpuserveError as error:
+            job.error = f"{type(error).__name__}: {error}"
+        job.latency_s = time.perf_counter() - sent_at
+        self.sent.append(job)
+        self._finished()
+
+    def _check(self, model: str) -> None:
+        """Compare a batch of results with numpy in one reference computation."""
+        pending = self._unchecked.pop(model, [])
+        if not pending:
+            return
+        reference = self._references[model][0]
+        stacked = {
+            name: np.concatenate([inputs[name] for _j, inputs, _o in pending])
+            for name in pending[0][1]
+        }
+        expected = reference(stacked)
+        start = 0
+        for job, _inputs, outputs in pending:
+            for name, want in expected.items():
+                if not np.allclose(
+                    outputs[name], want[start : start + job.samples], rtol=1e-4, atol=1e-5
+                ):
+                    job.error = f"output {name!r} differs from the numpy reference"
+            start += job.samples
+
+
+def _drive(
+    frontend: str, config: DemoConfig, references: dict[str, Any], progress: Callable[[int], None]
+) -> list[Sent]:
+    done = [0]
+    lock = threading.Lock()
+
+    def finished() -> None:
+        with lock:
+            done[0] += 1
+            progress(done[0])
+
+    runs = [_ClientRun(i, config, references, finished) for i in range(config.clients)]
+    threads = [threading.Thread(target=run.run, args=(frontend,), daemon=True) for run in runs]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)  # short joins keep Ctrl-C responsive in the main thread
+    elapsed = time.perf_counter() - started
+    for run in runs:
+        run.check()
+    return [job for run in runs for job in run.sent], elapsed
+
+
+def _report(jobs: list[Sent], elapsed: float, say: Callable[[str], None]) -> None:
+    say("")
+    say(
+        f"{'model':<8} {'requests':>8} {'samples':>8} {'errors':>6} {'req/s':>7} "
+        f"{'samples/s':>9} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
+    )
+    for model in [*sorted({j.model for j in jobs}), "all"]:
+        chosen = [j for j in jobs if model in ("all", j.model)]
+        samples = sum(j.samples for j in chosen)
+        errors = sum(1 for j in chosen if j.error)
+        ms = np.array([j.latency_s for j in chosen]) * 1e3
+        say(
+            f"{model:<8} {len(chosen):>8} {samples:>8} {errors:>6} {len(chosen) / elapsed:>7.0f} "
+            f"{samples / elapsed:>9.0f} {np.percentile(ms, 50):>7.2f} "
+            f"{np.percentile(ms, 90):>7.2f} {np.percentile(ms, 99):>7.2f}"
+        )
+    timings = [j.timing for j in jobs if j.timing is not None]
+    if timings:
+        parts = {
+            "broker queue": "broker_queue_us",
+            "worker queue": "worker_queue_us",
+            "device": "device_us",
+            "worker other": "worker_other_us",
+            "wire": "wire_us",
+        }
+        split = ", ".join(
+            f"{label} {np.mean([getattr(t, key) for t in timings]) / 1e3:.2f}"
+            for label, key in parts.items()
+        )
+        say(f"mean latency split (ms): {split}")
+    failed = [j for j in jobs if j.error]
+    if failed:
+        say(f"\n{len(failed)} request(s) failed; first: {failed[0].model}: {failed[0].error}")
+    else:
+        say(f"\nall {len(jobs)} results matched the numpy reference ({elapsed:.1f} s of traffic)")
+
+
+def _printer(out: TextIO) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    return say
+
+
+def _progress(err: TextIO, total: int) -> Callable[[int], None]:
+    """A progress bar on a terminal; quarter milestones otherwise."""
+    interactive = err.isatty()
+    started = time.perf_counter()
+    last = [0.0]
+
+    def show(done: int) -> None:
+        now = time.perf_counter()
+        if interactive and (now - last[0] > 0.1 or done == total):
+            last[0] = now
+            filled = int(30 * done / total)
+            rate = done / max(now - started, 1e-9)
+            end = "\n" if done == total else ""
+            err.write(
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {rate:,.0f} req/s{end}"
+            )
+            err.flush()
+        elif not interactive and done * 4 % total < 4 and done:
+            err.write(f"{done}/{total} requests done\n")
+            err.flush()
+
+    return show
