@@ -20,7 +20,7 @@ log() {
 
 cleanup() {
     if [[ -n "${ROOTFS}" && -d "${ROOTFS}" ]]; then
-        rm -rf --one-file-system "${ROOTFS}"
+        rm -rf --one-file-system "${ROOTFS}" "${ROOTFS}.log"
     fi
 }
 
@@ -30,8 +30,14 @@ image_exists() {
 
 bootstrap_rootfs() {
     ROOTFS="$(mktemp -d "${TMPDIR:-/tmp}/ipuserve-rootfs.XXXXXX")"
-    log "debootstrap ${SUITE} into ${ROOTFS}"
-    debootstrap --variant=minbase --include=python3,python3-venv "${SUITE}" "${ROOTFS}"
+    log "debootstrap ${SUITE} into ${ROOTFS} (log: ${ROOTFS}.log)"
+    # debootstrap prints a line per package; keep them out of the CI log unless it fails.
+    if ! debootstrap --variant=minbase --include=python3,python3-venv "${SUITE}" "${ROOTFS}" \
+        >"${ROOTFS}.log" 2>&1; then
+        tail -n 40 "${ROOTFS}.log" >&2
+        log "debootstrap failed"
+        return 1
+    fi
     # The package cache and lists are not needed at run time; drop them to keep
     # the image small (the project is installed from a wheelhouse, not by apt).
     rm -rf "${ROOTFS}"/var/cache/apt/archives/*.deb "${ROOTFS}"/var/lib/apt/lists/*
@@ -52,9 +58,14 @@ main() {
         log "reusing existing image ${TAG}"
         return 0
     fi
+    local previous
+    previous="$(docker image inspect --format '{{.Id}}' "${TAG}" 2>/dev/null || true)"
     trap cleanup EXIT
     bootstrap_rootfs
     import_rootfs
+    if [[ -n "${previous}" ]]; then  # a rebuild: drop the image it replaced
+        docker image rm "${previous}" >/dev/null 2>&1 || true
+    fi
     log "built ${TAG}: $(docker image inspect --format '{{.Size}}' "${TAG}") bytes"
 }
 

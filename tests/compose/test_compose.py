@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pytest
 
 from ipuserve import protocol as wire
-from ipuserve.client.client import Client
+from ipuserve.client import Client
 from ipuserve.runtime.popef import examples
 from tests.compose.conftest import WORKERS
 from tests.compose.harness import ComposeProject, ContainerState, metric_total, poll
