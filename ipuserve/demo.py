@@ -205,7 +205,8 @@ class _ClientRun:
 
 def _drive(
     frontend: str, config: DemoConfig, references: dict[str, Any], progress: Callable[[int], None]
-) -> list[Sent]:
+) -> tuple[list[Sent], float]:
+    """Send everything; the checked results and how long the traffic took."""
     done = [0]
     lock = threading.Lock()
 

@@ -37,7 +37,7 @@ from ipuserve.runtime.model_runner.monitoring import Monitor
 from ipuserve.runtime.model_runner.prefetch import PrefetchedInput, Prefetcher, prefetchable
 from ipuserve.runtime.popef.types import Model, TensorType
 from ipuserve.runtime.predicates import ringSizeMultForMainProgs
-from ipuserve.runtime.queues import IQueue
+from ipuserve.runtime.queues import InputQueue, IQueue, OutputQueue
 from ipuserve.runtime.session import Session, SessionConfig, constant_callback, empty_callback
 
 log = logging.getLogger(__name__)
@@ -233,13 +233,18 @@ class Replica:
         models, whose runs read only one branch's inputs and would strand the
         other branches' padding in their queues.
         """
-        inputs = {n: q for n, q in self.queues.inputs.items() if q.holdsPartialBatch()}
-        outputs = {n: q for n, q in self.queues.outputs.items() if q.holdsPartialBatch()}
+        inputs: dict[str, InputQueue] = {
+            n: q for n, q in self.queues.inputs.items() if q.holdsPartialBatch()
+        }
+        outputs: dict[str, OutputQueue] = {
+            n: q for n, q in self.queues.outputs.items() if q.holdsPartialBatch()
+        }
         if not inputs and not outputs:
             if self._config.flush_on_waiting_outputs or self._conditional:
                 return
             inputs, outputs = dict(self.queues.inputs), dict(self.queues.outputs)
-        if not all(q.hasRoom() for q in [*inputs.values(), *outputs.values()]):
+        flushed: list[InputQueue | OutputQueue] = [*inputs.values(), *outputs.values()]
+        if not all(q.hasRoom() for q in flushed):
             log.debug("replica %d: no room to flush; retrying at the next timeout", self.index)
             return
         padding, discard = self._flush_views(waited, inputs, outputs)

@@ -92,10 +92,13 @@ class ModelRunner:
         replica_id: int = 0,
     ) -> OutputFuture:
         t_submit = time.perf_counter()
+        outputs_given: Mapping[str, Any] | None
         if isinstance(output_data, int) and not isinstance(output_data, bool):
-            output_data, replica_id = None, output_data  # C++'s executeAsync(input, replica_id)
+            outputs_given, replica_id = None, output_data  # C++'s executeAsync(input, replica_id)
+        else:
+            outputs_given = output_data if isinstance(output_data, Mapping) else None
         replica = self._replica(replica_id)
-        inputs, samples, names, outputs = self._prepare(input_data, output_data)
+        inputs, samples, names, outputs = self._prepare(input_data, outputs_given)
         with self._call_lock or nullcontext():
             return replica.submit(inputs, outputs, names, samples, t_submit)
 
