@@ -163,7 +163,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16, help="compiled batch of the MLP")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--request-samples", type=int, default=4)
-    parser.add_argument("--in-flight", type=int, default=16, help="per replica")
+    parser.add_argument("--in-flight", type=int, default=32, help="per replica")
     parser.add_argument("--batch-timeout-ms", type=float, default=2.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
