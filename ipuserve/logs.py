@@ -19,6 +19,30 @@ def level_from_env(environ: dict[str, str] | None = None) -> str:
     return env.get(LOG_LEVEL_ENV, DEFAULT_LEVEL).upper()
 
 
+def apply_env_level(environ: dict[str, str] | None = None) -> None:
+    """For library use (no CLI): honour ``IPUSERVE_LOG_LEVEL`` if it is set.
+
+    Sets the level of the ``ipuserve`` loggers and, only if the application has
+    configured no logging at all, gives them a stderr handler so the records are
+    seen. Unset: nothing changes (Python's default: warnings and errors only).
+    """
+    env = os.environ if environ is None else environ
+    if LOG_LEVEL_ENV not in env:
+        return
+    level = level_from_env(env)
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError(
+            f"unknown log level {level!r} in {LOG_LEVEL_ENV}; "
+            "use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    logger = logging.getLogger("ipuserve")
+    logger.setLevel(level)
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(_FORMAT))
+        logger.addHandler(handler)
+
+
 def configure_logging(level: str | None = None) -> None:
     """Send ipuserve's records to stderr at ``level`` (default: from the environment)."""
     chosen = (level or level_from_env()).upper()

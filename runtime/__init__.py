@@ -9,6 +9,7 @@ Names, including their camelCase, follow the real library on purpose (API
 compatibility); see docs/runtime.md for what is simulated and how.
 """
 
+from ipuserve.logs import apply_env_level as _apply_env_level
 from ipuserve.runtime.devices import (
     Device,
     DeviceConstraints,
@@ -124,3 +125,5 @@ __all__ = [
     "popef_data_usage",
     "ring_size_multiplier_factory",
 ]
+
+_apply_env_level()

@@ -217,3 +217,34 @@ def test_a_killed_holder_releases_its_ipus(
     device = dm.getSpecificDevice(0, wait_config=NO_WAIT)
     assert device.getId() == 0
     device.detach()
+
+
+def test_the_runtime_logs_at_the_level_of_the_environment(isolated_ipu_host: Path) -> None:
+    script = (
+        "import ipuserve.runtime as mr\n"
+        "from datetime import timedelta\n"
+        "mr.DeviceManager().getDevice(1, wait_config=mr.DeviceWaitConfig(\n"
+        "    mr.DeviceWaitStrategy.WAIT_WITH_TIMEOUT, timeout=0.01, sleepTime=0.005))\n"
+    )
+    holder = DeviceManager(SimulatorConfig(num_ipus=1, lock_dir=isolated_ipu_host)).getDevice(1)
+    try:
+        env = {
+            **os.environ,
+            "IPUSERVE_SIM_LOCK_DIR": str(isolated_ipu_host),
+            "IPUSERVE_SIM_IPUS": "1",
+        }
+        quiet = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True
+        )
+        loud = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**env, "IPUSERVE_LOG_LEVEL": "INFO"},
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        holder.detach()
+    assert (
+        "DeviceUnavailableError" in quiet.stderr and "waiting for a free device" not in quiet.stderr
+    )
+    assert "INFO" in loud.stderr and "waiting for a free device" in loud.stderr
