@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 LOG_LEVEL_ENV = "IPUSERVE_LOG_LEVEL"
 DEFAULT_LEVEL = "WARNING"
 _FORMAT = "%(asctime)s %(levelname)-7s %(processName)s %(name)s: %(message)s"
 
 
-def level_from_env(environ: dict[str, str] | None = None) -> str:
+def level_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return env.get(LOG_LEVEL_ENV, DEFAULT_LEVEL).upper()
 
 
-def apply_env_level(environ: dict[str, str] | None = None) -> None:
+def apply_env_level(environ: Mapping[str, str] | None = None) -> None:
     """For library use (no CLI): honour ``IPUSERVE_LOG_LEVEL`` if it is set.
 
     Sets the level of the ``ipuserve`` loggers and, only if the application has
