@@ -46,12 +46,13 @@ class RingMemoryPool(IMemoryPool):
 
     def __init__(self, blob_size: int, num_blobs: int) -> None:
         if blob_size < 0 or num_blobs < 1:
-            raise ValueError(f"RingMemoryPool needs blob_size >= 0 and num_blobs >= 1, "
-                             f"got blob_size={blob_size}, num_blobs={num_blobs}")
+            raise ValueError(
+                f"RingMemoryPool needs blob_size >= 0 and num_blobs >= 1, "
+                f"got blob_size={blob_size}, num_blobs={num_blobs}"
+            )
         self._blob_size = blob_size
         self._storage = np.zeros(blob_size * num_blobs, dtype=np.uint8)
-        self._blobs = [self._storage[i * blob_size:(i + 1) * blob_size]
-                       for i in range(num_blobs)]
+        self._blobs = [self._storage[i * blob_size : (i + 1) * blob_size] for i in range(num_blobs)]
         self._next_blob = itertools.cycle(self._blobs)
 
     def numBlobs(self) -> int:

@@ -57,8 +57,9 @@ class TensorInfo:
 
     __slots__ = ("_dtype", "_shape")
 
-    def __init__(self, dtype: DataType | str | np.dtype[Any] = DataType.F32,
-                 shape: Sequence[int] = ()) -> None:
+    def __init__(
+        self, dtype: DataType | str | np.dtype[Any] = DataType.F32, shape: Sequence[int] = ()
+    ) -> None:
         self._dtype = dtype if isinstance(dtype, DataType) else DataType.from_numpy(dtype)
         self._shape = [int(d) for d in shape]
         if any(d < 0 for d in self._shape):
@@ -86,8 +87,11 @@ class TensorInfo:
         return self.numElements() * self._dtype.numpy.itemsize
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, TensorInfo) and other._dtype == self._dtype
-                and other._shape == self._shape)
+        return (
+            isinstance(other, TensorInfo)
+            and other._dtype == self._dtype
+            and other._shape == self._shape
+        )
 
     def __hash__(self) -> int:
         return hash((self._dtype, tuple(self._shape)))
@@ -99,18 +103,24 @@ class TensorInfo:
 class TensorType(enum.Enum):
     """Direction of an anchor, seen from the IPU."""
 
-    INPUT = "input"      # host -> device
-    OUTPUT = "output"    # device -> host
+    INPUT = "input"  # host -> device
+    OUTPUT = "output"  # device -> host
     UNKNOWN = "unknown"
 
 
 class Anchor:
     """A tensor the executable exchanges with the host (a Poplar data stream)."""
 
-    def __init__(self, name: str = "", handle: str | None = None,
-                 tensor_info: TensorInfo | None = None,
-                 programs: Iterable[int] = (), tensor_type: TensorType = TensorType.UNKNOWN,
-                 is_per_replica: bool = False, use_remote_buffers: bool = False) -> None:
+    def __init__(
+        self,
+        name: str = "",
+        handle: str | None = None,
+        tensor_info: TensorInfo | None = None,
+        programs: Iterable[int] = (),
+        tensor_type: TensorType = TensorType.UNKNOWN,
+        is_per_replica: bool = False,
+        use_remote_buffers: bool = False,
+    ) -> None:
         self._name = name
         self._handle = name if handle is None else handle
         self._info = tensor_info if tensor_info is not None else TensorInfo()
@@ -142,15 +152,18 @@ class Anchor:
         return self._remote
 
     def __repr__(self) -> str:
-        return (f"Anchor({self._name!r}, {self._type.name}, {self._info.dataType().name}"
-                f"{self._info.shape()}, programs={self._programs})")
+        return (
+            f"Anchor({self._name!r}, {self._type.name}, {self._info.dataType().name}"
+            f"{self._info.shape()}, programs={self._programs})"
+        )
 
 
 class ProgramFlow:
     """Which program indices make up the load, main and save phases."""
 
-    def __init__(self, load: Sequence[int] = (), main: Sequence[int] = (),
-                 save: Sequence[int] = ()) -> None:
+    def __init__(
+        self, load: Sequence[int] = (), main: Sequence[int] = (), save: Sequence[int] = ()
+    ) -> None:
         self._load = [int(p) for p in load]
         self._main = [int(p) for p in main]
         self._save = [int(p) for p in save]
@@ -200,10 +213,20 @@ class Program:
 class Metadata:
     """Everything about a model except its executable and tensor data."""
 
-    def __init__(self, *, model_name: str, executable: str, anchors: Sequence[Anchor],
-                 program_flow: ProgramFlow, num_ipus: int = 1, ipu_version: int = 2,
-                 replication_factor: int = 1, batch_size: int = 1,
-                 executable_hash: str = "", is_inference: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        executable: str,
+        anchors: Sequence[Anchor],
+        program_flow: ProgramFlow,
+        num_ipus: int = 1,
+        ipu_version: int = 2,
+        replication_factor: int = 1,
+        batch_size: int = 1,
+        executable_hash: str = "",
+        is_inference: bool = True,
+    ) -> None:
         self._model_name = model_name
         self._executable = executable
         self._anchors = list(anchors)
@@ -256,8 +279,10 @@ class Metadata:
         raise KeyError(name)
 
     def __repr__(self) -> str:
-        return (f"Metadata({self._model_name!r}, executable={self._executable!r}, "
-                f"{len(self._anchors)} anchors, {self._flow!r})")
+        return (
+            f"Metadata({self._model_name!r}, executable={self._executable!r}, "
+            f"{len(self._anchors)} anchors, {self._flow!r})"
+        )
 
 
 class Executable:
@@ -270,9 +295,16 @@ class Executable:
     serving fabric on its own).
     """
 
-    def __init__(self, *, name: str, programs: Sequence[Program],
-                 state_tensors: Iterable[str] = (), memory_bytes: int = 0,
-                 zero_time: bool = False, content_hash: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        programs: Sequence[Program],
+        state_tensors: Iterable[str] = (),
+        memory_bytes: int = 0,
+        zero_time: bool = False,
+        content_hash: str = "",
+    ) -> None:
         self._name = name
         self._programs = list(programs)
         self._state = frozenset(state_tensors)
@@ -281,8 +313,9 @@ class Executable:
         self._hash = content_hash
         for position, program in enumerate(self._programs):
             if program.index != position:
-                raise ValueError(f"program {program.name!r} has index {program.index}, "
-                                 f"expected {position}")
+                raise ValueError(
+                    f"program {program.name!r} has index {program.index}, expected {position}"
+                )
 
     def name(self) -> str:
         return self._name
@@ -296,8 +329,9 @@ class Executable:
 
     def program(self, index: int) -> Program:
         if not 0 <= index < len(self._programs):
-            raise IndexError(f"executable {self._name!r} has no program {index} "
-                             f"(it has {len(self._programs)})")
+            raise IndexError(
+                f"executable {self._name!r} has no program {index} (it has {len(self._programs)})"
+            )
         return self._programs[index]
 
     def stateTensors(self) -> frozenset[str]:

@@ -38,54 +38,88 @@ class Case:
 
 
 CASES = [
-    Case("execution_modes", "simple",
-         lines={r"Verified against the numpy reference: output": 8}),
-    Case("execution_modes", "mlp",
-         lines={r"Verified against the numpy reference: logits, probs": 8}),
-    Case("execution_modes", "noop",
-         lines={r"Verified against the numpy reference: output": 8}),
-    Case("replication", "simple",
-         lines={r"Verified against the numpy reference - replica 0": 1,
-                r"Verified against the numpy reference - replica 1": 1}),
-    Case("multithreading", "simple",
-         lines={r"Verified 20 results against the numpy reference\.": 1}),
-    Case("frozen_inputs", "simple-weights-file",
-         lines={r"\tname: tensor_A shape: \(1, 4\) dtype: float32": 1,
-                r"Verified against the numpy reference \(A \* weights \+ frozen B\)\.": 2}),
-    Case("conditional_execution", "branches",
-         lines={r"Request \d \(model 0\) returned: a_output": 3,
-                r"Request \d \(model 1\) returned: b_output": 3,
-                r"\tVerified (a|b)_output against the numpy reference\.": 7}),
-    Case("dynamic_batch_size", "simple-batch8",
-         lines={r"\tReceived output output of shape \((1|2|3|4|5|7), 4\)": 7,
-                r"\tVerified against the numpy reference\.": 7,
-                r"7 requests with 23 samples and \d+ padded samples made \d+ batches of 8; "
-                r"[1-9]\d* of them padded after the batch size timeout\.": 1}),
-    Case("dynamic_batch_size", "simple-batch8-dim1", ("--batching-dim", "1"),
-         lines={r"\tReceived output output of shape \(4, (1|2|3|4|5|7)\)": 7,
-                r"\tVerified against the numpy reference\.": 7}),
-    Case("flush_callback", "branches-batch4",
-         lines={r"\tflush_callback: timed out waiting for tensor 'branch' while assembling "
-                r"a batch for model 1; padding offered: branch \(3,\), b_input \(3, 8\)$": 1,
-                r"\tflush_callback: timed out waiting for tensor 'branch' while assembling "
-                r"a batch for model 0; padding offered: branch \(2,\), a_input \(2, 4\)$": 1,
-                r"\tflush_callback: flushing only branch, b_input, b_output": 1,
-                r"\tflush_callback: flushing only branch, a_input, a_output": 1,
-                r"\tVerified (a|b)_output of shape \(\d, \d\) against the numpy reference\.": 4,
-                r"flush_callback was called 2 times; 5 padded samples ran\.": 1}),
-    Case("monitoring", "simple",
-         lines={r"Replica (0|1):": 2,
-                r"\t\trequest_monitoring_statistics_percentile_us: \d+\.\d": 2,
-                r"\t\tcomputation_monitoring_statistics_mean_us: \d+\.\d": 2,
-                r"\t\trequest_duration_us: \d+\.\d": 2,
-                r"\t\trequest_monitoring_statistics_count: 50\.0": 2,
-                r"\tVerified: 50 requests counted in every phase\.": 2}),
+    Case("execution_modes", "simple", lines={r"Verified against the numpy reference: output": 8}),
+    Case(
+        "execution_modes", "mlp", lines={r"Verified against the numpy reference: logits, probs": 8}
+    ),
+    Case("execution_modes", "noop", lines={r"Verified against the numpy reference: output": 8}),
+    Case(
+        "replication",
+        "simple",
+        lines={
+            r"Verified against the numpy reference - replica 0": 1,
+            r"Verified against the numpy reference - replica 1": 1,
+        },
+    ),
+    Case(
+        "multithreading", "simple", lines={r"Verified 20 results against the numpy reference\.": 1}
+    ),
+    Case(
+        "frozen_inputs",
+        "simple-weights-file",
+        lines={
+            r"\tname: tensor_A shape: \(1, 4\) dtype: float32": 1,
+            r"Verified against the numpy reference \(A \* weights \+ frozen B\)\.": 2,
+        },
+    ),
+    Case(
+        "conditional_execution",
+        "branches",
+        lines={
+            r"Request \d \(model 0\) returned: a_output": 3,
+            r"Request \d \(model 1\) returned: b_output": 3,
+            r"\tVerified (a|b)_output against the numpy reference\.": 7,
+        },
+    ),
+    Case(
+        "dynamic_batch_size",
+        "simple-batch8",
+        lines={
+            r"\tReceived output output of shape \((1|2|3|4|5|7), 4\)": 7,
+            r"\tVerified against the numpy reference\.": 7,
+            r"7 requests with 23 samples and \d+ padded samples made \d+ batches of 8; "
+            r"[1-9]\d* of them padded after the batch size timeout\.": 1,
+        },
+    ),
+    Case(
+        "dynamic_batch_size",
+        "simple-batch8-dim1",
+        ("--batching-dim", "1"),
+        lines={
+            r"\tReceived output output of shape \(4, (1|2|3|4|5|7)\)": 7,
+            r"\tVerified against the numpy reference\.": 7,
+        },
+    ),
+    Case(
+        "flush_callback",
+        "branches-batch4",
+        lines={
+            r"\tflush_callback: timed out waiting for tensor 'branch' while assembling "
+            r"a batch for model 1; padding offered: branch \(3,\), b_input \(3, 8\)$": 1,
+            r"\tflush_callback: timed out waiting for tensor 'branch' while assembling "
+            r"a batch for model 0; padding offered: branch \(2,\), a_input \(2, 4\)$": 1,
+            r"\tflush_callback: flushing only branch, b_input, b_output": 1,
+            r"\tflush_callback: flushing only branch, a_input, a_output": 1,
+            r"\tVerified (a|b)_output of shape \(\d, \d\) against the numpy reference\.": 4,
+            r"flush_callback was called 2 times; 5 padded samples ran\.": 1,
+        },
+    ),
+    Case(
+        "monitoring",
+        "simple",
+        lines={
+            r"Replica (0|1):": 2,
+            r"\t\trequest_monitoring_statistics_percentile_us: \d+\.\d": 2,
+            r"\t\tcomputation_monitoring_statistics_mean_us: \d+\.\d": 2,
+            r"\t\trequest_duration_us: \d+\.\d": 2,
+            r"\t\trequest_monitoring_statistics_count: 50\.0": 2,
+            r"\tVerified: 50 requests counted in every phase\.": 2,
+        },
+    ),
 ]
 
 
-def run_example(
-    example: str, popef: list[Path], *args: str
-) -> subprocess.CompletedProcess[str]:
+def run_example(example: str, popef: list[Path], *args: str) -> subprocess.CompletedProcess[str]:
     script = EXAMPLES_DIR / f"model_runner_{example}.py"
     return subprocess.run(
         [sys.executable, str(script), "--popef", *map(str, popef), *args],
@@ -100,8 +134,7 @@ def run_example(
 
 def describe(result: subprocess.CompletedProcess[str]) -> str:
     return (
-        f"exit status {result.returncode}\n--- stdout\n{result.stdout}"
-        f"\n--- stderr\n{result.stderr}"
+        f"exit status {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     )
 
 
@@ -159,7 +192,10 @@ def test_a_wrong_model_makes_the_example_exit_non_zero(
 def test_the_popef_option_is_required() -> None:
     script = EXAMPLES_DIR / "model_runner_execution_modes.py"
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
         check=False,
     )
 

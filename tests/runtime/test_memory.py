@@ -17,8 +17,8 @@ def test_blobs_cycle_in_order_and_do_not_overlap() -> None:
     for number, blob in enumerate(blobs):
         assert blob.dtype == np.uint8 and blob.shape == (16,) and blob.flags.writeable
         blob[:] = number + 1
-    assert [int(b[0]) for b in blobs] == [1, 2, 3]          # writes did not overlap
-    assert pool.getMemoryBlob() is blobs[0]                   # the cycle starts again
+    assert [int(b[0]) for b in blobs] == [1, 2, 3]  # writes did not overlap
+    assert pool.getMemoryBlob() is blobs[0]  # the cycle starts again
     assert pool.getMemoryBlob() is blobs[1]
     assert pool.numBlobs() == 3 and pool.blobSize() == 16
 

@@ -29,15 +29,27 @@ from tests.runtime.test_ring_buffer import Background, wait_until, waiting
 Array = NDArray[Any]
 
 
-def input_queue(shape: list[int], *, dtype: str = "float32", buffers: int = 16,
-                batch_dim: int = 0, name: str = "x",
-                timeout_cb: Callable[[Any], None] | None = None) -> InputQueue:
+def input_queue(
+    shape: list[int],
+    *,
+    dtype: str = "float32",
+    buffers: int = 16,
+    batch_dim: int = 0,
+    name: str = "x",
+    timeout_cb: Callable[[Any], None] | None = None,
+) -> InputQueue:
     ring = SpscRingBuffer(buffers, name, timeout_cb, factory=InputData)
     return InputQueue(ring, TensorInfo(dtype, shape), name=name, batch_dim=batch_dim)
 
 
-def output_queue(shape: list[int], *, dtype: str = "float32", buffers: int = 16,
-                 batch_dim: int = 0, name: str = "y") -> OutputQueue:
+def output_queue(
+    shape: list[int],
+    *,
+    dtype: str = "float32",
+    buffers: int = 16,
+    batch_dim: int = 0,
+    name: str = "y",
+) -> OutputQueue:
     ring = SpscRingBuffer(buffers, name, factory=OutputData)
     return OutputQueue(ring, TensorInfo(dtype, shape), name=name, batch_dim=batch_dim)
 
@@ -52,7 +64,7 @@ def read_batch(queue: InputQueue) -> Array:
 
 def write_batch(queue: OutputQueue, result: Array) -> None:
     result = result.copy()
-    result.flags.writeable = False        # the device hands outputs read-only
+    result.flags.writeable = False  # the device hands outputs read-only
     queue.device_callback()(result)
 
 
@@ -62,7 +74,7 @@ def samples(first: int, count: int, width: int = 3) -> Array:
 
 
 def model(batch: Array) -> Array:
-    return batch * 2 + 1                  # padding rows (zeros) become ones: visible if leaked
+    return batch * 2 + 1  # padding rows (zeros) become ones: visible if leaked
 
 
 def run_device(inq: InputQueue, outq: OutputQueue, runs: int) -> list[Array]:
@@ -77,12 +89,13 @@ def run_device(inq: InputQueue, outq: OutputQueue, runs: int) -> list[Array]:
 
 # -- packing and splitting --------------------------------------------------------------
 
+
 def test_many_small_enqueues_pack_into_batches_while_the_device_runs() -> None:
     rng = np.random.default_rng(1)
     sizes = [int(s) for s in rng.integers(1, 4, size=30)]
     total = sum(sizes)
     batch = 8
-    inq = input_queue([batch, 3], buffers=4)       # small ring: the producer must wait
+    inq = input_queue([batch, 3], buffers=4)  # small ring: the producer must wait
     runs = -(-total // batch)
     device = Background(lambda: [read_batch(inq).copy() for _ in range(runs)])
     items, first = [], 0
@@ -128,7 +141,7 @@ def test_data_size_uses_only_the_first_samples() -> None:
 def test_flat_buffers_are_viewed_as_the_tensor_dtype() -> None:
     inq = input_queue([4, 3])
     item = samples(0, 4)
-    inq.enqueue(item.tobytes()[:24])             # bytes: 2 samples
+    inq.enqueue(item.tobytes()[:24])  # bytes: 2 samples
     inq.enqueue(bytearray(item.tobytes()[24:]))  # bytearray: 2 more
     np.testing.assert_array_equal(read_batch(inq), item)
 
@@ -150,6 +163,7 @@ def test_scalar_tensor_is_one_sample_per_run() -> None:
 
 # -- zero copy versus copy ----------------------------------------------------------
 
+
 def test_an_item_covering_the_batch_is_handed_over_without_copying() -> None:
     inq = input_queue([4, 3])
     exact, double = samples(0, 4), samples(10, 8)
@@ -168,10 +182,11 @@ def test_zero_copy_resumes_mid_item_at_a_batch_boundary() -> None:
     inq.enqueue(small)
     inq.enqueue(big)
     first, second, third = (read_batch(inq) for _ in range(3))
-    assert not np.shares_memory(first, big)             # mixes two items: copied
+    assert not np.shares_memory(first, big)  # mixes two items: copied
     assert np.shares_memory(second, big) and np.shares_memory(third, big)
-    np.testing.assert_array_equal(np.concatenate([first, second, third]),
-                                  np.concatenate([small, big]))
+    np.testing.assert_array_equal(
+        np.concatenate([first, second, third]), np.concatenate([small, big])
+    )
 
 
 @pytest.mark.parametrize("layout", ["strided", "fortran"])
@@ -197,11 +212,17 @@ def test_padding_and_split_items_are_copied_into_the_offered_buffer() -> None:
 
 # -- callbacks, timing, bookkeeping ------------------------------------------------------
 
+
 def test_read_callbacks_fire_on_first_touch_and_last_sample() -> None:
     inq = input_queue([4, 3])
     events: list[str] = []
-    inq.enqueue(samples(0, 6), None, lambda: events.append("start"),
-                lambda: events.append("complete"), tag="req")
+    inq.enqueue(
+        samples(0, 6),
+        None,
+        lambda: events.append("start"),
+        lambda: events.append("complete"),
+        tag="req",
+    )
     read_batch(inq)
     assert events == ["start"]
     inq.flush()
@@ -212,8 +233,9 @@ def test_read_callbacks_fire_on_first_touch_and_last_sample() -> None:
 def test_read_complete_callback_also_fires_on_the_zero_copy_path() -> None:
     inq = input_queue([2, 3])
     events: list[str] = []
-    inq.enqueue(samples(0, 2), None, lambda: events.append("start"),
-                lambda: events.append("complete"))
+    inq.enqueue(
+        samples(0, 2), None, lambda: events.append("start"), lambda: events.append("complete")
+    )
     read_batch(inq)
     assert events == ["start", "complete"]
 
@@ -250,7 +272,7 @@ def test_timeout_policy_sees_the_batch_so_far_and_its_first_arrival() -> None:
     before = time.monotonic()
     inq.enqueue(samples(0, 2))
     after = time.monotonic()
-    batch = read_batch(inq)               # waits for 2 more samples, times out, flushes
+    batch = read_batch(inq)  # waits for 2 more samples, times out, flushes
     np.testing.assert_array_equal(batch, np.concatenate([samples(0, 2), np.zeros((2, 3))]))
     assert [c[0] for c in calls] == [0, 2]
     assert calls[0][1] is None
@@ -259,6 +281,7 @@ def test_timeout_policy_sees_the_batch_so_far_and_its_first_arrival() -> None:
 
 # -- flushing keeps inputs and outputs in step ------------------------------------------
 
+
 def test_flush_padding_outputs_never_reach_an_item() -> None:
     inq, outq = input_queue([4, 3]), output_queue([4, 3])
     a, b, c = samples(0, 3), samples(3, 4), samples(7, 2)
@@ -266,14 +289,15 @@ def test_flush_padding_outputs_never_reach_an_item() -> None:
 
     def request(name: str, data: Array) -> None:
         inq.enqueue(data, tag=name)
-        outq.enqueue(None, data.nbytes, lambda out, n=name: got.__setitem__(n, out.copy()),
-                     tag=name)
+        outq.enqueue(
+            None, data.nbytes, lambda out, n=name: got.__setitem__(n, out.copy()), tag=name
+        )
 
-    request("a", a)                       # mid-batch flush: pads one sample
+    request("a", a)  # mid-batch flush: pads one sample
     inq.flush()
     outq.flush()
-    request("b", b)                       # exactly one batch, then a boundary flush:
-    inq.flush()                           # a whole dummy batch
+    request("b", b)  # exactly one batch, then a boundary flush:
+    inq.flush()  # a whole dummy batch
     outq.flush()
     request("c", c)
     inq.flush()
@@ -282,7 +306,7 @@ def test_flush_padding_outputs_never_reach_an_item() -> None:
     assert set(got) == {"a", "b", "c"}
     for name, data in (("a", a), ("b", b), ("c", c)):
         np.testing.assert_array_equal(got[name], model(data))
-    np.testing.assert_array_equal(seen[2], np.zeros((4, 3)))     # the dummy batch
+    np.testing.assert_array_equal(seen[2], np.zeros((4, 3)))  # the dummy batch
     assert inq.pendingSamples() == 0 and outq.pendingSamples() == 0
 
 
@@ -312,13 +336,14 @@ def test_output_dummy_at_a_boundary_discards_a_whole_batch() -> None:
     got: list[Array] = []
     outq.flush()
     outq.enqueue(None, 2 * 12, got.append)
-    write_batch(outq, samples(0, 2))      # discarded by the dummy
+    write_batch(outq, samples(0, 2))  # discarded by the dummy
     write_batch(outq, samples(2, 2))
     assert len(got) == 1
     np.testing.assert_array_equal(got[0], samples(2, 2))
 
 
 # -- output memory -------------------------------------------------------------------
+
 
 def test_outputs_split_across_items_into_user_memory() -> None:
     outq = output_queue([4, 3])
@@ -329,7 +354,7 @@ def test_outputs_split_across_items_into_user_memory() -> None:
         outq.enqueue(target, None, filled.append)
     produced = samples(0, 16)
     for run in range(4):
-        write_batch(outq, produced[4 * run:4 * run + 4])
+        write_batch(outq, produced[4 * run : 4 * run + 4])
     np.testing.assert_array_equal(np.concatenate(targets), produced)
     assert all(f is t for f, t in zip(filled, targets, strict=True))
 
@@ -385,15 +410,22 @@ def test_queue_provided_output_along_batch_dim_one() -> None:
 
 # -- cancellation --------------------------------------------------------------------
 
+
 def test_cancelled_items_are_skipped_but_keep_their_place() -> None:
     inq, outq = input_queue([4, 3]), output_queue([4, 3])
     events: list[str] = []
     outputs = {name: np.full((2, 3), -1, np.float32) for name in "abc"}
     for first, name in enumerate("abc"):
-        inq.enqueue(samples(2 * first, 2), None, lambda n=name: events.append(f"start {n}"),
-                    lambda n=name: events.append(f"read {n}"), tag=name)
-        outq.enqueue(outputs[name], None, lambda _out, n=name: events.append(f"wrote {n}"),
-                     tag=name)
+        inq.enqueue(
+            samples(2 * first, 2),
+            None,
+            lambda n=name: events.append(f"start {n}"),
+            lambda n=name: events.append(f"read {n}"),
+            tag=name,
+        )
+        outq.enqueue(
+            outputs[name], None, lambda _out, n=name: events.append(f"wrote {n}"), tag=name
+        )
     assert inq.cancel("b") == 1 and outq.cancel("b") == 1
     inq.flush()
     outq.flush()
@@ -420,15 +452,17 @@ def test_cancelling_an_item_split_across_runs_zeros_its_rest() -> None:
 
 # -- disconnect and reset --------------------------------------------------------------
 
+
 def test_disconnect_lets_a_blocked_input_callback_finish_with_zeros() -> None:
     inq = input_queue([4, 3], name="blocked")
     inq.enqueue(samples(0, 1))
     device = Background(lambda: read_batch(inq))
-    wait_until(waiting(inq._ring))        # the device waits for 3 more samples
+    wait_until(waiting(inq._ring))  # the device waits for 3 more samples
     inq.disconnect()
-    np.testing.assert_array_equal(device.result(),
-                                  np.concatenate([samples(0, 1), np.zeros((3, 3))]))
-    np.testing.assert_array_equal(read_batch(inq), np.zeros((4, 3)))   # and never blocks
+    np.testing.assert_array_equal(
+        device.result(), np.concatenate([samples(0, 1), np.zeros((3, 3))])
+    )
+    np.testing.assert_array_equal(read_batch(inq), np.zeros((4, 3)))  # and never blocks
 
 
 def test_disconnect_lets_a_blocked_output_callback_finish() -> None:
@@ -474,6 +508,7 @@ def test_reset_makes_a_disconnected_queue_usable_again() -> None:
 
 # -- the spec's low-level producer API -------------------------------------------------
 
+
 def test_enqueue_lock_and_complete() -> None:
     inq = input_queue([2, 3])
     item = inq.enqueueLock()
@@ -498,6 +533,7 @@ def test_enqueue_complete_checks_what_was_filled_in() -> None:
 
 # -- bad inputs ----------------------------------------------------------------------
 
+
 def _enqueue_read_only_output() -> None:
     array = np.zeros((1, 3), np.float32)
     array.flags.writeable = False
@@ -515,30 +551,53 @@ def _enqueue(data: object, data_size: int | None = None) -> Callable[[], None]:
 BAD_INPUTS: list[tuple[str, Callable[[], None], str]] = [
     ("dtype", _enqueue(np.zeros((2, 3), np.int64)), r"expected dtype float32, given int64"),
     ("shape", _enqueue(np.zeros((2, 5), np.float32)), r"expected shape \[N, 3\].*given \[2, 5\]"),
-    ("ndim", _enqueue(np.zeros((1, 2, 3), np.float32)),
-     r"expected shape \[N, 3\].*given \[1, 2, 3\]"),
-    ("bytes", _enqueue(b"\0" * 20),
-     r"expected a whole, non-zero number of samples \(12 bytes each\), given 20 bytes"),
+    (
+        "ndim",
+        _enqueue(np.zeros((1, 2, 3), np.float32)),
+        r"expected shape \[N, 3\].*given \[1, 2, 3\]",
+    ),
+    (
+        "bytes",
+        _enqueue(b"\0" * 20),
+        r"expected a whole, non-zero number of samples \(12 bytes each\), given 20 bytes",
+    ),
     ("flat", _enqueue(np.zeros(4, np.float32)), r"samples \(12 bytes each\), given 16 bytes"),
     ("data_size", _enqueue(samples(0, 2), 13), r"samples \(12 bytes each\), given 13 bytes"),
-    ("too_much", _enqueue(samples(0, 2), 36),
-     r"expected data_size <= 24 bytes \(the 2 samples given\), given 36 bytes"),
-    ("empty", _enqueue(np.zeros((0, 3), np.float32)),
-     r"expected at least one sample, given shape \[0, 3\]"),
-    ("type", _enqueue([1.0, 2.0, 3.0]),
-     r"expected a numpy array of float32 or a buffer, given list"),
-    ("read_only", _enqueue_read_only_output,
-     r"expected writable memory for outputs, given read-only memory"),
-    ("no_size", lambda: output_queue([4, 3], name="img").enqueue(None),
-     r"expected data_size in bytes when no memory is given"),
+    (
+        "too_much",
+        _enqueue(samples(0, 2), 36),
+        r"expected data_size <= 24 bytes \(the 2 samples given\), given 36 bytes",
+    ),
+    (
+        "empty",
+        _enqueue(np.zeros((0, 3), np.float32)),
+        r"expected at least one sample, given shape \[0, 3\]",
+    ),
+    (
+        "type",
+        _enqueue([1.0, 2.0, 3.0]),
+        r"expected a numpy array of float32 or a buffer, given list",
+    ),
+    (
+        "read_only",
+        _enqueue_read_only_output,
+        r"expected writable memory for outputs, given read-only memory",
+    ),
+    (
+        "no_size",
+        lambda: output_queue([4, 3], name="img").enqueue(None),
+        r"expected data_size in bytes when no memory is given",
+    ),
     ("batch_dim", _bad_batch_dim, r"expected batch_dim in \[0, 2\), given 2 for shape \[4, 3\]"),
 ]
 
 
-@pytest.mark.parametrize(("case", "action", "message"), BAD_INPUTS,
-                         ids=[case for case, _, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("case", "action", "message"), BAD_INPUTS, ids=[case for case, _, _ in BAD_INPUTS]
+)
 def test_bad_input_errors_name_the_tensor_and_say_expected_versus_given(
-        case: str, action: Callable[[], None], message: str) -> None:
+    case: str, action: Callable[[], None], message: str
+) -> None:
     with pytest.raises(TensorError, match=message) as caught:
         action()
     text = str(caught.value)
@@ -547,6 +606,7 @@ def test_bad_input_errors_name_the_tensor_and_say_expected_versus_given(
 
 
 # -- end to end through both queues ---------------------------------------------------
+
 
 def test_random_requests_round_trip_through_a_device_thread() -> None:
     rng = np.random.default_rng(7)
@@ -561,8 +621,12 @@ def test_random_requests_round_trip_through_a_device_thread() -> None:
         first += size
         requests.append(data)
         inq.enqueue(data, tag=number)
-        outq.enqueue(None, data.nbytes,
-                     lambda out, n=number: results.__setitem__(n, np.array(out)), tag=number)
+        outq.enqueue(
+            None,
+            data.nbytes,
+            lambda out, n=number: results.__setitem__(n, np.array(out)),
+            tag=number,
+        )
     inq.flush()
     outq.flush()
     device.result(30)

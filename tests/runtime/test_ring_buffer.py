@@ -106,7 +106,7 @@ def test_several_slots_read_locked_and_released_oldest_first() -> None:
         rb.write(word)
     assert [rb.readLock(), rb.readLock()] == ["a", "b"]
     assert rb.readAvailable()
-    rb.readComplete()                      # frees "a": one slot for the producer again
+    rb.readComplete()  # frees "a": one slot for the producer again
     rb.write("d")
     assert [rb.readLock(), rb.readLock()] == ["c", "d"]
     assert not rb.readAvailable()
@@ -127,7 +127,7 @@ def test_read_reset_releases_a_blocked_reader() -> None:
     rb: SpscRingBuffer[str] = SpscRingBuffer(2, "reset-wake")
     rb.write("only")
     assert rb.readLock() == "only"
-    second = Background(rb.readLock)       # nothing more to read: blocks
+    second = Background(rb.readLock)  # nothing more to read: blocks
     wait_until(waiting(rb))
     rb.readReset()
     assert second.result() == "only"
@@ -168,11 +168,11 @@ def test_invalid_ring_never_blocks_until_reset() -> None:
     rb: SpscRingBuffer[int] = SpscRingBuffer(1, "invalid")
     rb.write(1)
     rb.invalidate()
-    rb.writeLock()                         # full, but returns at once
-    rb.write(2)                            # dropped
+    rb.writeLock()  # full, but returns at once
+    rb.write(2)  # dropped
     rb.readLock()
-    rb.readLock()                          # nothing more to read, still returns
-    rb.readComplete()                      # no-ops instead of precondition errors
+    rb.readLock()  # nothing more to read, still returns
+    rb.readComplete()  # no-ops instead of precondition errors
     rb.writeComplete()
     assert not rb.isValid()
     rb.reset()
@@ -204,7 +204,7 @@ def test_timeout_callback_called_while_waiting_and_may_write() -> None:
     def on_timeout(ring: SpscRingBuffer[str]) -> None:
         calls.append(1)
         if len(calls) == 3:
-            ring.write("flushed")          # runs without the ring's lock held
+            ring.write("flushed")  # runs without the ring's lock held
 
     rb: SpscRingBuffer[str] = SpscRingBuffer(2, "timeout", on_timeout, timeout_ns=200_000)
     assert rb.readLock() == "flushed"
@@ -225,8 +225,9 @@ def test_per_call_timeout_overrides_the_ring_default() -> None:
 
 def test_zero_timeout_waits_forever_without_calling_back() -> None:
     fired = threading.Event()
-    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "forever", lambda _: fired.set(),
-                                             timeout_ns=100_000)
+    rb: SpscRingBuffer[int] = SpscRingBuffer(
+        2, "forever", lambda _: fired.set(), timeout_ns=100_000
+    )
     reader = Background(lambda: rb.readLock(timeout_ns=0))
     wait_until(waiting(rb))
     rb.write(5)
@@ -255,8 +256,18 @@ def test_get_state_describes_the_ring() -> None:
     rb.writeLock()
     state = rb.getState(">> ")
     assert state.startswith(">> ")
-    for part in ("'state'", "valid", "4 buffers", "1 readable", "1 read-locked", "2 free",
-                 "write-locked=True", "0 waiting", "written=2", "released=0"):
+    for part in (
+        "'state'",
+        "valid",
+        "4 buffers",
+        "1 readable",
+        "1 read-locked",
+        "2 free",
+        "write-locked=True",
+        "0 waiting",
+        "written=2",
+        "released=0",
+    ):
         assert part in state
     rb.invalidate()
     assert "invalid" in rb.getState("")
@@ -278,7 +289,7 @@ def test_for_each_pending_visits_unreleased_slots_oldest_first() -> None:
         rb.write(word)
     rb.readLock()
     rb.readComplete()
-    rb.readLock()                          # "b" read-locked: still pending
+    rb.readLock()  # "b" read-locked: still pending
     seen: list[str] = []
     rb.forEachPending(seen.append)
     assert seen == ["b", "c", "d"]
