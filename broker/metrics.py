@@ -1,100 +1,13 @@
-"""Counters, gauges and latency histograms, rendered in the Prometheus text format.
-
-The broker's loop thread updates them; an optional HTTP thread renders them.
-Rendering copies each family's samples first (a C-level dict copy under the GIL),
-so a scrape never sees a dict change size under it.
-"""
+"""The broker's metrics (names and meanings); the machinery is :mod:`ipuserve.metrics`."""
 
 from __future__ import annotations
 
-import bisect
-import http.server
-import logging
-import threading
-from collections.abc import Iterable
+from ipuserve.metrics import Family, Histogram, MetricsServer, Registry
 
-log = logging.getLogger(__name__)
-
-Labels = tuple[tuple[str, str], ...]
-
-LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
+__all__ = ["BrokerMetrics", "MetricsServer"]
 
 
-class Family:
-    """Counters or gauges of one name, one sample per label set."""
-
-    def __init__(self, name: str, help_: str, kind: str = "counter") -> None:
-        self.name, self.help, self.kind = name, help_, kind
-        self.samples: dict[Labels, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(labels.items())
-        self.samples[key] = self.samples.get(key, 0.0) + amount
-
-    def set(self, value: float, **labels: str) -> None:
-        self.samples[tuple(labels.items())] = value
-
-    def value(self, **labels: str) -> float:
-        return self.samples.get(tuple(labels.items()), 0.0)
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} {self.kind}"
-        for labels, value in dict(self.samples).items():
-            yield f"{self.name}{_labels(labels)} {value:g}"
-
-
-class Histogram:
-    def __init__(self, name: str, help_: str, buckets: tuple[float, ...] = LATENCY_BUCKETS):
-        self.name, self.help, self.buckets = name, help_, buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self.sum += seconds
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        counts, cumulative = list(self.counts), 0
-        for bound, count in zip((*self.buckets, float("inf")), counts, strict=True):
-            cumulative += count
-            le = "+Inf" if bound == float("inf") else f"{bound:g}"
-            yield f'{self.name}_bucket{{le="{le}"}} {cumulative}'
-        yield f"{self.name}_sum {self.sum:g}"
-        yield f"{self.name}_count {cumulative}"
-
-
-def _labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    escaped = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for _, v in labels)
-    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(labels, escaped, strict=True)) + "}"
-
-
-class BrokerMetrics:
+class BrokerMetrics(Registry):
     def __init__(self) -> None:
         p = "ipuserve_broker_"
         self.requests = Family(p + "requests_total", "Requests accepted, by model.")
@@ -113,47 +26,3 @@ class BrokerMetrics:
         self.queue_seconds = Histogram(p + "queue_seconds", "Admission to dispatch.")
         self.worker_seconds = Histogram(p + "worker_seconds", "Dispatch to result.")
         self.request_seconds = Histogram(p + "request_seconds", "Admission to reply.")
-
-    def families(self) -> list[Family | Histogram]:
-        return [v for v in vars(self).values() if isinstance(v, Family | Histogram)]
-
-    def render(self) -> str:
-        return "\n".join(line for f in self.families() for line in f.render()) + "\n"
-
-
-class MetricsServer:
-    """GET /metrics on its own thread."""
-
-    def __init__(self, metrics: BrokerMetrics, host: str, port: int) -> None:
-        handler = _handler(metrics)
-        self._server = http.server.ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-
-def _handler(metrics: BrokerMetrics) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            body = metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("metrics: " + format, *args)
-
-    return Handler

@@ -77,6 +77,14 @@ log = logging.getLogger(__name__)
     type=click.FloatRange(min=1.0),
     help="Longest wait between attempts to reach the broker.",
 )
+@option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(min=0, max=65535),
+    help="Serve Prometheus metrics (jobs and the runtime's monitoring statistics) over HTTP "
+    "on this port (0: any free port).",
+)
+@option("--metrics-host", default="0.0.0.0", help="Address the metrics endpoint binds.")
 def worker(
     broker: str,
     models: tuple[str, ...],
@@ -90,6 +98,8 @@ def worker(
     worker_id: str | None,
     drain_timeout_ms: float,
     reconnect_max_ms: float,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Serve a model from a ModelRunner to the broker until SIGTERM."""
     config = WorkerConfig(
@@ -111,7 +121,23 @@ def worker(
         batch_timeout_ms=batch_timeout_ms,
         credit=credit,
     )
-    sys.exit(serve(backend, config))
+    server = _metrics_server(backend, metrics_host, metrics_port)
+    try:
+        code = serve(backend, config)
+    finally:
+        if server is not None:
+            server.close()
+    sys.exit(code)
+
+
+def _metrics_server(backend: Any, host: str, port: int | None) -> Any:
+    if port is None:
+        return None
+    from ipuserve.metrics import MetricsServer
+
+    server = MetricsServer(backend.metrics, host, port)
+    log.info("metrics on http://%s:%d/metrics", host, server.port)
+    return server
 
 
 def _runner_backend(model_paths: list[str], **options: Any) -> Any:

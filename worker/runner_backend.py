@@ -41,6 +41,7 @@ from ipuserve.runtime import ModelRunner, ModelRunnerConfig, OutputFuture
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
 from ipuserve.worker.backend import Done, Job, Result
+from ipuserve.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class RunnerBackend:
             batch_size=batch,
             batching_dim=self._batching_dim,
         )
+        self.metrics = WorkerMetrics(self._spec.name)
+        self.metrics.watch(self._runner)
         log.info(
             "serving %s: %d replica(s), batch %d, %d slots each, credit %d",
             self._spec.name,
@@ -116,6 +119,7 @@ class RunnerBackend:
         except BaseException as error:
             self._release(replica, samples)
             raise _wire_error(error) from error
+        self.metrics.submitted()
         future.add_done_callback(lambda f: self._finished(job, done, f, replica, samples, started))
 
     def close(self) -> None:
@@ -143,12 +147,19 @@ class RunnerBackend:
         self, job: Job, done: Done, future: OutputFuture, replica: int, samples: int, started: float
     ) -> None:
         self._release(replica, samples)
+        seconds = time.perf_counter() - started
         error = future.exception()
         if error is not None:
-            done(job, _wire_error(error))
+            wire_error = _wire_error(error)
+            self.metrics.finished(wire_error.code, seconds)
+            done(job, wire_error)
             return
         outputs = {name: np.asarray(array) for name, array in future.result().items()}
-        done(job, Result(outputs, _timing(future, started)))
+        timing = _timing(future, started)
+        self.metrics.finished(
+            "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
+        )
+        done(job, Result(outputs, timing))
 
 
 def _spec(desc: DataDesc) -> TensorSpec:

@@ -1,0 +1,40 @@
+"""A worker's /metrics: its jobs and the runtime's monitoring statistics, from a real process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipuserve.client import Client
+from ipuserve.errors import InvalidInputError
+from ipuserve.runtime.popef import examples
+from tests.helpers import Processes, runner_worker_argv, scrape, start_broker, start_worker
+
+pytestmark = pytest.mark.slow
+
+
+def test_worker_metrics_count_jobs_and_runtime_batches(processes: Processes,
+                                                       tmp_path: Path) -> None:
+    [path] = examples.mlp(batch_size=16, input_size=8, hidden_size=8).write(tmp_path / "m.popef")
+    broker = start_broker(processes)
+    argv = runner_worker_argv(str(path), args=("--metrics-port", "0", "--metrics-host",
+                                               "127.0.0.1"))
+    worker = start_worker(processes, broker, argv)
+    found = worker.wait_for(r"metrics on (http://127\.0\.0\.1:\d+/metrics)")
+    with Client(broker.frontend, timeout=30) as client:
+        for samples in (1, 5, 16, 40):
+            client.infer("mlp", {"input": np.ones((samples, 8), np.float32)})
+        with pytest.raises(InvalidInputError, match="must be float32, got float64"):
+            client.infer("mlp", {"input": np.ones((2, 8), np.float64)})  # stopped at the broker
+    metrics = scrape(found[1])
+    assert metrics['ipuserve_worker_jobs_total{model="mlp",outcome="ok"}'] == 4
+    assert metrics['ipuserve_worker_in_flight{model="mlp"}'] == 0
+    assert metrics["ipuserve_worker_job_seconds_count"] == 4
+    assert metrics["ipuserve_worker_device_seconds_count"] == 4
+    labels = '{model="mlp",replica="0"}'
+    assert metrics[f"ipuserve_runtime_requests_total{labels}"] == 4
+    assert metrics[f"ipuserve_runtime_batches_total{labels}"] >= 5  # 1+5+16+40 samples
+    phase = '{model="mlp",replica="0",phase="computation"}'
+    assert metrics[f"ipuserve_runtime_phase_mean_microseconds{phase}"] > 0

@@ -1,0 +1,85 @@
+"""The worker's metrics: its jobs, and the runtime's own monitoring statistics.
+
+Job counters and latency histograms (time queued in the worker, on the device,
+and in the worker end to end) are updated as jobs finish. The ModelRunner's
+monitoring statistics (spec section 3.8) are read when the endpoint is scraped,
+per replica: request and batch counts, flushes, padding, read timeouts, and the
+mean and p99 of each request phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ipuserve.metrics import Family, Histogram, Registry
+
+_RUNTIME_COUNTS = {
+    "request": "requests",
+    "batches": "batches",
+    "flushed_batches": "flushed_batches",
+    "padded_samples": "padded_samples",
+    "read_timeouts": "read_timeouts",
+}
+_PHASES = ("request", "read_preparation", "read_queue", "computation")
+
+
+class WorkerMetrics(Registry):
+    def __init__(self, model: str) -> None:
+        p = "ipuserve_worker_"
+        self.model = model
+        self.jobs = Family(p + "jobs_total", "Jobs answered, by model and outcome (ok or code).")
+        self.in_flight = Family(p + "in_flight", "Jobs submitted and not yet answered.", "gauge")
+        self.queue_seconds = Histogram(p + "queue_seconds", "Submit to the device taking the job.")
+        self.device_seconds = Histogram(p + "device_seconds", "The job on the (simulated) device.")
+        self.job_seconds = Histogram(p + "job_seconds", "Submit to result, in the worker.")
+        self._runner: Any = None
+
+    def watch(self, runner: Any) -> None:
+        """Report ``runner``'s monitoring statistics at every scrape."""
+        self._runner = runner
+
+    def submitted(self) -> None:
+        self.in_flight.inc(model=self.model)
+
+    def finished(
+        self, outcome: str, seconds: float, queue_us: float = 0.0, device_us: float = 0.0
+    ) -> None:
+        self.in_flight.inc(-1.0, model=self.model)
+        self.jobs.inc(model=self.model, outcome=outcome)
+        self.job_seconds.observe(seconds)
+        if outcome == "ok":
+            self.queue_seconds.observe(queue_us / 1e6)
+            self.device_seconds.observe(device_us / 1e6)
+
+    def render(self) -> str:
+        return super().render() + "".join(line + "\n" for line in self._runtime_lines())
+
+    def _runtime_lines(self) -> Iterable[str]:
+        runner = self._runner
+        if runner is None:
+            return
+        replicas = runner.config().replication_factor
+        p = "ipuserve_runtime_"
+        for name in _RUNTIME_COUNTS.values():
+            yield f"# TYPE {p}{name}_total counter"
+        yield f"# TYPE {p}phase_mean_microseconds gauge"
+        yield f"# TYPE {p}phase_p99_microseconds gauge"
+        for replica in range(replicas):
+            labels = f'model="{self.model}",replica="{replica}"'
+            counts = runner.getMonitoringStatisticsTotalCount({}, replica_id=replica)
+            for key, name in _RUNTIME_COUNTS.items():
+                value = counts.get(f"{key}_monitoring_statistics_count", 0.0)
+                yield f"{p}{name}_total{{{labels}}} {value:g}"
+            means = runner.getMonitoringStatisticsMean({}, replica_id=replica)
+            p99 = runner.getMonitoringStatisticsPercentile({}, 0.99, replica_id=replica)
+            for phase in _PHASES:
+                if f"{phase}_monitoring_statistics_mean_us" in means:
+                    yield (
+                        f'{p}phase_mean_microseconds{{{labels},phase="{phase}"}} '
+                        f"{means[f'{phase}_monitoring_statistics_mean_us']:g}"
+                    )
+                    yield (
+                        f'{p}phase_p99_microseconds{{{labels},phase="{phase}"}} '
+                        f"{p99[f'{phase}_monitoring_statistics_percentile_us']:g}"
+                    )
