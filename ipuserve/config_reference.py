@@ -97,10 +97,33 @@ def _first_line(command: click.Command) -> str:
     return (command.help or "").strip().splitlines()[0] if command.help else ""
 
 
-def main() -> None:
+START_MARKER = "<!-- config-reference:start -->\n"
+END_MARKER = "<!-- config-reference:end -->"
+
+
+def splice(readme: str, reference: str) -> str:
+    """README text with the reference between its markers replaced by ``reference``."""
+    start = readme.index(START_MARKER) + len(START_MARKER)
+    end = readme.index(END_MARKER, start)
+    return readme[:start] + reference + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the reference, or with ``--write README.md`` splice it into that file."""
+    import sys
+
     from ipuserve.cli import main as root
 
-    print(render(root), end="")
+    args = sys.argv[1:] if argv is None else argv
+    reference = render(root)
+    if args[:1] == ["--write"] and len(args) == 2:
+        path = args[1]
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(splice(text, reference))
+        return
+    print(reference, end="")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_configuration_reference_is_current() -> None:
     assert found, "README.md lost its config-reference markers"
     assert found.group(1) == render(main), (
         "README.md's configuration reference is stale: regenerate it with "
-        "`python -m ipuserve.config_reference`"
+        "`python -m ipuserve.config_reference --write README.md`"
     )
 
 
