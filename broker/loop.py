@@ -135,16 +135,19 @@ class Broker:
             if self._frontend in events:
                 self._drain(self._frontend, self._on_client)
             self._on_timers(time.monotonic())
+            self.scheduler.flush()
             if self._outbox.pending:
                 self._outbox.flush()
 
-    @staticmethod
-    def _drain(sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
-        for _ in range(BATCH):
-            frames = wire.try_recv(sock)
-            if frames is None:
-                return
-            handle(frames)
+    def _drain(self, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
+        """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
+        they placed: one JOBS message per worker for all of them."""
+        handle(wire.recv(sock))
+        for _ in range(BATCH - 1):
+            if not wire.readable(sock):
+                break
+            handle(wire.recv(sock))
+        self.scheduler.flush()
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]

@@ -3,13 +3,21 @@ answered exactly once (first result wins), expired at its deadline.
 
 Every path that answers a client goes through :meth:`Scheduler.answer` /
 :meth:`Scheduler.reject`, which retire the job; a job's worker keeps it in its
-``in_flight`` (using credit) until that worker answers or is dropped.
+``in_flight`` (using credit) from the moment it is placed there until that worker
+answers or is dropped.
+
+Placing a job on a worker does not send it: the jobs placed on each worker wait in
+its outgoing batch until :meth:`Scheduler.flush`, which the loop calls after each
+batch of messages it reads, and go out as one JOBS message. One message per worker
+per turn instead of one per job is most of what the broker saves under load.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import TypeAlias
 
 from ipuserve import protocol as wire
 from ipuserve.broker.config import BrokerConfig
@@ -27,6 +35,9 @@ from ipuserve.errors import (
 
 log = logging.getLogger(__name__)
 
+#: What a worker said about one job: its result, or the error it failed with.
+JobOutcome: TypeAlias = "wire.Result | IpuserveError"
+
 
 class Scheduler:
     def __init__(
@@ -43,37 +54,75 @@ class Scheduler:
         self.deadlines = Deadlines()
         self.outbox = outbox
         self.metrics = metrics
+        self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
+        #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
+        self._outgoing: dict[Worker, list[JobEntry]] = {}
 
     # ------------------------------------------------------------ placing
 
     def place(self, job: JobEntry) -> None:
-        """Send to the least-loaded worker with spare credit, else queue (may raise OVERLOADED)."""
-        while (worker := self.dispatcher.choose(job.model)) is not None:
-            if self._start(worker, job):
-                return
-            self.drop_worker(worker, "unreachable")
-        self.dispatcher.enqueue(job)
+        """Place on the least-loaded worker with spare credit, else queue (may raise OVERLOADED)."""
+        worker = self.dispatcher.choose(job.model)
+        if worker is None:
+            self.dispatcher.enqueue(job)
+        else:
+            self._start(worker, job, time.monotonic())
 
     def pump(self, worker: Worker) -> None:
         """Fill a worker's spare credit from the queues of the models it serves."""
-        while worker.spare > 0 and worker.identity in self.registry.workers:
-            job = self.dispatcher.next_for(worker)
-            if job is None:
-                return
-            if not self._start(worker, job):
-                self.dispatcher.requeue(job)
-                self.drop_worker(worker, "unreachable")
-
-    def _start(self, worker: Worker, job: JobEntry) -> bool:
+        if self.registry.workers.get(worker.identity) is not worker:
+            return
         now = time.monotonic()
-        message = wire.Job(job.job_id, job.model, job.tensors, job.budget_ms(now))
-        if not self.outbox.to_worker(worker.identity, message.encode()):
-            return False
+        while worker.spare > 0 and (job := self.dispatcher.next_for(worker)) is not None:
+            self._start(worker, job, now)
+
+    def _start(self, worker: Worker, job: JobEntry, now: float) -> None:
+        """The job is the worker's from now on (it uses credit); it leaves at the next flush."""
         job.state, job.worker, job.dispatched = State.RUNNING, worker, now
         job.attempts += 1
         worker.in_flight[job.job_id] = job
+        batch = self._outgoing.get(worker)
+        if batch is None:
+            self._outgoing[worker] = [job]
+        else:
+            batch.append(job)
         self.metrics.queue_seconds.observe(now - job.received)
-        return True
+
+    def flush(self) -> None:
+        """Send every worker the jobs placed on it since the last flush, as JOBS messages.
+
+        A worker we cannot reach is dropped: its jobs, these included, go back to the
+        queues (these without counting an attempt: they never reached it) and may be
+        placed on other workers, whose batches this same call sends.
+        """
+        while self._outgoing:
+            worker, batch = self._outgoing.popitem()
+            if self.registry.workers.get(worker.identity) is not worker:
+                continue  # dropped since: drop_worker re-queued its jobs
+            jobs = self._live(worker, batch)
+            if jobs and not self._send_jobs(worker, jobs):
+                handed_back = tuple(job.job_id for job in batch)
+                self.drop_worker(worker, "unreachable", handed_back)
+
+    def _live(self, worker: Worker, batch: list[JobEntry]) -> list[JobEntry]:
+        """The batch without jobs answered since they were placed (expired in the same
+        turn): never sent, so the worker will not answer them, so they free its credit."""
+        if all(job.state is State.RUNNING for job in batch):
+            return batch
+        for job in batch:
+            if job.state is not State.RUNNING:
+                worker.in_flight.pop(job.job_id, None)
+        return [job for job in batch if job.state is State.RUNNING]
+
+    def _send_jobs(self, worker: Worker, jobs: list[JobEntry]) -> bool:
+        now = time.monotonic()
+        message = wire.Jobs(
+            tuple(wire.Job(j.job_id, j.model, j.tensors, j.budget_ms(now)) for j in jobs)
+        )
+        return all(
+            self.outbox.to_worker(worker.identity, frames)
+            for frames in wire.encode_batch(message, self._limits)
+        )
 
     # ------------------------------------------------------------ answering
 
@@ -99,10 +148,17 @@ class Scheduler:
             self.dispatcher.forget(job)
         self.jobs.finish(job)
 
-    def on_outcome(
-        self, worker: Worker | None, job_id: bytes, outcome: wire.Result | IpuserveError
+    def on_outcomes(
+        self, worker: Worker | None, outcomes: Sequence[tuple[bytes, JobOutcome]]
     ) -> None:
-        """A RESULT or FAIL arrived (from a registered worker, or one we dropped)."""
+        """RESULTS arrived (from a registered worker, or one we dropped): answer each job,
+        then refill the worker's credit once."""
+        for job_id, outcome in outcomes:
+            self._on_outcome(worker, job_id, outcome)
+        if worker is not None:
+            self.pump(worker)
+
+    def _on_outcome(self, worker: Worker | None, job_id: bytes, outcome: JobOutcome) -> None:
         if worker is not None:
             worker.in_flight.pop(job_id, None)
         job = self.jobs.get(job_id)
@@ -114,8 +170,6 @@ class Scheduler:
             self.answer(job, outcome)
         else:
             self.reject(job, outcome)
-        if worker is not None:
-            self.pump(worker)
 
     # ------------------------------------------------------------ losing workers
 

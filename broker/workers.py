@@ -7,8 +7,8 @@ from typing import Any
 
 from ipuserve import protocol as wire
 from ipuserve.broker.registry import Worker
-from ipuserve.broker.scheduler import Scheduler
-from ipuserve.errors import IpuserveError, error_for_code
+from ipuserve.broker.scheduler import JobOutcome, Scheduler
+from ipuserve.errors import IpuserveError
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +28,8 @@ class WorkerHandlers:
     ) -> None:
         if isinstance(message, wire.Hello):
             self.on_hello(identity, message, now)
-        elif isinstance(message, wire.Result):
-            self._scheduler.on_outcome(worker, message.job_id, message)
-        elif isinstance(message, wire.Fail):
-            error = error_for_code(message.code, message.message)
-            self._scheduler.on_outcome(worker, message.job_id, error)
+        elif isinstance(message, wire.Results):
+            self.on_results(worker, message)
         elif worker is not None and isinstance(message, wire.Heartbeat):
             self.on_heartbeat(worker, message)
         elif worker is not None and isinstance(message, wire.Bye):
@@ -61,6 +58,11 @@ class WorkerHandlers:
             return
         self._scheduler.pump(worker)
 
+    def on_results(self, worker: Worker | None, message: wire.Results) -> None:
+        outcomes: list[tuple[bytes, JobOutcome]] = [(r.job_id, r) for r in message.results]
+        outcomes += [(fail.job_id, fail.exception()) for fail in message.failures]
+        self._scheduler.on_outcomes(worker, outcomes)
+
     def on_heartbeat(self, worker: Worker, heartbeat: wire.Heartbeat) -> None:
         if heartbeat.credit is not None and heartbeat.credit != worker.credit:
             log.info(
@@ -73,13 +75,13 @@ class WorkerHandlers:
             self._scheduler.pump(worker)
 
     def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
-        """Nobody to answer: count it; a RESULT we cannot read fails its job instead."""
+        """Nobody to answer: count it; RESULTS we cannot read fail the jobs they name."""
         self._scheduler.metrics.dropped.inc(reason="malformed_from_worker")
         name = worker.worker_id if worker is not None else "an unregistered peer"
         log.warning("malformed message from %s: %s", name, error)
-        job_id = wire.peek_id(frames)
-        if worker is not None and job_id in worker.in_flight:
-            self._scheduler.on_outcome(worker, job_id, error)
+        if worker is not None:
+            named = [job_id for job_id in wire.peek_ids(frames) if job_id in worker.in_flight]
+            self._scheduler.on_outcomes(worker, [(job_id, error) for job_id in named])
 
     def beat(self, now: float) -> None:
         """Heartbeat every worker; drop the ones silent past the liveness window."""

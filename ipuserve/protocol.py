@@ -3,13 +3,18 @@
 Every message is one ZeroMQ multipart message (a ROUTER adds the peer's routing
 identity in front; strip it before :func:`decode`)::
 
-    frame 0   tag        b"IPUS" + one version byte (PROTOCOL_VERSION)
-    frame 1   command    one byte, a :class:`Command`
-    frame 2   id         0..64 bytes: the client's request id, or the broker's job id
-    frame 3   header     a UTF-8 JSON object, at most Limits.max_header_bytes;
+    frame 0   envelope   b"IPUS", one version byte (PROTOCOL_VERSION), one command
+                         byte (a :class:`Command`), then the id: 0..64 bytes, the
+                         client's request id, or empty
+    frame 1   header     a UTF-8 JSON object, at most Limits.max_header_bytes;
                          its exact fields depend on the command (docs/protocol.md)
-    frame 4.. tensors    one raw frame per entry of header["tensors"], in order,
+    frame 2.. tensors    one raw frame per tensor the header lists, in order,
                          C-ordered little-endian, exactly prod(shape) * itemsize bytes
+
+The broker and a worker exchange batches: one JOBS message carries every job the
+broker hands a worker in one turn of its loop, one RESULTS message every outcome
+the worker has ready. Their headers list each job (id, tensor specs, budget or
+timing) and their tensor frames follow job by job; a single job is a batch of one.
 
 :func:`decode` validates all of it before anything uses it and raises
 :class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
@@ -17,8 +22,8 @@ or :class:`PayloadTooLargeError` with a message that says what is wrong. Tensors
 kept as the received frames (forwarded by reference) and read as read-only
 ``np.frombuffer`` views; ``encode`` returns arrays as frames without copying them
 (non-contiguous or big-endian arrays are made contiguous once). Send with
-``send_multipart(frames, copy=False)``: pyzmq copies only frames below its copy
-threshold.
+:func:`send` (or ``send_multipart(frames, copy=False)``): pyzmq copies only frames
+below its copy threshold.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import enum
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import numpy as np
@@ -43,12 +48,16 @@ from ipuserve.errors import (
 )
 
 PROTOCOL_TAG = b"IPUS"
-PROTOCOL_VERSION = 1
-TAG_FRAME = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
+PROTOCOL_VERSION = 2
+#: The envelope's first bytes: the protocol tag and version.
+TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
+#: Tag, version and command: the envelope's fixed part; the id follows.
+ENVELOPE_BYTES = len(TAG) + 1
 MAX_ID_BYTES = 64
 MAX_NAME_CHARS = 256
 MAX_TIMING_KEYS = 32
-HEADER_FRAMES = 4
+#: Envelope and header; tensor frames follow.
+HEADER_FRAMES = 2
 
 #: dtype name -> wire dtype (little-endian); the allow-list.
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -83,26 +92,36 @@ class Command(enum.IntEnum):
     PONG = 0x07  # broker -> client
     HELLO = 0x10  # worker -> broker
     WELCOME = 0x11  # broker -> worker
-    JOB = 0x12  # broker -> worker
-    RESULT = 0x13  # worker -> broker
-    FAIL = 0x14  # worker -> broker
+    JOBS = 0x12  # broker -> worker
+    RESULTS = 0x13  # worker -> broker  (0x14 was version 1's FAIL)
     HEARTBEAT = 0x15  # both ways
     RECONNECT = 0x16  # broker -> worker
     BYE = 0x17  # worker -> broker
 
 
-_CMD_FRAMES = {c: bytes([c]) for c in Command}
+#: command -> the fixed part of its envelope
+_ENVELOPES = {c: TAG + bytes([c]) for c in Command}
+
+
+def envelope(command: Command, ident: bytes = b"") -> bytes:
+    """Frame 0 of a message: for tests and tools that build frames by hand."""
+    return _ENVELOPES[command] + ident
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What :func:`decode` accepts; the broker and worker make the payload limit configurable."""
+    """What :func:`decode` accepts; the broker and worker make the payload limit configurable.
+
+    ``max_payload_bytes`` and ``max_tensors`` hold per request (per job of a batch);
+    ``max_batch`` bounds the jobs (or outcomes) of one JOBS (or RESULTS) message.
+    """
 
     max_payload_bytes: int = 64 << 20
     max_header_bytes: int = 256 << 10
     max_tensors: int = 64
     max_rank: int = 8
     max_elements: int = 1 << 36
+    max_batch: int = 1024
 
 
 DEFAULT_LIMITS = Limits()
@@ -118,10 +137,13 @@ class TensorSpec:
     name: str
     dtype: str
     shape: tuple[int, ...]
+    #: prod(shape) * itemsize, computed once: every message checks every frame against it.
+    nbytes: int = field(init=False, repr=False, compare=False, hash=False)
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+    def __post_init__(self) -> None:
+        wire = DTYPES.get(self.dtype)
+        itemsize = wire.itemsize if wire is not None else np.dtype(self.dtype).itemsize
+        object.__setattr__(self, "nbytes", math.prod(self.shape) * itemsize)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
@@ -164,8 +186,11 @@ class Tensors:
         """Wrap arrays without copying (a non-contiguous or big-endian one is copied once)."""
         specs, frames = [], []
         for name, value in arrays.items():
-            array = _wire_array(name, value)
-            specs.append(TensorSpec(name, array.dtype.name, tuple(array.shape)))
+            array, dtype = _wire_array(name, value)
+            spec = _SPECS.get((name, dtype, array.shape))
+            if spec is None:
+                spec = _intern(TensorSpec(name, dtype, tuple(array.shape)))
+            specs.append(spec)
             frames.append(array)
         return cls(tuple(specs), tuple(frames))
 
@@ -184,16 +209,38 @@ class Tensors:
         return [spec.to_json() for spec in self.specs]
 
 
-def _wire_array(name: str, value: Any) -> np.ndarray[Any, Any]:
-    array = np.asarray(value)
+#: dtype -> its wire name, for the dtypes sent as they are (allowed, little-endian):
+#: a dict lookup, where ``dtype.name`` would run Python code on every call.
+_WIRE_NAMES: dict[np.dtype[Any], str] = {
+    dtype.newbyteorder("="): name for name, dtype in DTYPES.items() if dtype.isnative
+}
+
+
+def _wire_array(name: str, value: Any) -> tuple[np.ndarray[Any, Any], str]:
+    """The array to send for ``value`` (itself when it can be) and its dtype's wire name."""
+    array = value if type(value) is np.ndarray else np.asarray(value)
+    dtype = _WIRE_NAMES.get(array.dtype)
+    if dtype is not None and array.flags.c_contiguous:
+        return array, dtype
     wire = DTYPES.get(array.dtype.name)
     if wire is None:
         raise InvalidInputError(
             f"tensor {name!r} has dtype {array.dtype}; allowed: {', '.join(DTYPES)}"
         )
-    if array.flags.c_contiguous and array.dtype.byteorder != ">":
-        return array
-    return np.ascontiguousarray(array, dtype=wire)
+    return np.ascontiguousarray(array, dtype=wire), array.dtype.name
+
+
+#: (name, dtype, shape) -> the one TensorSpec for it: a sender (a worker's outputs, a
+#: client's inputs) repeats the same specs, so equal specs are the same objects and
+#: their JSON is found in _SPECS_JSON without building anything.
+_SPECS: dict[tuple[str, str, tuple[int, ...]], TensorSpec] = {}
+_SPECS_SIZE = 4096
+
+
+def _intern(spec: TensorSpec) -> TensorSpec:
+    if len(_SPECS) >= _SPECS_SIZE:
+        _SPECS.clear()
+    return _SPECS.setdefault((spec.name, spec.dtype, spec.shape), spec)
 
 
 def _view(spec: TensorSpec, frame: Frame) -> np.ndarray[Any, Any]:
@@ -275,7 +322,7 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class ErrorReply:
-    """An error for one request (or one job): a wire code from ipuserve.errors and a message."""
+    """An error for one request: a wire code from ipuserve.errors and a message."""
 
     COMMAND: ClassVar[Command] = Command.ERROR
     request_id: bytes
@@ -389,50 +436,6 @@ class Welcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
-    """A request forwarded to a worker; ``budget_ms`` is the time left before its deadline."""
-
-    COMMAND: ClassVar[Command] = Command.JOB
-    job_id: bytes
-    model: str
-    tensors: Tensors
-    budget_ms: float | None = None
-
-    def encode(self) -> list[Frame]:
-        budget = "null" if self.budget_ms is None else _json(self.budget_ms)
-        specs = _specs_json(self.tensors)
-        body = f'{{"model":{_json(self.model)},"tensors":{specs},"budget_ms":{budget}}}'
-        return _frames(self.COMMAND, self.job_id, body, self.tensors.frames)
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    COMMAND: ClassVar[Command] = Command.RESULT
-    job_id: bytes
-    tensors: Tensors
-    timing: Mapping[str, float]
-
-    def encode(self) -> list[Frame]:
-        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{_json(dict(self.timing))}}}'
-        return _frames(self.COMMAND, self.job_id, body, self.tensors.frames)
-
-
-@dataclass(frozen=True, slots=True)
-class Fail:
-    COMMAND: ClassVar[Command] = Command.FAIL
-    job_id: bytes
-    code: str
-    message: str
-
-    @classmethod
-    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
-        return cls(job_id, error.code, str(error))
-
-    def encode(self) -> list[Frame]:
-        return _frames(self.COMMAND, self.job_id, {"code": self.code, "message": self.message})
-
-
-@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Both ways. A worker reports ``in_flight`` and may change its ``credit`` (0 = draining)."""
 
@@ -468,6 +471,148 @@ class Bye:
         return _frames(self.COMMAND, b"", {"handed_back": [j.hex() for j in self.handed_back]})
 
 
+# ---------------------------------------------------------------- batches (broker <-> worker)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A request forwarded to a worker; ``budget_ms`` is the time left before its deadline."""
+
+    job_id: bytes
+    model: str
+    tensors: Tensors
+    budget_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    job_id: bytes
+    tensors: Tensors
+    timing: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A job that failed: a wire code from ipuserve.errors and a message."""
+
+    job_id: bytes
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
+        return cls(job_id, error.code, str(error))
+
+    def exception(self) -> IpuserveError:
+        return error_for_code(self.code, self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Jobs:
+    """Jobs for one worker, sent together.
+
+    Header ``{"specs": [{"model", "tensors"}...], "jobs": [[id hex, spec index,
+    budget_ms or null]...]}``: jobs with the same model and tensor specs share one
+    entry of ``specs``, so the header stays small and the receiver checks each
+    distinct spec once. ``rejected`` is filled by :func:`decode` only: jobs whose
+    tensor frames do not match their specs, as the FAIL their sender should get.
+    """
+
+    COMMAND: ClassVar[Command] = Command.JOBS
+    jobs: tuple[Job, ...]
+    rejected: tuple[Fail, ...] = ()
+
+    def halves(self) -> tuple[Jobs, Jobs]:
+        middle = len(self.jobs) // 2
+        return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
+
+    def encode(self) -> list[Frame]:
+        specs = _SpecTable()
+        rows: list[str] = []
+        frames: list[Frame] = []
+        for job in self.jobs:
+            index = specs.index(job.tensors, job.model)
+            rows.append(f'["{job.job_id.hex()}",{index},{_number(job.budget_ms)}]')
+            frames.extend(job.tensors.frames)
+        body = f'{{"specs":[{specs.json()}],"jobs":[{",".join(rows)}]}}'
+        return _frames(self.COMMAND, b"", body, frames)
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    """Outcomes of jobs, sent together: results, and failures (a code and message each).
+
+    Header ``{"specs": [[tensor spec...]...], "results": [[id hex, spec index,
+    timing]...], "failures": [[id hex, code, message]...]}`` (``failures`` may be
+    left out). :func:`decode` turns a result whose tensor frames do not match its
+    specs into a failure with the error found.
+    """
+
+    COMMAND: ClassVar[Command] = Command.RESULTS
+    results: tuple[Result, ...] = ()
+    failures: tuple[Fail, ...] = ()
+
+    def halves(self) -> tuple[Results, Results]:
+        results, failures = self.results, self.failures
+        middle = (len(results) + len(failures)) // 2
+        if middle <= len(results):
+            return Results(results[:middle]), Results(results[middle:], failures)
+        cut = middle - len(results)
+        return Results(results, failures[:cut]), Results((), failures[cut:])
+
+    def encode(self) -> list[Frame]:
+        specs = _SpecTable()
+        rows: list[str] = []
+        frames: list[Frame] = []
+        for result in self.results:
+            index = specs.index(result.tensors)
+            rows.append(f'["{result.job_id.hex()}",{index},{_json(dict(result.timing))}]')
+            frames.extend(result.tensors.frames)
+        failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in self.failures)
+        failures = f',"failures":[{failed}]' if self.failures else ""
+        body = f'{{"specs":[{specs.json()}],"results":[{",".join(rows)}]{failures}}}'
+        return _frames(self.COMMAND, b"", body, frames)
+
+
+def encode_batch(message: Jobs | Results, limits: Limits = DEFAULT_LIMITS) -> list[list[Frame]]:
+    """A batch's frames, as several messages where one would break the receiver's limits
+    (``max_batch`` rows, ``max_header_bytes``): halved until each part fits."""
+    rows = (
+        len(message.jobs)
+        if isinstance(message, Jobs)
+        else len(message.results) + len(message.failures)
+    )
+    if rows <= limits.max_batch:
+        frames = message.encode()
+        if rows <= 1 or _nbytes(frames[1]) <= limits.max_header_bytes:
+            return [frames]
+    first, second = message.halves()
+    return encode_batch(first, limits) + encode_batch(second, limits)
+
+
+class _SpecTable:
+    """The distinct tensor specs of a batch (with the model, for JOBS), as JSON entries."""
+
+    __slots__ = ("_entries", "_index")
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[str, str], int] = {}
+        self._entries: list[str] = []
+
+    def index(self, tensors: Tensors, model: str | None = None) -> int:
+        specs = _specs_json(tensors)  # cached text: equal specs give the same (hashed) str
+        key = (specs, model or "")
+        found = self._index.get(key)
+        if found is None:
+            found = self._index[key] = len(self._entries)
+            entry = specs if model is None else f'{{"model":{_json(model)},"tensors":{specs}}}'
+            self._entries.append(entry)
+        return found
+
+    def json(self) -> str:
+        return ",".join(self._entries)
+
+
 Message: TypeAlias = (
     Request
     | Reply
@@ -478,38 +623,46 @@ Message: TypeAlias = (
     | Pong
     | Hello
     | Welcome
-    | Job
-    | Result
-    | Fail
+    | Jobs
+    | Results
     | Heartbeat
     | Reconnect
     | Bye
 )
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
 _json = _ENCODER.encode
+
+
+def _number(value: float | None) -> str:
+    """A budget as JSON: ``null`` or a finite float's repr (cheaper than the encoder)."""
+    if value is None:
+        return "null"
+    if not math.isfinite(value):
+        raise ValueError(f"{value} cannot travel as JSON")
+    return repr(float(value))
+
 
 #: Tensor specs -> their JSON list: the hot messages repeat the same specs.
 _SPECS_JSON: dict[tuple[TensorSpec, ...], str] = {}
+_SPECS_JSON_SIZE = 1024
 
 
 def _specs_json(tensors: Tensors) -> str:
     text = _SPECS_JSON.get(tensors.specs)
     if text is None:
-        if len(_SPECS_JSON) >= _FIELDS_CACHE_SIZE:
+        if len(_SPECS_JSON) >= _SPECS_JSON_SIZE:
             _SPECS_JSON.clear()
         text = _SPECS_JSON[tensors.specs] = _json(tensors.header())
     return text
 
 
 def _frames(
-    command: Command, ident: bytes, header: dict[str, Any] | str, tensors: tuple[Frame, ...] = ()
+    command: Command, ident: bytes, header: dict[str, Any] | str, tensors: Sequence[Frame] = ()
 ) -> list[Frame]:
     """The frames of one message; the hot messages pass their header as JSON text."""
     body = (header if isinstance(header, str) else _json(header)).encode("ascii")
-    return [TAG_FRAME, _CMD_FRAMES[command], ident, body, *tensors]
+    return [_ENVELOPES[command] + ident, body, *tensors]
 
 
 # ---------------------------------------------------------------- sending and receiving
@@ -517,8 +670,11 @@ def _frames(
 # pyzmq's Socket.send/recv_multipart wrap the Cython methods in Python (flag enums,
 # group checks, a loop per frame): several microseconds per frame, which is most of
 # a broker's time per message. These call the Cython methods of zmq.Socket's base
-# class directly; the header frames (small bytes) are copied, tensor frames are
-# passed by reference (pyzmq still copies those below its copy threshold).
+# class directly. Sending, the envelope and header (small bytes) are copied and
+# tensor frames passed by reference (pyzmq still copies those below its copy
+# threshold). Receiving, every frame comes as a zmq.Frame: measured on the Cython
+# methods, that is cheaper than receiving the small frames as bytes, which needs a
+# getsockopt(RCVMORE) per frame where a Frame carries ``more`` already.
 
 _BASE = next(
     (c for c in zmq.Socket.__mro__[1:] if {"send", "recv", "get"} <= vars(c).keys()), zmq.Socket
@@ -545,11 +701,14 @@ def send(
     ROUTER_MANDATORY) is raised by the first frame, before anything was queued.
     """
     flags = _NOBLOCK if nonblock else 0
+    more = flags | _MORE
     if identity is not None:
-        _SEND(sock, identity, flags | _MORE, True, False)
+        _SEND(sock, identity, more, True, False)
     last = len(frames) - 1
-    for index, frame in enumerate(frames):
-        _SEND(sock, frame, flags if index == last else flags | _MORE, index < HEADER_FRAMES, False)
+    _SEND(sock, frames[0], more, True, False)
+    _SEND(sock, frames[1], flags if last == 1 else more, True, False)
+    for index in range(2, last + 1):
+        _SEND(sock, frames[index], flags if index == last else more, False, False)
 
 
 def recv(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
@@ -562,12 +721,15 @@ def recv(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
     return frames
 
 
+def readable(sock: zmq.Socket[Any]) -> bool:
+    """A whole message waits (asked of ZMQ_EVENTS: cheaper than the zmq.Again a
+    non-blocking recv raises)."""
+    return bool(_GET(sock, _EVENTS) & _POLLIN)
+
+
 def try_recv(sock: zmq.Socket[Any]) -> list[zmq.Frame] | None:
-    """One whole message if one waits, else None (asked of ZMQ_EVENTS, which is
-    cheaper than the zmq.Again a non-blocking recv raises)."""
-    if not _GET(sock, _EVENTS) & _POLLIN:
-        return None
-    return recv(sock)
+    """One whole message if one waits, else None."""
+    return recv(sock) if readable(sock) else None
 
 
 # ---------------------------------------------------------------- decoding
@@ -579,25 +741,70 @@ def error_frames(ident: bytes, error: IpuserveError) -> list[Frame]:
 
 
 def peek_id(frames: Sequence[Frame]) -> bytes:
-    """The id frame of a message that may be malformed, to address an error reply (or b"")."""
-    if len(frames) > 2 and _nbytes(frames[2]) <= MAX_ID_BYTES:
-        return _small(frames[2])
-    return b""
+    """The id of a message that may be malformed, to address an error reply (or b"").
+
+    Any message whose envelope starts with the tag has one, whatever its version or
+    command, so a peer speaking another version learns why it is refused.
+    """
+    if not frames or not ENVELOPE_BYTES <= _nbytes(frames[0]) <= ENVELOPE_BYTES + MAX_ID_BYTES:
+        return b""
+    head = _small(frames[0])
+    return head[ENVELOPE_BYTES:] if head.startswith(PROTOCOL_TAG) else b""
+
+
+def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
+    """The job ids a JOBS or RESULTS message that may be malformed names, best effort.
+
+    A receiver that cannot decode a batch answers each job it can identify (the
+    worker FAILs them, the broker fails them), so no job waits for its deadline.
+    """
+    if len(frames) < HEADER_FRAMES or _nbytes(frames[1]) > DEFAULT_LIMITS.max_header_bytes:
+        return []
+    if _peek_command(frames[0]) not in (Command.JOBS, Command.RESULTS):
+        return []
+    try:
+        header = json.loads(_small(frames[1]))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    if not isinstance(header, dict):
+        return []
+    rows = [row for key in ("jobs", "results", "failures") for row in _as_list(header.get(key))]
+    return [job_id for row in rows if (job_id := _peek_row_id(row)) is not None]
+
+
+def _peek_command(frame: Frame) -> Command | None:
+    if _nbytes(frame) > ENVELOPE_BYTES + MAX_ID_BYTES:
+        return None
+    found = _BY_PREFIX.get(_small(frame)[:ENVELOPE_BYTES])
+    return None if found is None else found[0]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _peek_row_id(row: Any) -> bytes | None:
+    if not isinstance(row, list) or not row or not isinstance(row[0], str):
+        return None
+    try:
+        job_id = bytes.fromhex(row[0])
+    except ValueError:
+        return None
+    return job_id if len(job_id) <= MAX_ID_BYTES else None
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Validate and parse one message (without any routing identity)."""
-    command = _check_envelope(frames, limits)
-    kind = _KINDS[command]
-    fields = _header_fields(command, kind, frames[3], limits)
-    tensors = _tensors(fields, frames[HEADER_FRAMES:], command, limits)
-    return kind.build(_small(frames[2]), fields, tensors)
+    command, kind, ident = _check_envelope(frames, limits)
+    fields = _header_fields(command, kind, frames[1], limits)
+    return kind.build(ident, fields, frames[HEADER_FRAMES:], limits)
 
 
-#: (command, limits, header bytes) -> validated fields, for the hot commands whose
-#: headers repeat (a client sends the same model, names, dtypes and shapes again and
-#: again). The cached values are immutable (str, float, tuples of frozen specs).
-_FIELDS_CACHE: dict[tuple[Command, Limits, bytes], dict[str, Any]] = {}
+#: (command, header bytes) -> (limits, validated fields), for the command whose headers
+#: repeat (a client sends the same model, names, dtypes and shapes again and again).
+#: The cached values are immutable (str, float, tuples of frozen specs). The limits
+#: are compared, not hashed: a frozen dataclass hashes in Python, on every lookup.
+_FIELDS_CACHE: dict[tuple[Command, bytes], tuple[Limits, dict[str, Any]]] = {}
 _FIELDS_CACHE_SIZE = 1024
 
 
@@ -606,59 +813,72 @@ def _header_fields(command: Command, kind: _Kind, frame: Frame, limits: Limits) 
     if size > limits.max_header_bytes:
         raise ProtocolError(f"the header is {size} bytes; the limit is {limits.max_header_bytes}")
     raw = _small(frame)
-    key = (command, limits, raw)
-    fields = _FIELDS_CACHE.get(key) if kind.cacheable else None
-    if fields is None:
-        fields = _check_fields(_parse_header(raw), kind.schema, f"{command.name} header", limits)
-        if kind.cacheable:
-            if len(_FIELDS_CACHE) >= _FIELDS_CACHE_SIZE:
-                _FIELDS_CACHE.clear()
-            _FIELDS_CACHE[key] = fields
+    if not kind.cacheable:
+        return kind.check(_parse_header(raw), limits)
+    key = (command, raw)
+    cached = _FIELDS_CACHE.get(key)
+    if cached is not None and (cached[0] is limits or cached[0] == limits):
+        return cached[1]
+    fields = kind.check(_parse_header(raw), limits)
+    if len(_FIELDS_CACHE) >= _FIELDS_CACHE_SIZE:
+        _FIELDS_CACHE.clear()
+    _FIELDS_CACHE[key] = (limits, fields)
     return fields
 
 
 def _small(frame: Frame) -> bytes:
-    if isinstance(frame, bytes):
-        return frame
-    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+    if isinstance(frame, zmq.Frame):  # what sockets give: tested first
+        return frame.bytes
+    return frame if isinstance(frame, bytes) else bytes(frame)
 
 
 def _nbytes(frame: Frame) -> int:
+    kind = type(frame)
+    if kind is zmq.Frame or kind is bytes:
+        return len(frame)
     return frame.nbytes if isinstance(frame, np.ndarray | memoryview) else len(frame)
 
 
-def _check_envelope(frames: Sequence[Frame], limits: Limits) -> Command:
+def _check_envelope(frames: Sequence[Frame], limits: Limits) -> tuple[Command, _Kind, bytes]:
+    """The command, its kind and the id; checks the frame count against the command."""
     if len(frames) < HEADER_FRAMES:
         raise ProtocolError(
-            f"a message needs at least {HEADER_FRAMES} frames "
-            f"(tag, command, id, header); got {len(frames)}"
+            f"a message needs at least {HEADER_FRAMES} frames (envelope, header); got {len(frames)}"
         )
-    tag = _small(frames[0])
-    if tag[:4] != PROTOCOL_TAG or len(tag) != 5:
-        raise ProtocolError(f"frame 0 must be the protocol tag {TAG_FRAME!r}; got {tag[:16]!r}")
-    if tag[4] != PROTOCOL_VERSION:
-        raise UnsupportedVersionError(
-            f"protocol version {tag[4]} is not supported; this peer speaks {PROTOCOL_VERSION}"
-        )
-    command = _command(_small(frames[1]))
-    if _nbytes(frames[2]) > MAX_ID_BYTES:
-        raise ProtocolError(
-            f"the id frame is {_nbytes(frames[2])} bytes; the limit is {MAX_ID_BYTES}"
-        )
+    size = _nbytes(frames[0])
+    head = _small(frames[0]) if size <= ENVELOPE_BYTES + MAX_ID_BYTES else _prefix(frames[0])
+    found = _BY_PREFIX.get(head[:ENVELOPE_BYTES])
+    if found is None:
+        raise _envelope_error(head)
+    if size > ENVELOPE_BYTES + MAX_ID_BYTES:
+        raise ProtocolError(f"the id is {size - ENVELOPE_BYTES} bytes; the limit is {MAX_ID_BYTES}")
+    command, kind = found
     extra = len(frames) - HEADER_FRAMES
-    allowed = limits.max_tensors if _KINDS[command].has_tensors else 0
-    if extra > allowed:
-        raise ProtocolError(f"{command.name} carries at most {allowed} tensor frames; got {extra}")
-    return command
+    if extra > kind.max_frames(limits):
+        raise ProtocolError(
+            f"{command.name} carries at most {kind.max_frames(limits)} tensor frames; got {extra}"
+        )
+    return command, kind, head[ENVELOPE_BYTES:]
 
 
-def _command(frame: bytes) -> Command:
-    if len(frame) != 1:
-        raise ProtocolError(f"the command frame must be 1 byte; got {len(frame)}")
-    try:
-        return Command(frame[0])
-    except ValueError:
-        raise ProtocolError(f"unknown command 0x{frame[0]:02x}") from None
+def _prefix(frame: Frame) -> bytes:
+    """The fixed part of an oversized envelope, without copying all of it."""
+    return bytes(memoryview(frame)[:ENVELOPE_BYTES])  # type: ignore[arg-type]
+
+
+def _envelope_error(head: bytes) -> ProtocolError:
+    """Why an envelope is not one of ours: the first rule it breaks (docs/protocol.md §3)."""
+    version = head[len(PROTOCOL_TAG)] if len(head) > len(PROTOCOL_TAG) else None
+    if version is not None and version != PROTOCOL_VERSION and head.startswith(PROTOCOL_TAG):
+        return UnsupportedVersionError(  # checked first: version 1 had a 5-byte tag frame
+            f"protocol version {version} is not supported; this peer speaks {PROTOCOL_VERSION}"
+        )
+    if len(head) < ENVELOPE_BYTES or not head.startswith(PROTOCOL_TAG):
+        return ProtocolError(
+            f"frame 0 must be an envelope: {PROTOCOL_TAG!r}, a version byte, a command byte, "
+            f"then the id; got {head[:16]!r}"
+        )
+    return ProtocolError(f"unknown command 0x{head[len(TAG)]:02x}")
 
 
 def _reject_constant(name: str) -> Any:
@@ -671,7 +891,7 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 def _parse_header(raw: bytes) -> dict[str, Any]:
     try:
         header = _DECODER.decode(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"the header is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise ProtocolError(f"the header must be a JSON object; got {type(header).__name__}")
@@ -697,14 +917,14 @@ def _check_fields(
             f"{where} has unknown field(s) {unknown}; expected {', '.join(schema) or 'none'}"
         )
     fields = {}
-    for key, field in schema.items():
+    for key, spec in schema.items():
         value = header.get(key, _MISSING)
         if value is _MISSING:
-            if field.required:
+            if spec.required:
                 raise ProtocolError(f"{where} is missing field {key!r}")
             continue
         try:
-            fields[key] = field.check(value, limits)
+            fields[key] = spec.check(value, limits)
         except IpuserveError as exc:
             raise _at(f"{where} field {key!r}", exc) from None
     return fields
@@ -714,13 +934,12 @@ _MISSING = object()
 
 
 def _tensors(
-    fields: dict[str, Any], frames: Sequence[Frame], command: Command, limits: Limits
+    specs: tuple[TensorSpec, ...], frames: Sequence[Frame], where: str, limits: Limits
 ) -> Tensors:
-    specs: tuple[TensorSpec, ...] = fields.get("tensors", ())
+    """The tensors of one request or job: as many frames as specs, each of the right size."""
     if len(frames) != len(specs):
         raise ProtocolError(
-            f"{command.name} header lists {len(specs)} tensor(s) but "
-            f"{len(frames)} tensor frame(s) follow"
+            f"{where} lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) follow"
         )
     declared = sum(spec.nbytes for spec in specs)
     if declared > limits.max_payload_bytes:
@@ -734,6 +953,29 @@ def _tensors(
                 f"bytes; its frame has {_nbytes(frame)}"
             )
     return Tensors(specs, tuple(frames))
+
+
+def _batch_tensors(
+    specs: list[tuple[TensorSpec, ...]], frames: Sequence[Frame], command: Command, limits: Limits
+) -> list[Tensors | IpuserveError]:
+    """Each job's tensors, its frames taken in order: a job whose frames do not match its
+    specs gets the error instead, so one bad job does not fail the others."""
+    expected = sum(len(s) for s in specs)
+    if expected != len(frames):
+        raise ProtocolError(
+            f"{command.name} header lists {expected} tensor(s) but "
+            f"{len(frames)} tensor frame(s) follow"
+        )
+    found: list[Tensors | IpuserveError] = []
+    start = 0
+    for job_specs in specs:
+        end = start + len(job_specs)
+        try:
+            found.append(_tensors(job_specs, frames[start:end], "", limits))
+        except (InvalidInputError, PayloadTooLargeError) as exc:
+            found.append(exc)
+        start = end
+    return found
 
 
 # ---------------------------------------------------------------- field checks
@@ -819,14 +1061,19 @@ def _code(value: Any, _limits: Limits) -> str:
 
 
 def _timing(value: Any, limits: Limits) -> dict[str, float]:
+    if _plain_timing(value):
+        return value  # type: ignore[no-any-return]
     _kind(value, dict, "an object of numbers")
     if len(value) > MAX_TIMING_KEYS:
         raise ProtocolError(f"has {len(value)} entries; the limit is {MAX_TIMING_KEYS}")
+    floats = True
     for key, number in value.items():
         _name(key, limits)
-        if type(number) is not float and type(number) is not int:
-            raise ProtocolError(f"must be an object of numbers; {key!r} is {number!r}"[:120])
-    return {key: float(number) for key, number in value.items()}
+        if type(number) is not float:
+            if type(number) is not int:
+                raise ProtocolError(f"must be an object of numbers; {key!r} is {number!r}"[:120])
+            floats = False
+    return value if floats else {key: float(number) for key, number in value.items()}
 
 
 def _list(value: Any, limit: int) -> list[Any]:
@@ -952,10 +1199,180 @@ def _job_ids(value: Any, limits: Limits) -> tuple[bytes, ...]:
     return _items(value, 1_000_000, _job_id, limits)
 
 
+# ---------------------------------------------------------------- batches
+
+
+def _job_row(item: Any, limits: Limits) -> tuple[bytes, int, float | None]:
+    if type(item) is not list or len(item) != 3:
+        raise ProtocolError(f"must be [job id, spec index, budget_ms]; got {_show(item)}")
+    return _job_id(item[0], limits), _count(item[1], limits), _budget(item[2], limits)
+
+
+def _result_row(item: Any, limits: Limits) -> tuple[bytes, int, dict[str, float]]:
+    if type(item) is not list or len(item) != 3:
+        raise ProtocolError(f"must be [job id, spec index, timing]; got {_show(item)}")
+    return _job_id(item[0], limits), _count(item[1], limits), _timing(item[2], limits)
+
+
+def _failure_row(item: Any, limits: Limits) -> Fail:
+    if type(item) is not list or len(item) != 3:
+        raise ProtocolError(f"must be [job id, code, message]; got {_show(item)}")
+    return Fail(_job_id(item[0], limits), _code(item[1], limits), _text(item[2], limits))
+
+
+def _job_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, float | None], ...]:
+    """JOBS rows. The usual row passes one inline test; any other row gets the full
+    checks, which accept it or say what is wrong and where."""
+    checked = []
+    for index, row in enumerate(_list(value, limits.max_batch)):
+        if type(row) is list and len(row) == 3:
+            job_id, spec, budget = row
+            if (
+                type(spec) is int
+                and spec >= 0
+                and (budget is None or (type(budget) is float and -1e12 < budget < 1e12))
+                and (raw := _hex_id(job_id)) is not None
+            ):
+                checked.append((raw, spec, budget))
+                continue
+        checked.append(_item_at(index, row, _job_row, limits))
+    return tuple(checked)
+
+
+def _result_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, dict[str, float]], ...]:
+    """RESULTS rows, the same way as :func:`_job_rows`."""
+    checked = []
+    for index, row in enumerate(_list(value, limits.max_batch)):
+        if type(row) is list and len(row) == 3:
+            job_id, spec, timing = row
+            if (
+                type(spec) is int
+                and spec >= 0
+                and _plain_timing(timing)
+                and (raw := _hex_id(job_id)) is not None
+            ):
+                checked.append((raw, spec, timing))
+                continue
+        checked.append(_item_at(index, row, _result_row, limits))
+    return tuple(checked)
+
+
+def _hex_id(value: Any) -> bytes | None:
+    """A job id in hex, or None for anything the full check must look at."""
+    if type(value) is not str or len(value) > 2 * MAX_ID_BYTES:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def _plain_timing(value: Any) -> bool:
+    """A timing object as senders write it (float values, short names): used as it is."""
+    if type(value) is not dict or len(value) > MAX_TIMING_KEYS:
+        return False
+    return all(
+        type(number) is float and 0 < len(key) <= MAX_NAME_CHARS for key, number in value.items()
+    )
+
+
+def _item_at(index: int, item: Any, check: Callable[[Any, Limits], T], limits: Limits) -> T:
+    try:
+        return check(item, limits)
+    except IpuserveError as exc:
+        raise _at(f"[{index}]", exc) from None
+
+
+def _memo(check: Check) -> Check:
+    """``check``, remembered by the checked value's repr.
+
+    For parsed JSON the repr is exact (it tells 1 from 1.0 and from True), so each
+    distinct spec list or spec table is checked once; the results are immutable.
+    A batch's or a reply's specs repeat from message to message.
+    """
+    memo: dict[str, tuple[Limits, Any]] = {}
+
+    def checked(value: Any, limits: Limits) -> Any:
+        try:
+            key = repr(value)
+        except RecursionError:  # nested deeper than any valid value: the check refuses it
+            return check(value, limits)
+        found = memo.get(key)
+        if found is not None and (found[0] is limits or found[0] == limits):
+            return found[1]
+        result = check(value, limits)
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        memo[key] = (limits, result)
+        return result
+
+    return checked
+
+
+_MEMO_SIZE = 1024
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value)[:80]
+
+
+def _job_spec(value: Any, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]]:
+    fields = _check_fields(_as_object(value), _JOB_SPEC_SCHEMA, "spec", limits)
+    return fields["model"], fields["tensors"]
+
+
+def _rows(check: Callable[[Any, Limits], T]) -> Check:
+    def rows(value: Any, limits: Limits) -> tuple[T, ...]:
+        return _items(value, limits.max_batch, check, limits)
+
+    return rows
+
+
+def _pick(table: tuple[T, ...], indices: list[int], rows: str) -> list[T]:
+    """The spec table entries rows refer to; an index past the table is a bad message."""
+    if indices and max(indices) >= len(table):
+        row = next(n for n, index in enumerate(indices) if index >= len(table))
+        raise ProtocolError(
+            f"{rows}[{row}] names spec {indices[row]}; the header lists {len(table)} spec(s)"
+        )
+    return [table[index] for index in indices]
+
+
+def _build_jobs(
+    _ident: bytes, fields: dict[str, Any], frames: Sequence[Frame], limits: Limits
+) -> Jobs:
+    rows: tuple[tuple[bytes, int, float | None], ...] = fields["jobs"]
+    picked = _pick(fields["specs"], [index for _id, index, _budget in rows], "jobs")
+    found = _batch_tensors([specs for _model, specs in picked], frames, Command.JOBS, limits)
+    jobs, rejected = [], []
+    for (job_id, _index, budget), (model, _specs), tensors in zip(rows, picked, found, strict=True):
+        if isinstance(tensors, Tensors):
+            jobs.append(Job(job_id, model, tensors, budget))
+        else:
+            rejected.append(Fail.of(job_id, tensors))
+    return Jobs(tuple(jobs), tuple(rejected))
+
+
+def _build_results(
+    _ident: bytes, fields: dict[str, Any], frames: Sequence[Frame], limits: Limits
+) -> Results:
+    rows: tuple[tuple[bytes, int, dict[str, float]], ...] = fields["results"]
+    picked = _pick(fields["specs"], [index for _id, index, _timing in rows], "results")
+    found = _batch_tensors(picked, frames, Command.RESULTS, limits)
+    results, failures = [], list(fields.get("failures", ()))
+    for (job_id, _index, timing), tensors in zip(rows, found, strict=True):
+        if isinstance(tensors, Tensors):
+            results.append(Result(job_id, tensors, timing))
+        else:
+            failures.append(Fail.of(job_id, tensors))
+    return Results(tuple(results), tuple(failures))
+
+
+_TENSORS = _Field(_memo(_tensor_specs))
 _MODEL_SCHEMA = {
     "name": _Field(_name),
-    "inputs": _Field(_tensor_specs),
-    "outputs": _Field(_tensor_specs),
+    "inputs": _TENSORS,
+    "outputs": _TENSORS,
     "batch_size": _Field(_positive),
     "batching_dim": _Field(_optional(_count)),
 }
@@ -965,74 +1382,115 @@ _INFO_SCHEMA = {
     "queued": _Field(_count),
     "workers": _Field(_worker_loads),
 }
+_JOB_SPEC_SCHEMA = {"model": _Field(_name), "tensors": _TENSORS}
+
+# Which tensor frames a command carries: none, one request's, or a batch's (job by job).
+_NONE, _ONE, _BATCH = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
 class _Kind:
+    command: Command
     schema: Mapping[str, _Field]
-    build: Callable[[bytes, dict[str, Any], Tensors], Message]
-    has_tensors: bool = False
+    build: Callable[[bytes, dict[str, Any], Sequence[Frame], Limits], Message]
+    tensors: int = _NONE
     cacheable: bool = False
+    #: how error messages name the header (kept: an enum's name is a property)
+    where: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "where", f"{self.command.name} header")
+
+    def check(self, header: dict[str, Any], limits: Limits) -> dict[str, Any]:
+        return _check_fields(header, self.schema, self.where, limits)
+
+    def max_frames(self, limits: Limits) -> int:
+        """Tensor frames a message of this kind may carry, checked before its header is read."""
+        return (0, limits.max_tensors, limits.max_batch * limits.max_tensors)[self.tensors]
 
 
-_TENSORS = _Field(_tensor_specs)
+def _request(i: bytes, f: dict[str, Any], t: Sequence[Frame], lim: Limits) -> Request:
+    return Request(
+        i, f["model"], _tensors(f["tensors"], t, "REQUEST header", lim), f.get("timeout_ms")
+    )
+
+
+def _reply(i: bytes, f: dict[str, Any], t: Sequence[Frame], lim: Limits) -> Reply:
+    return Reply(i, _tensors(f["tensors"], t, "REPLY header", lim), f["timing"])
+
+
 _KINDS: dict[Command, _Kind] = {
     Command.REQUEST: _Kind(
+        Command.REQUEST,
         {
             "model": _Field(_name),
             "tensors": _TENSORS,
             "timeout_ms": _Field(_duration, required=False),
         },
-        lambda i, f, t: Request(i, f["model"], t, f.get("timeout_ms")),
-        has_tensors=True,
+        _request,
+        tensors=_ONE,
         cacheable=True,
     ),
     Command.REPLY: _Kind(
-        {"tensors": _TENSORS, "timing": _Field(_timing)},
-        lambda i, f, t: Reply(i, t, f["timing"]),
-        has_tensors=True,
+        Command.REPLY, {"tensors": _TENSORS, "timing": _Field(_timing)}, _reply, tensors=_ONE
     ),
     Command.ERROR: _Kind(
+        Command.ERROR,
         {"code": _Field(_code), "message": _Field(_text)},
-        lambda i, f, t: ErrorReply(i, f["code"], f["message"]),
+        lambda i, f, t, lim: ErrorReply(i, f["code"], f["message"]),
     ),
-    Command.MODELS: _Kind({}, lambda i, f, t: ListModels(i)),
+    Command.MODELS: _Kind(Command.MODELS, {}, lambda i, f, t, lim: ListModels(i)),
     Command.MODELS_REPLY: _Kind(
-        {"models": _Field(_model_infos)}, lambda i, f, t: ModelsReply(i, f["models"])
+        Command.MODELS_REPLY,
+        {"models": _Field(_model_infos)},
+        lambda i, f, t, lim: ModelsReply(i, f["models"]),
     ),
-    Command.PING: _Kind({}, lambda i, f, t: Ping(i)),
-    Command.PONG: _Kind({"epoch": _Field(_name)}, lambda i, f, t: Pong(i, f["epoch"])),
+    Command.PING: _Kind(Command.PING, {}, lambda i, f, t, lim: Ping(i)),
+    Command.PONG: _Kind(
+        Command.PONG, {"epoch": _Field(_name)}, lambda i, f, t, lim: Pong(i, f["epoch"])
+    ),
     Command.HELLO: _Kind(
+        Command.HELLO,
         {"worker_id": _Field(_name), "credit": _Field(_count), "models": _Field(_model_specs)},
-        lambda i, f, t: Hello(f["worker_id"], f["models"], f["credit"]),
+        lambda i, f, t, lim: Hello(f["worker_id"], f["models"], f["credit"]),
     ),
     Command.WELCOME: _Kind(
+        Command.WELCOME,
         {
             "epoch": _Field(_name),
             "heartbeat_ms": _Field(_positive),
             "liveness_ms": _Field(_positive),
         },
-        lambda i, f, t: Welcome(f["epoch"], f["heartbeat_ms"], f["liveness_ms"]),
+        lambda i, f, t, lim: Welcome(f["epoch"], f["heartbeat_ms"], f["liveness_ms"]),
     ),
-    Command.JOB: _Kind(
-        {"model": _Field(_name), "tensors": _TENSORS, "budget_ms": _Field(_budget)},
-        lambda i, f, t: Job(i, f["model"], t, f["budget_ms"]),
-        has_tensors=True,
-        cacheable=True,
+    Command.JOBS: _Kind(
+        Command.JOBS,
+        {"specs": _Field(_memo(_rows(_job_spec))), "jobs": _Field(_job_rows)},
+        _build_jobs,
+        tensors=_BATCH,
     ),
-    Command.RESULT: _Kind(
-        {"tensors": _TENSORS, "timing": _Field(_timing)},
-        lambda i, f, t: Result(i, t, f["timing"]),
-        has_tensors=True,
-    ),
-    Command.FAIL: _Kind(
-        {"code": _Field(_code), "message": _Field(_text)},
-        lambda i, f, t: Fail(i, f["code"], f["message"]),
+    Command.RESULTS: _Kind(
+        Command.RESULTS,
+        {
+            "specs": _Field(_memo(_rows(_tensor_specs))),
+            "results": _Field(_result_rows),
+            "failures": _Field(_rows(_failure_row), required=False),
+        },
+        _build_results,
+        tensors=_BATCH,
     ),
     Command.HEARTBEAT: _Kind(
+        Command.HEARTBEAT,
         {"in_flight": _Field(_count, required=False), "credit": _Field(_count, required=False)},
-        lambda i, f, t: Heartbeat(f.get("in_flight"), f.get("credit")),
+        lambda i, f, t, lim: Heartbeat(f.get("in_flight"), f.get("credit")),
     ),
-    Command.RECONNECT: _Kind({}, lambda i, f, t: Reconnect()),
-    Command.BYE: _Kind({"handed_back": _Field(_job_ids)}, lambda i, f, t: Bye(f["handed_back"])),
+    Command.RECONNECT: _Kind(Command.RECONNECT, {}, lambda i, f, t, lim: Reconnect()),
+    Command.BYE: _Kind(
+        Command.BYE, {"handed_back": _Field(_job_ids)}, lambda i, f, t, lim: Bye(f["handed_back"])
+    ),
+}
+
+#: envelope prefix (tag, version, command) -> (command, kind): one lookup checks all three.
+_BY_PREFIX: dict[bytes, tuple[Command, _Kind]] = {
+    _ENVELOPES[command]: (command, kind) for command, kind in _KINDS.items()
 }

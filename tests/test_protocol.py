@@ -44,10 +44,27 @@ ROUND_TRIPS: list[p.Message] = [
     p.Pong(b"x", "9f8e"),
     p.Hello("host:1", (SPEC,), 8),
     p.Welcome("9f8e", 1000, 3000),
-    p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), budget_ms=-5.0),
-    p.Job(b"\x00\x02", "add", tensors(), budget_ms=None),
-    p.Result(b"\x00\x01", tensors(y=np.zeros((1, 3), np.float32)), {"device_us": 3.5}),
-    p.Fail(b"\x00\x01", "INFERENCE_FAILED", "boom"),
+    p.Jobs((p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), -5.0),)),
+    p.Jobs(
+        (
+            p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), 12.25),
+            p.Job(b"\x00\x02", "add", tensors(), budget_ms=None),
+            p.Job(b"", "m", tensors(b=np.arange(3), a=np.ones(1, np.float32)), 7.0),
+            p.Job(b"\x00\x03", "add", tensors(a=np.ones((1, 3), np.float32)), 1e-3),
+        )
+    ),
+    p.Results(
+        (p.Result(b"\x00\x01", tensors(y=np.zeros((1, 3), np.float32)), {"device_us": 3.5}),)
+    ),
+    p.Results(failures=(p.Fail(b"\x00\x01", "INFERENCE_FAILED", "boom"),)),
+    p.Results(
+        (
+            p.Result(b"\x01", tensors(y=np.zeros((1, 3), np.float32)), {"device_us": 3.5}),
+            p.Result(b"\x02", tensors(), {}),
+            p.Result(b"\x03", tensors(y=np.ones((1, 3), np.float32)), {"a": 1.0, "b": 2.0}),
+        ),
+        (p.Fail(b"\x04", "DEADLINE_EXCEEDED", "late"), p.Fail(b"\x05", "OVERLOADED", "full")),
+    ),
     p.Heartbeat(in_flight=3),
     p.Heartbeat(in_flight=0, credit=0),
     p.Heartbeat(),
@@ -56,16 +73,28 @@ ROUND_TRIPS: list[p.Message] = [
 ]
 
 
-def _same(a: p.Message, b: p.Message) -> bool:
+def _same(a: Any, b: Any) -> bool:
+    """Equal messages, comparing tensors by their specs and values (frames differ in type)."""
+    if isinstance(a, p.Jobs | p.Results):
+        items_a, items_b = _items(a), _items(b)
+        return len(items_a) == len(items_b) and all(map(_same, items_a, items_b))
     tensors_a = getattr(a, "tensors", None)
     if tensors_a is None:
-        return a == b
-    arrays_a, arrays_b = tensors_a.arrays(), b.tensors.arrays()  # type: ignore[union-attr]
+        return bool(a == b)
+    arrays_a, arrays_b = tensors_a.arrays(), b.tensors.arrays()
     same_arrays = arrays_a.keys() == arrays_b.keys() and all(
         np.array_equal(arrays_a[k], arrays_b[k]) and arrays_a[k].dtype == arrays_b[k].dtype
         for k in arrays_a
     )
-    return same_arrays and tensors_a.specs == b.tensors.specs  # type: ignore[union-attr]
+    others = [f for f in type(a).__slots__ if f != "tensors"]
+    same_others = all(getattr(a, f) == getattr(b, f) for f in others)
+    return same_arrays and tensors_a.specs == b.tensors.specs and same_others
+
+
+def _items(batch: p.Jobs | p.Results) -> list[Any]:
+    if isinstance(batch, p.Jobs):
+        return [*batch.jobs, *batch.rejected]
+    return [*batch.results, *batch.failures]
 
 
 @pytest.mark.parametrize("message", ROUND_TRIPS, ids=lambda m: type(m).__name__)
@@ -105,7 +134,7 @@ def test_received_tensors_are_read_only_views_of_the_frames(pair: Any) -> None:
     view = p.decode(frames).tensors.arrays()["x"]  # type: ignore[union-attr]
     assert not view.flags.writeable
     assert np.array_equal(view, big)
-    assert np.shares_memory(view, np.frombuffer(frames[4].buffer, np.uint8))
+    assert np.shares_memory(view, np.frombuffer(frames[2].buffer, np.uint8))
 
 
 def test_contiguous_arrays_are_sent_as_they_are_and_others_made_contiguous_once() -> None:
@@ -140,7 +169,7 @@ def frames_with(
     header: dict[str, Any] | bytes, *tensor_frames: bytes, cmd: int = 0x01
 ) -> list[Any]:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return [p.TAG_FRAME, bytes([cmd]), b"id", raw, *tensor_frames]
+    return [p.envelope(p.Command(cmd), b"id"), raw, *tensor_frames]
 
 
 def request(shape: Any = (2,), dtype: Any = "float32", **extra: Any) -> dict[str, Any]:
@@ -154,19 +183,45 @@ def request(shape: Any = (2,), dtype: Any = "float32", **extra: Any) -> dict[str
 
 F8 = bytes(8)
 LIMITS = p.Limits(
-    max_payload_bytes=1024, max_header_bytes=512, max_tensors=3, max_rank=3, max_elements=10_000
+    max_payload_bytes=1024,
+    max_header_bytes=512,
+    max_tensors=3,
+    max_rank=3,
+    max_elements=10_000,
+    max_batch=4,
 )
 
+SPEC_X = {"name": "x", "dtype": "float32", "shape": [2]}
+JOBS, RESULTS = 0x12, 0x13
+
+
+def jobs(*rows: Any, specs: Any = None) -> dict[str, Any]:
+    return {
+        "specs": [{"model": "m", "tensors": [SPEC_X]}] if specs is None else specs,
+        "jobs": list(rows),
+    }
+
+
+def results(*rows: Any, **extra: Any) -> dict[str, Any]:
+    return {"specs": [[SPEC_X]], "results": list(rows), **extra}
+
+
 BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
-    ("empty message", [b""], ProtocolError, "at least 4 frames"),
-    ("too few frames", [p.TAG_FRAME, b"\x01", b""], ProtocolError, "at least 4 frames"),
-    ("wrong tag", [b"HTTP/", b"\x01", b"", b"{}"], ProtocolError, "protocol tag"),
-    ("short tag", [b"IPUS", b"\x06", b"", b"{}"], ProtocolError, "protocol tag"),
-    ("wrong version", [b"IPUS\x09", b"\x06", b"", b"{}"], UnsupportedVersionError, "version 9"),
-    ("empty command", [p.TAG_FRAME, b"", b"", b"{}"], ProtocolError, "1 byte"),
-    ("long command", [p.TAG_FRAME, b"\x01\x01", b"", b"{}"], ProtocolError, "1 byte"),
-    ("unknown command", [p.TAG_FRAME, b"\xee", b"", b"{}"], ProtocolError, "unknown command 0xee"),
-    ("id too long", [p.TAG_FRAME, b"\x06", b"i" * 65, b"{}"], ProtocolError, "id frame is 65"),
+    ("empty message", [b""], ProtocolError, "at least 2 frames"),
+    ("one frame", [p.envelope(p.Command.PING)], ProtocolError, "at least 2 frames"),
+    ("wrong tag", [b"HTTP/\x01", b"{}"], ProtocolError, "must be an envelope"),
+    ("no command", [b"IPUS\x02", b"{}"], ProtocolError, "must be an envelope"),
+    ("wrong version", [b"IPUS\x09\x06", b"{}"], UnsupportedVersionError, "version 9"),
+    ("version 1", [b"IPUS\x01", b"\x06", b"", b"{}"], UnsupportedVersionError, "version 1"),
+    ("unknown command", [b"IPUS\x02\xee", b"{}"], ProtocolError, "unknown command 0xee"),
+    ("retired FAIL", [b"IPUS\x02\x14", b"{}"], ProtocolError, "unknown command 0x14"),
+    ("id too long", [b"IPUS\x02\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
+    (
+        "huge envelope",
+        [b"IPUS\x01\x06" + b"i" * 100_000, b"{}"],
+        UnsupportedVersionError,
+        "version 1",
+    ),
     ("header too big", frames_with(b"{" + b" " * 600 + b"}"), ProtocolError, "header is 602"),
     ("header not utf-8", frames_with(b"\xff\xfe"), ProtocolError, "UTF-8 JSON"),
     ("header not json", frames_with(b"{model:"), ProtocolError, "UTF-8 JSON"),
@@ -266,9 +321,77 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
     ),
     (
         "timing not numbers",
-        frames_with({"tensors": [], "timing": {"a": "x"}}, cmd=0x13),
+        frames_with({"tensors": [], "timing": {"a": "x"}}, cmd=0x02),
         ProtocolError,
         "numbers",
+    ),
+    ("jobs not rows", frames_with(jobs("x"), cmd=JOBS), ProtocolError, "'jobs': [0]: must be"),
+    (
+        "job row short",
+        frames_with(jobs(["01", 0]), F8, cmd=JOBS),
+        ProtocolError,
+        "[job id, spec index, budget_ms]",
+    ),
+    (
+        "job id not hex",
+        frames_with(jobs(["zz", 0, None]), F8, cmd=JOBS),
+        ProtocolError,
+        "not a hex job id",
+    ),
+    (
+        "job spec index",
+        frames_with(jobs(["01", 0, None], ["02", 1, None]), F8, F8, cmd=JOBS),
+        ProtocolError,
+        "jobs[1] names spec 1; the header lists 1",
+    ),
+    (
+        "job spec not a spec",
+        frames_with(jobs(["01", 0, None], specs=[{"model": "m"}]), F8, cmd=JOBS),
+        ProtocolError,
+        "missing field 'tensors'",
+    ),
+    (
+        "job budget bool",
+        frames_with(jobs(["01", 0, True]), F8, cmd=JOBS),
+        ProtocolError,
+        "milliseconds or null",
+    ),
+    (
+        "job frames missing",
+        frames_with(jobs(["01", 0, None], ["02", 0, None]), F8, cmd=JOBS),
+        ProtocolError,
+        "JOBS header lists 2 tensor(s) but 1",
+    ),
+    (
+        "too many jobs",
+        frames_with(jobs(*[["01", 0, None]] * 5), *[F8] * 5, cmd=JOBS),
+        ProtocolError,
+        "limit is 4",
+    ),
+    ("jobs missing", frames_with({"specs": []}, cmd=JOBS), ProtocolError, "missing field 'jobs'"),
+    (
+        "result timing",
+        frames_with(results(["01", 0, {"a": None}]), F8, cmd=RESULTS),
+        ProtocolError,
+        "numbers",
+    ),
+    (
+        "result spec index",
+        frames_with(results(["01", 3, {}]), F8, cmd=RESULTS),
+        ProtocolError,
+        "results[0] names spec 3",
+    ),
+    (
+        "failure row",
+        frames_with(results(failures=[["01", "lower", "x"]]), cmd=RESULTS),
+        ProtocolError,
+        "UPPER_CASE",
+    ),
+    (
+        "failure message",
+        frames_with(results(failures=[["01", "X", 5]]), cmd=RESULTS),
+        ProtocolError,
+        "a string",
     ),
     (
         "welcome zero heartbeat",
@@ -290,9 +413,67 @@ def test_decode_rejects(frames: list[Any], error: type[IpuserveError], message: 
 
 
 def test_peek_id_addresses_replies_to_malformed_messages() -> None:
-    assert p.peek_id([p.TAG_FRAME, b"\x01", b"req-7", b"junk"]) == b"req-7"
+    assert p.peek_id([p.envelope(p.Command.REQUEST, b"req-7"), b"junk"]) == b"req-7"
+    assert p.peek_id([b"IPUS\x09\x01v9-id"]) == b"v9-id"  # told which version we speak
     assert p.peek_id([b""]) == b""
-    assert p.peek_id([b"x", b"y", b"i" * 65]) == b""
+    assert p.peek_id([]) == b""
+    assert p.peek_id([b"HTTP/1.1 id"]) == b""
+    assert p.peek_id([p.envelope(p.Command.REQUEST, b"i" * 65)]) == b""
+
+
+def test_peek_ids_names_the_jobs_of_a_batch_that_cannot_be_decoded() -> None:
+    header = jobs(["01", 0, None], ["zz", 0, None], "junk", ["0a0b", 9])
+    assert p.peek_ids(frames_with(header, cmd=JOBS)) == [b"\x01", b"\x0a\x0b"]
+    failed = results(["02", 0, {}], failures=[["03", "X", "y"]])
+    assert p.peek_ids(frames_with(failed, cmd=RESULTS)) == [b"\x02", b"\x03"]
+    assert p.peek_ids(frames_with(b"{not json", cmd=JOBS)) == []
+    assert p.peek_ids(frames_with(header, cmd=0x01)) == []  # not a batch
+    assert p.peek_ids([b"IPUS\x02\x12"]) == []
+
+
+def test_a_job_whose_frames_do_not_match_is_rejected_alone() -> None:
+    good = tensors(x=np.zeros(2, np.float32))
+    frames = p.Jobs((p.Job(b"a", "m", good, 5.0), p.Job(b"b", "m", good, None))).encode()
+    frames[2] = b"\0" * 7
+    decoded = p.decode(frames)
+    assert isinstance(decoded, p.Jobs)
+    assert [job.job_id for job in decoded.jobs] == [b"b"]
+    (rejected,) = decoded.rejected
+    assert (rejected.job_id, rejected.code) == (b"a", "INVALID_INPUT")
+    assert "needs 8 bytes" in rejected.message
+
+
+def test_a_result_over_the_payload_limit_fails_alone() -> None:
+    big = tensors(y=np.zeros(300, np.float32))
+    small = tensors(y=np.zeros(2, np.float32))
+    frames = p.Results((p.Result(b"a", big, {}), p.Result(b"b", small, {}))).encode()
+    decoded = p.decode(frames, LIMITS)
+    assert isinstance(decoded, p.Results)
+    assert [r.job_id for r in decoded.results] == [b"b"]
+    assert [(f.job_id, f.code) for f in decoded.failures] == [(b"a", "PAYLOAD_TOO_LARGE")]
+    assert type(decoded.failures[0].exception()) is PayloadTooLargeError
+
+
+def test_a_batch_lists_each_distinct_spec_once() -> None:
+    x = tensors(x=np.zeros(2, np.float32))
+    batch = p.Jobs(tuple(p.Job(bytes([i]), "m", x, None) for i in range(3)))
+    header = json.loads(batch.encode()[1])
+    assert len(header["specs"]) == 1
+    assert [row[1] for row in header["jobs"]] == [0, 0, 0]
+
+
+def test_a_batch_too_big_for_the_receiver_is_split() -> None:
+    x = tensors(x=np.zeros(2, np.float32))
+    batch = p.Jobs(tuple(p.Job(bytes([i]) * 20, "m", x, 1.5) for i in range(9)))
+    messages = p.encode_batch(batch, LIMITS)
+    assert len(messages) > 2  # 9 rows, at most 4 per message
+    decoded = [p.decode(frames, LIMITS) for frames in messages]
+    assert all(len(frames[1]) <= LIMITS.max_header_bytes for frames in messages)
+    got = [job.job_id for message in decoded for job in message.jobs]  # type: ignore[union-attr]
+    assert got == [job.job_id for job in batch.jobs]
+    failures = tuple(p.Fail(bytes([i]), "X", "m" * 200) for i in range(3))
+    parts = p.encode_batch(p.Results(failures=failures), LIMITS)
+    assert [f for frames in parts for f in p.decode(frames, LIMITS).failures] == list(failures)  # type: ignore[union-attr]
 
 
 def test_a_cached_header_is_still_validated_against_its_frames() -> None:

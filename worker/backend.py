@@ -213,6 +213,11 @@ class Mailbox:
             if was_empty and not self._closed:
                 os.eventfd_write(self.fd, 1)
 
+    @property
+    def ready(self) -> bool:
+        """Outcomes wait (read without the lock: a racing put also wakes the eventfd)."""
+        return bool(self._items)
+
     def wake(self) -> None:
         with self._lock:
             if not self._closed:

@@ -5,13 +5,14 @@ DEALER socket; nothing else touches it. Backend threads report outcomes through 
 :class:`Mailbox` (a deque plus an eventfd the loop polls beside the socket).
 
 Life of a connection: fresh DEALER -> HELLO -> WELCOME (epoch, heartbeat, liveness)
--> serve JOBs, heartbeat both ways. The loop leaves a connection when the broker is
-silent past its liveness window, asks us to RECONNECT (it restarted and does not
-know us) or shows a new epoch; it then reconnects with exponential backoff on a
-fresh socket. Results of jobs received under an older epoch are dropped: that
-broker is gone and its successor never heard of those jobs. On :meth:`request_stop`
-(SIGTERM) it drains: credit 0, finish what runs within the drain timeout, send the
-results, hand the rest back in BYE, exit.
+-> serve JOBS, heartbeat both ways. Outcomes (results and failures) collect during
+a turn of the loop and leave at its end as one RESULTS message. The loop leaves a
+connection when the broker is silent past its liveness window, asks us to RECONNECT
+(it restarted and does not know us) or shows a new epoch; it then reconnects with
+exponential backoff on a fresh socket. Results of jobs received under an older epoch
+are dropped: that broker is gone and its successor never heard of those jobs. On
+:meth:`request_stop` (SIGTERM) it drains: credit 0, finish what runs within the drain
+timeout, send the results, hand the rest back in BYE, exit.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class WorkerNode:
         self._running = 0
         self._unsent: list[Outcome] = []
         self._draining: list[bytes] | None = None
+        #: outcomes of this turn of the loop, sent together by _flush
+        self._results: list[wire.Result] = []
+        self._failures: list[wire.Fail] = []
 
     # ------------------------------------------------------------ lifecycle
 
@@ -185,6 +189,7 @@ class WorkerNode:
         unsent, self._unsent = self._unsent, []
         for job, outcome in unsent:
             self._answer(job, outcome)
+        self._flush()
 
     def _forget_epoch(self, epoch: str | None) -> None:
         """Drop what an older broker gave us: its waiting jobs and its unsent results."""
@@ -237,8 +242,9 @@ class WorkerNode:
             events = dict(poller.poll(self._timeout_ms(session)))
             if session.socket in events and (why := self._read(session)) is not None:
                 return why
-            if self._mailbox.fd in events:
-                self._deliver()
+            if self._mailbox.fd in events or self._mailbox.ready:
+                self._deliver()  # what finished while we read, too: it joins this RESULTS
+            self._flush()
             if (why := self._tick(session)) is not None:
                 return why
         return Exit.STOP
@@ -262,8 +268,8 @@ class WorkerNode:
         except IpuserveError as exc:
             self._on_malformed(frames, exc)
             return None
-        if isinstance(message, wire.Job):
-            self._on_job(message)
+        if isinstance(message, wire.Jobs):
+            self._on_jobs(message)
         elif isinstance(message, wire.Reconnect):
             return Exit.RECONNECT
         elif isinstance(message, wire.Welcome) and message.epoch != session.epoch:
@@ -271,32 +277,39 @@ class WorkerNode:
         return None
 
     def _on_malformed(self, frames: list[Any], error: IpuserveError) -> None:
+        """Nobody to answer but the jobs a JOBS we cannot read names: they fail."""
         log.warning("malformed message from the broker: %s", error)
-        is_job = len(frames) > 1 and bytes(frames[1]) == bytes([wire.Command.JOB])
-        if is_job and (job_id := wire.peek_id(frames)):
-            self._send(wire.Fail.of(job_id, error))
+        self._failures += [wire.Fail.of(job_id, error) for job_id in wire.peek_ids(frames)]
 
-    def _on_job(self, message: wire.Job) -> None:
+    def _on_jobs(self, message: wire.Jobs) -> None:
+        self._failures += message.rejected
         if self._draining is not None:
-            self._draining.append(message.job_id)
+            self._draining += [job.job_id for job in message.jobs]
             return
-        if message.job_id in self._jobs:
-            return  # a re-sent job we already hold
-        try:
-            held = self._accept(message)
-        except IpuserveError as exc:
-            self._send(wire.Fail.of(message.job_id, exc))
-            return
-        self._jobs[message.job_id] = held
-        self._waiting.append(held)
+        checked: dict[int, IpuserveError | None] = {}  # id(specs) -> check_inputs, this batch
+        for job in message.jobs:
+            if job.job_id in self._jobs:
+                continue  # a re-sent job we already hold
+            try:
+                held = self._accept(job, checked)
+            except IpuserveError as exc:
+                self._failures.append(wire.Fail.of(job.job_id, exc))
+                continue
+            self._jobs[job.job_id] = held
+            self._waiting.append(held)
         self._submit_waiting()
 
-    def _accept(self, message: wire.Job) -> Held:
-        """Validate a job (the broker checked too) and stamp its deadline."""
+    def _accept(self, message: wire.Job, checked: dict[int, IpuserveError | None]) -> Held:
+        """Validate a job (the broker checked too) and stamp its deadline. Jobs of one
+        batch with the same specs share one specs tuple: each is checked once."""
         spec = self._models.get(message.model)
         if spec is None:
             raise UnknownModelError(f"this worker does not serve model {message.model!r}")
-        wire.check_inputs(spec, message.tensors.specs)
+        specs = message.tensors.specs
+        if id(specs) not in checked:
+            checked[id(specs)] = _check_inputs(spec, specs)
+        if (invalid := checked[id(specs)]) is not None:
+            raise invalid
         if len(self._jobs) >= 2 * self._credit:
             raise OverloadedError(
                 f"worker holds {len(self._jobs)} jobs; its credit is {self._credit}"
@@ -316,7 +329,7 @@ class WorkerNode:
             held = self._waiting.popleft()
             if held.job.expired():
                 self._jobs.pop(held.job.job_id, None)
-                self._send(
+                self._failures.append(
                     wire.Fail.of(
                         held.job.job_id,
                         DeadlineExceeded("the job's deadline passed while it waited at the worker"),
@@ -330,7 +343,7 @@ class WorkerNode:
             except IpuserveError as exc:
                 self._running -= 1
                 self._jobs.pop(held.job.job_id, None)
-                self._send(wire.Fail.of(held.job.job_id, exc))
+                self._failures.append(wire.Fail.of(held.job.job_id, exc))
 
     def _deliver(self) -> None:
         for job, outcome in self._finish(self._mailbox.take()):
@@ -353,15 +366,25 @@ class WorkerNode:
             log.debug("dropping the result of job %s from epoch %s", job.job_id.hex(), held.epoch)
             return
         if isinstance(outcome, IpuserveError):
-            self._send(wire.Fail.of(job.job_id, outcome))
+            self._failures.append(wire.Fail.of(job.job_id, outcome))
             return
         try:
-            message: wire.Result | wire.Fail = wire.Result(
-                job.job_id, wire.Tensors.of(outcome.outputs), self._timing(held, outcome)
-            )
+            tensors = wire.Tensors.of(outcome.outputs)
         except IpuserveError as exc:
-            message = wire.Fail.of(job.job_id, InferenceError(f"unsendable outputs: {exc}"))
-        self._send(message)
+            error = InferenceError(f"unsendable outputs: {exc}")
+            self._failures.append(wire.Fail.of(job.job_id, error))
+            return
+        self._results.append(wire.Result(job.job_id, tensors, self._timing(held, outcome)))
+
+    def _flush(self) -> None:
+        """Send this turn's outcomes as RESULTS (several if one would be too big)."""
+        if not self._results and not self._failures:
+            return
+        message = wire.Results(tuple(self._results), tuple(self._failures))
+        self._results.clear()
+        self._failures.clear()
+        for frames in wire.encode_batch(message, self._limits):
+            self._send_frames(frames, "RESULTS")
 
     @staticmethod
     def _timing(held: Held, result: Result) -> dict[str, float]:
@@ -385,13 +408,16 @@ class WorkerNode:
         return len(self._jobs) + len(self._draining or ())
 
     def _send(self, message: wire.Message) -> None:
+        self._send_frames(message.encode(), message.COMMAND.name)
+
+    def _send_frames(self, frames: list[wire.Frame], what: str) -> None:
         """Send without ever blocking the loop; a message the broker cannot take is dropped."""
         if self._session is None:
             return
         try:
-            wire.send(self._session.socket, message.encode(), nonblock=True)
+            wire.send(self._session.socket, frames, nonblock=True)
         except zmq.Again:
-            log.warning("broker not accepting messages; dropped %s", type(message).__name__)
+            log.warning("broker not accepting messages; dropped %s", what)
 
     # ------------------------------------------------------------ draining
 
@@ -405,7 +431,8 @@ class WorkerNode:
         self._waiting.clear()
         self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
         self._finish_running(session)
-        self._read(session)  # JOBs that arrived meanwhile are handed back too
+        self._read(session)  # JOBS that arrived meanwhile are handed back too
+        self._flush()
         handed_back = self._draining + list(self._jobs)
         self._send(wire.Bye(tuple(handed_back)))
         log.warning(
@@ -423,6 +450,15 @@ class WorkerNode:
                 return  # the broker forgot us: nobody to send results to
             if self._mailbox.fd in events:
                 self._deliver()
+            self._flush()
             if time.monotonic() >= session.next_heartbeat:
                 self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
                 session.next_heartbeat = time.monotonic() + session.heartbeat_s
+
+
+def _check_inputs(spec: wire.ModelSpec, given: tuple[wire.TensorSpec, ...]) -> IpuserveError | None:
+    try:
+        wire.check_inputs(spec, given)
+    except IpuserveError as exc:
+        return exc
+    return None

@@ -36,6 +36,7 @@ class FakeWorker:
         self.socket.connect(endpoint)
         self.credit, self.worker_id, self.models = credit, worker_id, models
         self.alive = True
+        self.jobs: list[wire.Job] = []  # received in a batch, not yet taken
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -47,17 +48,30 @@ class FakeWorker:
         self.send(wire.Hello(self.worker_id, self.models, self.credit))
         return self.expect(wire.Welcome)
 
-    def recv(self, timeout: float = TIMEOUT) -> wire.Message:
-        """The next message other than a broker HEARTBEAT."""
+    def recv(self, timeout: float = TIMEOUT) -> wire.Message | wire.Job:
+        """The next message other than a broker HEARTBEAT; a JOBS batch comes job by job."""
+        if self.jobs:
+            return self.jobs.pop(0)
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if self.alive:
                 self.send(wire.Heartbeat(in_flight=0))
             if self.socket.poll(min(20, int(left * 1000) + 1)):
                 message = wire.decode(self.socket.recv_multipart(copy=False))
+                if isinstance(message, wire.Jobs):
+                    self.jobs += message.jobs
+                    return self.jobs.pop(0)
                 if not isinstance(message, wire.Heartbeat):
                     return message
         raise TimeoutError(f"{self.worker_id}: nothing within {timeout} s")
+
+    def next_batch(self, timeout: float = TIMEOUT) -> wire.Jobs:
+        """The next JOBS message whole (after any jobs already taken apart)."""
+        assert not self.jobs, "jobs of an earlier batch were not taken"
+        message = self.recv(timeout)
+        assert isinstance(message, wire.Job), message
+        batch, self.jobs = (message, *self.jobs), []
+        return wire.Jobs(batch)
 
     def expect(self, kind: type[Any], timeout: float = TIMEOUT) -> Any:
         message = self.recv(timeout)
@@ -68,7 +82,15 @@ class FakeWorker:
         job: wire.Job = self.expect(wire.Job, timeout)
         return job
 
-    def answer(self, job: wire.Job) -> None:
-        arrays = job.tensors.arrays()
-        z = np.asarray(arrays["x"] + 2 * arrays["y"])
-        self.send(wire.Result(job.job_id, wire.Tensors.of({"z": z}), {"device_us": 1.0}))
+    def answer(self, *jobs: wire.Job) -> None:
+        """One RESULTS message answering ``jobs``."""
+        self.send(wire.Results(tuple(result_for(job) for job in jobs)))
+
+    def fail(self, job: wire.Job, code: str, message: str) -> None:
+        self.send(wire.Results(failures=(wire.Fail(job.job_id, code, message),)))
+
+
+def result_for(job: wire.Job) -> wire.Result:
+    arrays = job.tensors.arrays()
+    z = np.asarray(arrays["x"] + 2 * arrays["y"])
+    return wire.Result(job.job_id, wire.Tensors.of({"z": z}), {"device_us": 1.0})

@@ -10,7 +10,7 @@ import pytest
 from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
 from tests.broker.conftest import StartBroker
-from tests.broker.fakes import ADD, FakeWorker
+from tests.broker.fakes import ADD, FakeWorker, result_for
 from tests.helpers import RawClient, add_inputs, assert_add_reply
 
 INPUTS = add_inputs(2)
@@ -182,8 +182,8 @@ def test_an_error_from_a_dropped_worker_does_not_answer_a_requeued_job(
         slow.alive = False
         other = fake(broker, workers, credit=1, worker_id="other")
         second = other.job()
-        slow.send(wire.Fail(first.job_id, "UNAVAILABLE", "my backend closed"))
-        assert isinstance(slow.recv(), wire.Reconnect)  # the broker read the FAIL
+        slow.fail(first, "UNAVAILABLE", "my backend closed")
+        assert isinstance(slow.recv(), wire.Reconnect)  # the broker read the failure
         other.answer(second)
         assert_add_reply(client.recv(), INPUTS)
     assert broker.metrics.duplicates.value() == 1
@@ -298,13 +298,43 @@ def test_malformed_worker_messages_are_dropped_and_counted(
     worker.socket.send_multipart([b"garbage"])
     client.request("add", INPUTS)
     job = worker.job()
-    bad = [*job.encode()[:4], b"\x00" * 3]
-    bad[1] = bytes([wire.Command.RESULT])
-    bad[3] = b'{"tensors":[{"name":"z","dtype":"float32","shape":[2,8]}],"timing":{}}'
-    worker.socket.send_multipart(bad)  # a RESULT whose tensor frame is 3 bytes
+    result = wire.Result(job.job_id, wire.Tensors.of({"z": np.zeros((2, 8), np.float32)}), {})
+    frames = wire.Results((result,)).encode()
+    worker.socket.send_multipart(frames[:-1])  # a RESULTS missing its tensor frame
     reply = client.recv()
-    assert isinstance(reply, wire.ErrorReply) and reply.code == "INVALID_INPUT"
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "BAD_MESSAGE"
+    assert "1 tensor(s) but 0 tensor frame(s)" in reply.message
     assert broker.metrics.dropped.value(reason="malformed_from_worker") == 2
+
+
+def test_a_result_with_a_bad_frame_fails_alone(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers)
+    first, second = client.request("add", INPUTS), client.request("add", INPUTS)
+    jobs = worker.job(), worker.job()
+    frames = wire.Results(tuple(result_for(job) for job in jobs)).encode()
+    frames[2] = b"\x00" * 3  # the first result's tensor
+    worker.socket.send_multipart(frames)
+    replies = {reply.request_id: reply for reply in (client.recv(), client.recv())}  # type: ignore[union-attr]
+    assert isinstance(replies[first], wire.ErrorReply) and replies[first].code == "INVALID_INPUT"
+    assert_add_reply(replies[second], INPUTS)
+    assert broker.metrics.dropped.value(reason="malformed_from_worker") == 0
+
+
+def test_credit_freed_by_one_results_is_refilled_by_one_jobs(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=3)
+    for _ in range(6):
+        client.request("add", INPUTS)
+    first = [worker.job() for _ in range(3)]
+    assert loads(client) == {"": (3, 0), "fake": (3, 3)}
+    worker.answer(*first)  # one RESULTS frees three credits at once
+    batch = worker.next_batch()
+    assert len(batch.jobs) == 3
+    worker.answer(*batch.jobs)
+    assert sum(isinstance(client.recv(), wire.Reply) for _ in range(6)) == 6
 
 
 def test_models_and_ping(broker: Broker, client: RawClient, workers: list[FakeWorker]) -> None:

@@ -27,7 +27,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.slow
 
-TAG, REQ = wire.TAG_FRAME, bytes([wire.Command.REQUEST])
+REQ = wire.Command.REQUEST
 F32 = {"name": "x", "dtype": "float32", "shape": [2, 8]}
 Y32 = {**F32, "name": "y"}
 ROWS = bytes(64)
@@ -35,26 +35,28 @@ ROWS = bytes(64)
 
 def request(header: dict[str, Any] | bytes, *tensors: bytes, rid: bytes = b"bad") -> list[bytes]:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return [TAG, REQ, rid, raw, *tensors]
+    return [wire.envelope(REQ, rid), raw, *tensors]
 
 
 def spec(**changes: Any) -> dict[str, Any]:
     return {**F32, **changes}
 
 
-CASES: list[tuple[str, list[bytes], str]] = [
-    ("empty message", [b""], "BAD_MESSAGE"),
-    ("too few frames", [TAG, REQ, b"bad"], "BAD_MESSAGE"),
-    ("wrong tag", [b"GET /", REQ, b"bad", b"{}"], "BAD_MESSAGE"),
-    ("wrong version", [b"IPUS\x07", REQ, b"bad", b"{}"], "UNSUPPORTED_VERSION"),
-    ("empty command", [TAG, b"", b"bad", b"{}"], "BAD_MESSAGE"),
-    ("unknown command", [TAG, b"\x7f", b"bad", b"{}"], "BAD_MESSAGE"),
+#: name, frames, the error code, and the id the error is addressed to when not b"bad"
+CASES: list[tuple[str, list[bytes], str] | tuple[str, list[bytes], str, bytes]] = [
+    ("empty message", [b""], "BAD_MESSAGE", b""),
+    ("envelope only", [wire.envelope(REQ, b"bad")], "BAD_MESSAGE"),
+    ("wrong tag", [b"GET /\x01bad", b"{}"], "BAD_MESSAGE", b""),
+    ("wrong version", [b"IPUS\x07\x01bad", b"{}"], "UNSUPPORTED_VERSION"),
+    ("version 1 layout", [b"IPUS\x01", bytes([REQ]), b"bad", b"{}"], "UNSUPPORTED_VERSION", b""),
+    ("no command", [b"IPUS\x02", b"{}"], "BAD_MESSAGE", b""),
+    ("unknown command", [b"IPUS\x02\x7fbad", b"{}"], "BAD_MESSAGE"),
     (
         "worker command",
-        [TAG, bytes([wire.Command.BYE]), b"bad", b'{"handed_back":[]}'],
+        [wire.envelope(wire.Command.BYE, b"bad"), b'{"handed_back":[]}'],
         "BAD_MESSAGE",
     ),
-    ("id too long", [TAG, REQ, b"x" * 65, b"{}"], "BAD_MESSAGE"),
+    ("id too long", [wire.envelope(REQ, b"x" * 65), b"{}"], "BAD_MESSAGE", b""),
     ("header not json", request(b"{nope"), "BAD_MESSAGE"),
     ("header not utf-8", request(b"\xc3\x28"), "BAD_MESSAGE"),
     ("header not an object", request(b'"add"'), "BAD_MESSAGE"),
@@ -142,18 +144,21 @@ def client(fabric: BrokerProc) -> Iterator[RawClient]:
 
 
 def test_there_are_at_least_twenty_kinds() -> None:
-    assert len({name for name, _frames, _code in CASES}) >= 20
+    assert len({case[0] for case in CASES}) >= 20
 
 
-@pytest.mark.parametrize(("frames", "code"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("frames", "code", "expected_id"),
+    [(c[1], c[2], c[3] if len(c) > 3 else b"bad") for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_malformed_input_gets_an_error_and_the_next_request_is_served(
-    client: RawClient, frames: list[bytes], code: str
+    client: RawClient, frames: list[bytes], code: str, expected_id: bytes
 ) -> None:
     client.send_frames(frames)
     reply = client.recv()
     assert isinstance(reply, wire.ErrorReply), reply
     assert reply.code == code, reply.message
-    expected_id = frames[2] if len(frames) > 2 and len(frames[2]) <= 64 else b""
     assert reply.request_id == expected_id
     assert reply.message
     inputs = add_inputs(3)
@@ -166,7 +171,7 @@ def test_garbage_on_the_worker_socket_is_dropped_and_counted(fabric: BrokerProc)
     )
     with RawClient(fabric.backend) as stranger:
         stranger.send_frames([b"\x00garbage"])
-        stranger.send_frames([TAG, bytes([wire.Command.RESULT]), b"j", b"[]"])
+        stranger.send_frames([wire.envelope(wire.Command.RESULTS), b"[]"])
         stranger.send(wire.Heartbeat(in_flight=0))
         assert isinstance(stranger.recv(), wire.Reconnect)  # the broker read all three
     after = scrape(fabric.metrics_url)

@@ -201,7 +201,7 @@ def test_reported_errors_are_raised_as_their_class(
 
 
 def test_a_malformed_reply_fails_its_request_with_protocol_error(broker: FakeBroker) -> None:
-    broker.handler = lambda r: [wire.TAG_FRAME, bytes([wire.Command.REPLY]), r.request_id, b"{oops"]
+    broker.handler = lambda r: [wire.envelope(wire.Command.REPLY, r.request_id), b"{oops"]
     with Client(broker.address, timeout=10, config=FAST) as client:
         with pytest.raises(errors.ProtocolError, match="JSON"):
             client.infer("add", inputs())

@@ -21,6 +21,7 @@ ADD = wire.ModelSpec(
     batching_dim=0,
 )
 TIMEOUT = 10.0
+Received = wire.Message | wire.Result | wire.Fail
 
 
 class GatedAdd:
@@ -59,6 +60,7 @@ class FakeBroker:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind("tcp://127.0.0.1:*")
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.outcomes: list[tuple[bytes, Received]] = []  # from a RESULTS, not yet taken
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -66,17 +68,33 @@ class FakeBroker:
     def send(self, identity: bytes, message: wire.Message) -> None:
         self.socket.send_multipart([identity, *message.encode()], copy=False)  # type: ignore[list-item]
 
-    def recv(
-        self, timeout: float = TIMEOUT, heartbeats: bool = False
-    ) -> tuple[bytes, wire.Message]:
+    def recv(self, timeout: float = TIMEOUT, heartbeats: bool = False) -> tuple[bytes, Received]:
+        """The next message (skipping heartbeats unless asked); RESULTS come outcome by
+        outcome, as the wire.Result or wire.Fail items they carry."""
+        if self.outcomes:
+            return self.outcomes.pop(0)
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if self.socket.poll(int(left * 1000) + 1):
                 identity, *frames = self.socket.recv_multipart(copy=False)
                 message = wire.decode(frames)
+                if isinstance(message, wire.Results):
+                    items = [*message.results, *message.failures]
+                    self.outcomes += [(identity.bytes, item) for item in items]
+                    return self.outcomes.pop(0)
                 if heartbeats or not isinstance(message, wire.Heartbeat):
                     return identity.bytes, message
         raise TimeoutError(f"the fake broker got nothing within {timeout} s")
+
+    def next_message(self, kind: type[Any], timeout: float = TIMEOUT) -> Any:
+        """The next whole message of ``kind`` (a batch not taken apart); others are skipped."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.socket.poll(int(left * 1000) + 1):
+                _identity, *frames = self.socket.recv_multipart(copy=False)
+                if isinstance(message := wire.decode(frames), kind):
+                    return message
+        raise TimeoutError(f"the fake broker got no {kind.__name__} within {timeout} s")
 
     def expect(self, kind: type[Any], timeout: float = TIMEOUT) -> tuple[bytes, Any]:
         identity, message = self.recv(timeout)
@@ -98,8 +116,13 @@ class FakeBroker:
         model: str = "add",
     ) -> dict[str, Any]:
         inputs = dict(inputs or add_inputs())
-        self.send(identity, wire.Job(job_id, model, wire.Tensors.of(inputs), budget_ms))
+        job = wire.Job(job_id, model, wire.Tensors.of(inputs), budget_ms)
+        self.send(identity, wire.Jobs((job,)))
         return inputs
+
+
+def add(inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+    return {"z": inputs["x"] + 2 * inputs["y"]}
 
 
 def add_inputs(rows: int = 2) -> dict[str, np.ndarray[Any, Any]]:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from ipuserve import protocol as wire
-from ipuserve.worker.backend import Backend
+from ipuserve.worker.backend import Backend, FunctionBackend
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.node import WorkerNode
-from tests.worker.fakes import FakeBroker, GatedAdd, add_inputs
+from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add, add_inputs
 
 
 class RunningNode:
@@ -120,13 +120,52 @@ def test_jobs_the_worker_cannot_run_fail_with_a_code(
     expect_result(broker, b"good", inputs)
 
 
-def test_a_malformed_job_fails_by_its_id(broker: FakeBroker, start_node: StartNode) -> None:
+def test_a_job_with_a_bad_frame_fails_alone(broker: FakeBroker, start_node: StartNode) -> None:
     start_node(GatedAdd().backend())
     identity = broker.welcome()
-    frames = wire.Job(b"j1", "add", wire.Tensors.of(add_inputs()), None).encode()
-    broker.socket.send_multipart([identity, *frames[:-1], b"short"])
-    fail = expect_fail(broker, b"j1", "INVALID_INPUT")
+    inputs = add_inputs()
+    batch = wire.Jobs(
+        tuple(wire.Job(job_id, "add", wire.Tensors.of(inputs), None) for job_id in (b"j1", b"j2"))
+    )
+    frames = batch.encode()
+    broker.socket.send_multipart([identity, *frames[:-1], b"short"])  # j2's y
+    fail = expect_fail(broker, b"j2", "INVALID_INPUT")
     assert "needs 64 bytes" in fail.message
+    expect_result(broker, b"j1", inputs)
+
+
+def test_a_batch_that_cannot_be_read_fails_every_job_it_names(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    start_node(GatedAdd().backend())
+    identity = broker.welcome()
+    batch = wire.Jobs(
+        tuple(
+            wire.Job(job_id, "add", wire.Tensors.of(add_inputs()), None) for job_id in (b"a", b"b")
+        )
+    )
+    frames = batch.encode()
+    broker.socket.send_multipart([identity, *frames[:-1]])  # a frame short
+    for job_id in (b"a", b"b"):
+        fail = expect_fail(broker, job_id, "BAD_MESSAGE")
+        assert "3 tensor frame(s) follow" in fail.message
+    inputs = broker.job(identity, b"good")
+    expect_result(broker, b"good", inputs)
+
+
+def test_outcomes_ready_together_leave_in_one_results(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    """Jobs of one batch answered inline finish in one turn of the loop: one RESULTS."""
+    node = start_node(FunctionBackend({ADD: add}, threads=0, capacity=8))
+    identity = broker.welcome()
+    inputs = add_inputs()
+    jobs = tuple(wire.Job(b"j%d" % i, "add", wire.Tensors.of(inputs), None) for i in range(5))
+    broker.send(identity, wire.Jobs((*jobs, wire.Job(b"bad", "mul", wire.Tensors.of({}), None))))
+    message = broker.next_message(wire.Results)
+    assert [r.job_id for r in message.results] == [job.job_id for job in jobs]
+    assert [(f.job_id, f.code) for f in message.failures] == [(b"bad", "UNKNOWN_MODEL")]
+    assert node.stop() == 0
 
 
 def test_never_more_than_credit_jobs_run_at_once(broker: FakeBroker, start_node: StartNode) -> None:
