@@ -201,6 +201,13 @@ class Device:
             self._active = None
 
 
+def _num_ipus(num_ipus_or_model: int | Model) -> int:
+    """The IPU count a request asks for: given directly, or the model's compiled count."""
+    if isinstance(num_ipus_or_model, Model):
+        return num_ipus_or_model.metadata.numIpus()
+    return int(num_ipus_or_model)
+
+
 def _release(thread: DeviceThread, locks: IpuLocks | None) -> None:
     thread.close()
     if locks is not None:
@@ -224,10 +231,11 @@ class DeviceManager:
         wait_config: DeviceWaitConfig | None = None,
         constrains: DeviceConstraints | None = None,
     ) -> Device:
-        num_ipus, wait_config = self._request(num_ipus_or_model, device_options, wait_config)
+        wait_config = wait_config or DeviceWaitConfig()
+        # The model itself goes on to tryGetDevice: only it carries the IPU version to check.
         return self._required(
-            self.tryGetDevice(num_ipus, device_options, wait_config, constrains),
-            f"a device with {num_ipus} IPU(s)",
+            self.tryGetDevice(num_ipus_or_model, device_options, wait_config, constrains),
+            f"a device with {_num_ipus(num_ipus_or_model)} IPU(s)",
             wait_config,
         )
 
@@ -309,9 +317,7 @@ class DeviceManager:
     ) -> tuple[int, DeviceWaitConfig]:
         if options:
             log.debug("device options %s have no effect on simulated IPUs", dict(options))
-        if isinstance(num_ipus_or_model, Model):
-            return num_ipus_or_model.metadata.numIpus(), wait_config or DeviceWaitConfig()
-        return int(num_ipus_or_model), wait_config or DeviceWaitConfig()
+        return _num_ipus(num_ipus_or_model), wait_config or DeviceWaitConfig()
 
     def _check_possible(
         self, num_ipus: int, num_ipus_or_model: int | Model, constrains: DeviceConstraints | None

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,13 +17,16 @@ import pytest
 
 from ipuserve.errors import ConfigError, DeviceRequestError, DeviceUnavailableError
 from ipuserve.runtime.devices import (
+    Device,
     DeviceConstraints,
     DeviceManager,
     DeviceWaitConfig,
     DeviceWaitStrategy,
 )
+from ipuserve.runtime.popef import GraphBuilder
+from ipuserve.runtime.popef.types import Model
 from ipuserve.runtime.simulator.config import SimulatorConfig, parse_ipus
-from ipuserve.runtime.simulator.inventory import device_slots
+from ipuserve.runtime.simulator.inventory import device_slots, holders
 
 NO_WAIT = DeviceWaitConfig(DeviceWaitStrategy.NO_WAIT)
 
@@ -93,6 +96,53 @@ def test_impossible_requests_fail_at_once_whatever_the_strategy(
         dm.tryGetDevice(8, wait_config=wait)
     with pytest.raises(DeviceRequestError, match="no device 7"):
         dm.getSpecificDevice(7, wait_config=wait)
+
+
+def compiled_for(num_ipus: int, ipu_version: int) -> Model:
+    """A tiny identity model compiled for ``num_ipus`` IPUs of ``ipu_version``."""
+    g = GraphBuilder("tiny", batch_size=1, num_ipus=num_ipus, ipu_version=ipu_version)
+    g.output("y", g.identity(g.input("x", (1, 2))))
+    return g.build()
+
+
+def test_requests_by_model_take_its_ipu_count(isolated_ipu_host: Path) -> None:
+    dm = manager(isolated_ipu_host)
+    pair_model = compiled_for(2, 2)
+    first = dm.getDevice(pair_model, wait_config=NO_WAIT)
+    second = dm.tryGetDevice(pair_model, wait_config=NO_WAIT)
+    assert second is not None
+    assert [(d.getId(), d.ipus()) for d in (first, second)] == [(4, (0, 1)), (5, (2, 3))]
+    assert dm.tryGetDevice(pair_model, wait_config=NO_WAIT) is None
+    for device in (first, second):
+        device.detach()
+    specific = dm.getSpecificDevice(0, compiled_for(1, 2), NO_WAIT)
+    assert specific.ipus() == (0,)
+    specific.detach()
+
+
+@pytest.mark.parametrize("strategy", list(DeviceWaitStrategy))
+def test_requests_by_model_refuse_what_the_host_cannot_run(
+    isolated_ipu_host: Path, strategy: DeviceWaitStrategy
+) -> None:
+    dm = manager(isolated_ipu_host)
+    wait = DeviceWaitConfig(strategy, timeout=timedelta(hours=1), sleepTime=timedelta(seconds=1))
+    c600_model = compiled_for(1, 21)
+    version = r"'tiny' was compiled for IPU version 21 but this host has 4 Mk2 \(GC200\)"
+    requests: list[Callable[[], Device | None]] = [
+        lambda: dm.getDevice(c600_model, wait_config=wait),
+        lambda: dm.tryGetDevice(c600_model, wait_config=wait),
+        lambda: dm.getSpecificDevice(0, c600_model, wait),
+        lambda: dm.tryGetSpecificDevice(0, c600_model, wait),
+    ]
+    for request in requests:
+        with pytest.raises(DeviceRequestError, match=version):
+            request()
+    mismatch = r"device 4 has 2 IPU\(s\) but model 'tiny' needs 1"
+    with pytest.raises(DeviceRequestError, match=mismatch):
+        dm.getSpecificDevice(4, compiled_for(1, 2), wait)
+    with pytest.raises(DeviceRequestError, match=r"3 IPU\(s\) can never be attached"):
+        dm.getDevice(compiled_for(3, 2), wait_config=wait)
+    assert not list(holders(isolated_ipu_host, 4))  # nothing was attached on the way
 
 
 def test_remote_buffer_constraint(isolated_ipu_host: Path) -> None:

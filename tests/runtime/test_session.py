@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,13 +13,14 @@ import pytest
 import ipuserve.runtime as model_runtime
 from ipuserve.errors import (
     ClosedError,
+    DeviceFaultError,
     DeviceMemoryError,
     DeviceRequestError,
     RuntimeUsageError,
     TensorError,
 )
 from ipuserve.runtime import anchor_callbacks, popef_data_usage
-from ipuserve.runtime.popef import examples
+from ipuserve.runtime.popef import examples, write_model
 from ipuserve.runtime.popef.types import Model
 from ipuserve.runtime.predicates import (
     AnchorCallbackPolicy,
@@ -24,6 +28,7 @@ from ipuserve.runtime.predicates import (
     PopefDataUsagePolicy,
     ProgramsWithPolicy,
 )
+from tests.runtime.test_ring_buffer import Background
 
 LOAD, MAIN, SAVE = 0, 1, 2
 Policy = AnchorCallbackPolicy
@@ -333,3 +338,205 @@ def test_a_strided_zero_copy_input_is_made_contiguous(device: model_runtime.Devi
     session.runMainPrograms()
     assert got[0].flags.c_contiguous
     np.testing.assert_array_equal(got[0], source)
+
+
+# -- the example models from their files, through the queues -----------------------
+
+
+def from_files(model: Model, tmp_path: Path) -> model_runtime.Session:
+    """A Session over ``model`` written as two files (tensor data in the second)."""
+    paths = write_model(model, tmp_path / "model.popef", tmp_path / "weights.popef")
+    return model_runtime.Session([str(path) for path in paths])
+
+
+def collect(into: dict[str, np.ndarray], name: str):
+    """A write-complete callback keeping a copy of what the queue delivered."""
+    return lambda filled: into.__setitem__(name, np.array(filled))
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "sizes"),
+    [
+        ("simple", {"batch_size": 2}, (1, 3, 1)),
+        ("mlp", {}, (5, 20, 3)),  # the real-sized MLP: 784 -> 2 x 1024 -> 10, batch 16
+        ("noop", {"batch_size": 4, "elements": 3}, (1, 6, 2)),
+    ],
+)
+def test_example_models_end_to_end_through_queues(
+    tmp_path: Path,
+    device: model_runtime.Device,
+    name: str,
+    options: dict[str, Any],
+    sizes: tuple[int, ...],
+) -> None:
+    """Requests of any size are packed into batches, split across runs and padded."""
+    model = examples.build(name, **options)
+    session = from_files(model, tmp_path)
+    session.bindToDevice(device)
+    queues = session.createQueueManager()
+    batch = model.metadata.batchSize()
+    template = examples.sample_inputs(model)
+    rng = np.random.default_rng(3)
+    tensor_data = examples.tensor_arrays(model)
+    wanted: list[dict[str, np.ndarray]] = []
+    results: list[dict[str, np.ndarray]] = [{} for _ in sizes]
+    for number, (count, result) in enumerate(zip(sizes, results, strict=True)):
+        inputs = {
+            anchor: rng.standard_normal((count, *like.shape[1:])).astype(like.dtype)
+            for anchor, like in template.items()
+        }
+        want = examples.reference(name, inputs, tensor_data)
+        wanted.append(want)
+        for anchor, data in inputs.items():
+            queues.inputQueue(anchor).enqueue(data)
+        for anchor, expected in want.items():
+            memory = np.empty_like(expected) if number % 2 else None  # user's or the queue's
+            queues.outputQueue(anchor).enqueue(memory, expected.nbytes, collect(result, anchor))
+    queues.flushAll()  # pads the last, partial batch
+    runs = -(-sum(sizes) // batch)
+    assert all(q.pendingSamples() == runs * batch for q in queues.inputs.values())
+    for _ in range(runs):
+        session.runMainPrograms()
+    assert all(q.pendingSamples() == 0 for q in queues.inputs.values())
+    tolerance = {"rtol": 1e-4, "atol": 1e-5} if name == "mlp" else {"rtol": 1e-6}
+    for want, got in zip(wanted, results, strict=True):
+        assert set(got) == set(want)
+        for anchor, expected in want.items():
+            np.testing.assert_allclose(got[anchor], expected, **tolerance)
+
+
+def test_both_branches_through_queues(tmp_path: Path, device: model_runtime.Device) -> None:
+    """Conditional execution: each run reads only the queues of the branch it takes."""
+    model = examples.build("branches")
+    session = from_files(model, tmp_path)
+    session.bindToDevice(device)
+    queues = session.createQueueManager()
+    assert set(queues.inputs) == {"branch", "a_input", "b_input"}
+    rng = np.random.default_rng(5)
+    requests = [
+        {"branch": np.array([0], np.int32), "a_input": rng.standard_normal((1, 4), np.float32)},
+        {"branch": np.array([1], np.int32), "b_input": rng.standard_normal((1, 8), np.float32)},
+    ]
+    tensor_data = examples.tensor_arrays(model)
+    for inputs in requests:
+        want = examples.reference("branches", inputs, tensor_data)
+        got: dict[str, np.ndarray] = {}
+        for anchor, data in inputs.items():
+            queues.inputQueue(anchor).enqueue(data)
+        for anchor, expected in want.items():
+            queues.outputQueue(anchor).enqueue(None, expected.nbytes, collect(got, anchor))
+        session.runMainPrograms()
+        assert set(got) == set(want)
+        for anchor, expected in want.items():
+            np.testing.assert_allclose(got[anchor], expected, rtol=1e-6)
+    assert all(q.pendingSamples() == 0 for q in queues.inputs.values())
+
+
+def test_stop_releases_a_run_blocked_on_its_queues(device: model_runtime.Device) -> None:
+    session = model_runtime.Session(examples.build("noop", batch_size=1, elements=3))
+    session.bindToDevice(device)
+    device_waits = threading.Event()
+    queues = session.createQueueManager(
+        timeout_ns=1_000_000, timeout_callback=lambda _ring: device_waits.set()
+    )
+    run = Background(session.runMainPrograms)
+    assert device_waits.wait(10), "the run never waited for its input"
+    session.stop()  # disconnects the queues: the run finishes on zeros
+    run.result(10)
+    assert session.isStopped()
+    with pytest.raises(ClosedError, match="reload"):
+        session.runMainPrograms()
+    with pytest.raises(ClosedError, match="'input' is disconnected"):
+        queues.inputQueue("input").enqueue(np.ones((1, 3), np.float32))
+    queues.resetAll()
+    session.reload()
+    data = np.arange(3, dtype=np.float32).reshape(1, 3)
+    got: dict[str, np.ndarray] = {}
+    queues.inputQueue("input").enqueue(data)
+    queues.outputQueue("output").enqueue(None, data.nbytes, collect(got, "output"))
+    session.runMainPrograms()
+    np.testing.assert_array_equal(got["output"], data)
+
+
+def test_an_injected_fault_fails_runs_until_reload(
+    simple: Model, device: model_runtime.Device
+) -> None:
+    session = model_runtime.Session(simple)
+    session.bindToDevice(device)
+    a, b = np.full((2, 4), 3.0, np.float32), np.ones((2, 4), np.float32)
+    outputs: list[np.ndarray] = []
+    session.setCallbackForAnchor("tensor_A", feed(a))
+    session.setCallbackForAnchor("tensor_B", feed(b))
+    session.setCallbackForAnchor("output", lambda out: outputs.append(out.copy()))
+    device.injectFault()
+    with pytest.raises(DeviceFaultError, match=r"application runtime error on device 0.*injected"):
+        session.runMainPrograms()
+    with pytest.raises(DeviceFaultError, match=r"error state.*must be reset.*reload"):
+        session.runMainPrograms()
+    assert outputs == []  # a failed run hands nothing to the host
+    session.reload()
+    session.runMainPrograms()
+    want = examples.reference(
+        "simple", {"tensor_A": a, "tensor_B": b}, examples.tensor_arrays(simple)
+    )["output"]
+    assert len(outputs) == 1
+    np.testing.assert_allclose(outputs[0], want, rtol=1e-6)
+
+
+def test_ring_sizes_follow_the_multiplier_factory(
+    simple: Model, device: model_runtime.Device
+) -> None:
+    session = model_runtime.Session(simple)
+    session.bindToDevice(device)
+    factory = model_runtime.ring_size_multiplier_factory.ringSizeMultForProgs([SAVE], 3, 2)
+    queues = session.createQueueManager(factory)
+    assert set(queues.inputs) == {"tensor_A", "tensor_B"}  # weights: bound to its tensor data
+    assert set(queues.outputs) == {"output", "run_count"}
+    assert queues.outputQueue("run_count").numBuffers() == 3 * 1  # save program, batch 1
+    assert queues.inputQueue("tensor_A").numBuffers() == 2 * 2  # the others, batch 2
+    pool = model_runtime.allocateQueueStorage(queues.inputQueue("tensor_A"), extra_buffers=1)
+    assert (pool.numBlobs(), pool.blobSize()) == (5, 2 * 4 * 4)
+
+
+def test_explicit_load_main_save_and_program_lists(
+    simple: Model, device: model_runtime.Device
+) -> None:
+    flow = simple.metadata.programFlow()
+    config = model_runtime.SessionConfig(
+        pred_tensor_data=popef_data_usage.predProgramFlowLoad(flow)
+    )
+    session = model_runtime.Session(simple, config)  # weights from us, to count the loads
+    session.bindToDevice(device)
+    weights = np.array([1, 2, 3, 4], np.float32)
+    loads: list[int] = []
+
+    def load_weights(buffer: np.ndarray) -> None:
+        loads.append(1)
+        buffer[...] = weights
+
+    a, b = np.full((2, 4), 2.0, np.float32), np.ones((2, 4), np.float32)
+    outputs: list[np.ndarray] = []
+    counts: list[int] = []
+    session.setCallbackForAnchor("weights", load_weights)
+    session.setCallbackForAnchor("tensor_A", feed(a))
+    session.setCallbackForAnchor("tensor_B", feed(b))
+    session.setCallbackForAnchor("output", lambda out: outputs.append(out.copy()))
+    session.setCallbackForAnchor("run_count", lambda count: counts.append(int(count[0])))
+    session.runLoadPrograms()
+    session.runMainPrograms()  # loaded already: no implicit load
+    assert len(loads) == 1
+    session.runPrograms([MAIN, MAIN, SAVE])
+    assert counts == [3]
+    session.runPrograms([LOAD, MAIN, SAVE])  # a load resets the device-side counter
+    assert len(loads) == 2 and counts == [3, 1]
+    want = examples.reference("simple", {"tensor_A": a, "tensor_B": b}, {"weights": weights})[
+        "output"
+    ]
+    assert len(outputs) == 4
+    for got in outputs:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    session.unloadFromDevice()  # no implicit save; the device is not the session's to detach
+    assert counts == [3, 1] and device.isAttached() and session.device() is None
+    session.bindToDevice(device)
+    session.runMainPrograms()  # bound afresh: the load program runs first
+    assert len(loads) == 3
