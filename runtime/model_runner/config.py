@@ -71,12 +71,10 @@ class ModelRunnerConfig:
         config = copy.copy(self)
         for name in ("timeout_ns", "batch_size_timeout_ns", "data_parallel_timeout_ns"):
             setattr(config, name, to_ns(getattr(self, name), name))
-        _positive(config, "replication_factor")
-        _positive(config, "ring_buffer_size_multiplier")
-        if config.request_tracepoints_buffer_size < 0:
-            raise ConfigError(
-                "ModelRunnerConfig.request_tracepoints_buffer_size must be >= 0 (0 = unlimited)"
-            )
+        _at_least(config, "replication_factor", 1)
+        _at_least(config, "ring_buffer_size_multiplier", 1)
+        _at_least(config, "request_tracepoints_buffer_size", 0, " (0 = unlimited)")
+        _at_least(config, "batching_dim", 0, " (0xFFFFFFFF = dynamic batching off)")
         look_ahead_value(config.max_look_ahead)
         _check_replica_keys(config)
         if config.flush_callback is not None and not callable(config.flush_callback):
@@ -108,10 +106,12 @@ def look_ahead_value(text: str) -> int | None:
     )
 
 
-def _positive(config: ModelRunnerConfig, name: str) -> None:
+def _at_least(config: ModelRunnerConfig, name: str, least: int, note: str = "") -> None:
     value: Any = getattr(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"ModelRunnerConfig.{name} must be an integer >= 1, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(
+            f"ModelRunnerConfig.{name} must be an integer >= {least}{note}, got {value!r}"
+        )
 
 
 def _check_replica_keys(config: ModelRunnerConfig) -> None:

@@ -39,11 +39,11 @@ class IoPlan:
         self.flow_has_save = bool(flow.save())
         self.batch_dim = config.batching_dim if config.dynamic_batching else 0
         self._check_load_inputs(load)
-        self.validator = RequestValidator(
-            [self._slot(a, config) for a in self.execute_inputs],
-            [self._slot(a, config) for a in self.execute_outputs],
-            set(self.frozen),
-        )
+        inputs = [self._slot(a, config) for a in self.execute_inputs]
+        outputs = [self._slot(a, config) for a in self.execute_outputs]
+        if config.dynamic_batching:
+            self._check_batch_extents([*inputs, *outputs])
+        self.validator = RequestValidator(inputs, outputs, set(self.frozen))
 
     # -- descriptions -------------------------------------------------------------
     def descs(self, anchors: list[Anchor]) -> list[DataDesc]:
@@ -108,6 +108,17 @@ class IoPlan:
         return TensorSlot(
             anchor.name(), shape, info.numpyDType(), dim if shape else 0, config.dynamic_batching
         )
+
+    def _check_batch_extents(self, slots: list[TensorSlot]) -> None:
+        """Samples of one request travel through every queue: all must batch alike."""
+        extents = {s.name: s.batch for s in slots if s.shape}
+        if len(set(extents.values())) > 1:
+            listed = ", ".join(f"{name} has {extent}" for name, extent in extents.items())
+            raise ConfigError(
+                f"ModelRunnerConfig.batching_dim={self.batch_dim}: the execute inputs and "
+                f"outputs disagree on the compiled batch along that dimension ({listed}); "
+                "set batching_dim to the dimension that holds the batch"
+            )
 
     def _frozen(self, config: ModelRunnerConfig) -> dict[str, np.ndarray]:
         frozen: dict[str, np.ndarray] = {}

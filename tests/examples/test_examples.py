@@ -201,3 +201,54 @@ def test_the_popef_option_is_required() -> None:
 
     assert result.returncode == 2
     assert "-p/--popef" in result.stderr
+
+
+# -- the spec's listings, verbatim ---------------------------------------------------
+
+LISTINGS_DIR = Path(__file__).resolve().parent / "spec_listings"
+
+#: The only edit a listing gets: the spec's modules are ipuserve.runtime and its popef.
+IMPORTS = {
+    "import model_runtime\n": "import ipuserve.runtime as model_runtime\n",
+    "import popef\n": "from ipuserve.runtime import popef\n",
+}
+
+#: listing (chapter 3's Python listings 3.2, 3.4, 3.6, 3.8) -> example model it runs on.
+LISTINGS = {
+    "model_runner_execution_modes": "mlp",
+    "model_runner_replication": "simple",
+    "model_runner_multithreading": "simple",
+    # Its load_model() returns after the first file, so the weights must be in it.
+    "model_runner_frozen_inputs": "simple",
+}
+
+
+def test_every_spec_listing_is_stored() -> None:
+    stored = {path.name.removesuffix(".py.txt") for path in LISTINGS_DIR.glob("*.py.txt")}
+    assert stored == set(LISTINGS)
+
+
+@pytest.mark.parametrize("listing", sorted(LISTINGS))
+def test_spec_listing_runs_with_only_its_imports_changed(
+    listing: str, model_files: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    """The spec's own text (tests/examples/spec_listings/, copied from chapter 3 without
+    its line numbers) runs on ipuserve once its two imports name ipuserve's modules."""
+    source = (LISTINGS_DIR / f"{listing}.py.txt").read_text()
+    for spec_import, ours in IMPORTS.items():
+        assert source.count(spec_import) == 1, spec_import
+        source = source.replace(spec_import, ours)
+    script = tmp_path / f"{listing}.py"
+    script.write_text(source)
+
+    result = subprocess.run(
+        [sys.executable, str(script), "--popef", *map(str, model_files[LISTINGS[listing]])],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=dict(os.environ),
+        check=False,
+    )
+
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.splitlines()[-1] == "Success: exiting", describe(result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import timedelta
 
@@ -41,6 +42,50 @@ def wait_for(condition, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
+# -- every field of the spec's ModelRunnerConfig, with the spec's default ---------------
+
+#: Section 10.1.3, ``struct ModelRunnerConfig``: every public member and its default.
+SPEC_DEFAULTS = {
+    "replication_factor": 1,
+    "run_save_programs": False,
+    "thread_safe": False,
+    "frozen_inputs": {},
+    "replica_to_save_programs_outputs": {},
+    "replica_to_device": {},
+    "check_package_hash": True,
+    "timeout_ns": 5 * 10**9,  # std::chrono::seconds(5)
+    "validate_io_params": True,
+    "batching_dim": 0xFFFFFFFF,  # std::numeric_limits<unsigned>::max()
+    "auto_reset": False,
+    "max_look_ahead": "unlimited",
+    "ring_buffer_size_multiplier": 2,
+    "flush_on_waiting_outputs": False,
+    "batch_size_timeout_ns": 2**63 - 1,  # std::chrono::nanoseconds::max()
+    "data_parallel_timeout_ns": 2**63 - 1,
+    "is_batch_size_timeout_enabled": False,
+    "request_tracepoints_buffer_size": 1000,
+    "flush_callback": None,
+    "device_wait_config": None,  # DeviceWaitConfig{}: checked below
+}
+
+
+def test_every_spec_field_exists_with_the_spec_default(make_runner, simple: Model) -> None:
+    config = model_runtime.ModelRunnerConfig()
+    assert {f.name for f in dataclasses.fields(config)} == set(SPEC_DEFAULTS)
+    in_use = make_runner(simple).config()
+    for name, default in SPEC_DEFAULTS.items():
+        if name != "device_wait_config":
+            assert getattr(config, name) == default, name
+            assert getattr(in_use, name) == default, name
+    assert isinstance(config.frozen_inputs, model_runtime.InputMemoryView)
+    wait = config.device_wait_config
+    assert (wait.strategy, wait.timeout, wait.sleepTime) == (
+        model_runtime.DeviceWaitStrategy.NO_WAIT,
+        timedelta(0),
+        timedelta(seconds=15),
+    )
+
+
 # -- replication_factor, replica_to_device, device_wait_config -------------------------
 
 
@@ -57,6 +102,21 @@ def test_replication_factor_gives_each_replica_its_own_device(make_runner, simpl
     free = model_runtime.DeviceManager()
     assert free.tryGetSpecificDevice(0, wait_config=NO_WAIT) is None
     assert free.tryGetSpecificDevice(1, wait_config=NO_WAIT) is None
+
+
+def test_replicas_run_independently(make_runner, mlp: Model) -> None:
+    """Each replica has its own device loop: one waiting for data never holds up another."""
+    runner = make_runner(mlp, replication_factor=2, batching_dim=0, timeout_ns=0)
+    first = {"input": rows(3, 32, 20)}
+    waiting = runner.executeAsync(first, replica_id=0)  # 3 of 16 samples, never flushed
+    for i in range(5):
+        inputs = {"input": rows(16, 32, 21 + i)}
+        assert_matches(runner.execute(inputs, replica_id=1), reference("mlp", mlp, inputs))
+    assert not waiting.done()
+    rest = {"input": rows(13, 32, 30)}
+    assert_matches(runner.execute(rest, replica_id=0), reference("mlp", mlp, rest))
+    assert_matches(waiting.result(WAIT_S), reference("mlp", mlp, first))
+    assert (counts(runner, 0)["batches"], counts(runner, 1)["batches"]) == (1, 5)
 
 
 def test_more_replicas_than_ipus_fails_and_releases_everything(simple: Model) -> None:
@@ -242,6 +302,14 @@ def test_batching_dim_out_of_range(mlp: Model) -> None:
         model_runtime.ModelRunner(mlp, config=model_runtime.ModelRunnerConfig(batching_dim=2))
 
 
+def test_batching_dim_must_hold_the_batch_of_every_tensor(mlp: Model) -> None:
+    """Dimension 1 of the MLP's tensors is features (32 in, 10 out), not the batch."""
+    with pytest.raises(
+        ConfigError, match=r"batching_dim=1: .*disagree.*input has 32, logits has 10"
+    ):
+        model_runtime.ModelRunner(mlp, config=model_runtime.ModelRunnerConfig(batching_dim=1))
+
+
 # -- timeouts and flushing ---------------------------------------------------------------
 
 
@@ -279,6 +347,28 @@ def test_batch_size_timeout_applies_when_enabled(make_runner, mlp: Model) -> Non
     inputs = {"input": rows(2, 32, 63)}
     assert_matches(runner.execute(inputs), reference("mlp", mlp, inputs))
     assert counts(runner)["padded_samples"] == 14
+
+
+def test_batch_size_timeouts_are_ignored_unless_enabled(make_runner, mlp: Model) -> None:
+    """is_batch_size_timeout_enabled=False: a partial batch waits timeout_ns (an hour here),
+    not batch_size_timeout_ns or data_parallel_timeout_ns."""
+    calls: list[str] = []
+    runner = make_runner(
+        mlp,
+        batching_dim=0,
+        timeout_ns=FOREVER_NS,
+        batch_size_timeout_ns=1 * MS,
+        data_parallel_timeout_ns=1 * MS,
+        flush_callback=lambda tensor, _i, _o: calls.append(tensor),
+    )
+    first = {"input": rows(3, 32, 72)}
+    pending = runner.executeAsync(first)
+    with pytest.raises(RequestTimeoutError, match="waiting for input tensor 'input'"):
+        pending.wait(0.05)  # fifty times batch_size_timeout_ns, and still not flushed
+    rest = {"input": rows(13, 32, 73)}
+    assert_matches(runner.execute(rest), reference("mlp", mlp, rest))
+    assert_matches(pending.result(WAIT_S), reference("mlp", mlp, first))
+    assert calls == [] and counts(runner)["padded_samples"] == 0
 
 
 def test_data_parallel_timeout_applies_with_replication(make_runner, mlp: Model) -> None:
@@ -503,6 +593,8 @@ def test_config_is_validated_with_field_names(simple: Model) -> None:
         ("ring_buffer_size_multiplier", 0, "ring_buffer_size_multiplier"),
         ("timeout_ns", -1, "timeout_ns: expected nanoseconds"),
         ("request_tracepoints_buffer_size", -1, "request_tracepoints_buffer_size"),
+        ("request_tracepoints_buffer_size", 1.5, "request_tracepoints_buffer_size"),
+        ("batching_dim", -1, "batching_dim must be an integer >= 0"),
         ("replica_to_device", {3: None}, "names replica 3"),
     ]:
         config = model_runtime.ModelRunnerConfig()

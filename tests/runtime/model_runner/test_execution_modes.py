@@ -95,7 +95,7 @@ def test_library_allocated_future_memory_semantics(make_runner, simple: Model) -
     py_array = future["output"]
     tensor = py_array.numpy()
     tensor_copy = np.array(py_array, copy=True)
-    tensor_view = np.asarray(py_array)
+    tensor_view = np.array(py_array, copy=False)
     assert not np.shares_memory(tensor_view, tensor_copy)
     assert not np.shares_memory(tensor, tensor_copy)
     assert not np.shares_memory(tensor, tensor_view)
@@ -113,7 +113,7 @@ def test_user_allocated_future_memory_semantics(make_runner, simple: Model) -> N
     output_tensor = numpy_output["output"]
     from_future = future["output"].numpy()
     assert np.shares_memory(output_tensor, from_future)
-    tensor_view = np.asarray(future["output"])
+    tensor_view = np.array(future["output"], copy=False)
     assert np.shares_memory(output_tensor, tensor_view)
     assert np.shares_memory(from_future, tensor_view)
     tensor_copy = np.array(future["output"], copy=True)
@@ -146,14 +146,22 @@ def test_concurrent_futures_interface(make_runner, simple: Model) -> None:
     assert seen == [future] and list(future) == ["output"] and len(future) == 1
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_runner_from_popef_paths(make_runner, tmp_path: Path, split: bool) -> None:
+@pytest.mark.parametrize(
+    ("split", "as_paths"),
+    [
+        (False, model_runtime.PopefPaths),
+        (True, model_runtime.PopefPaths),
+        (True, list),
+        (False, lambda paths: paths[0]),  # C++'s ModelRunner(const std::string &popef_path)
+    ],
+)
+def test_runner_from_popef_paths(make_runner, tmp_path: Path, split: bool, as_paths) -> None:
     builder = examples.simple(batch_size=2)
     paths = builder.write(
         tmp_path / "simple.popef", tensor_data_path=tmp_path / "weights.popef" if split else None
     )
     model = builder.build()
-    runner = make_runner(model_runtime.PopefPaths([str(p) for p in paths]))
+    runner = make_runner(as_paths([str(p) for p in paths]))
     inputs = simple_inputs(18)
     assert_matches(runner.execute(inputs), reference("simple", model, inputs))
 

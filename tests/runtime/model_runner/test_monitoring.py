@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+import ipuserve.runtime as model_runtime
+from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.types import Model
+from ipuserve.runtime.simulator.cost import CostModel, ipu_spec
 
-from .conftest import rows
+from .conftest import assert_matches, reference, rows
 
 PHASES = ("request", "read_preparation", "read_queue", "computation")
 
@@ -72,3 +77,27 @@ def test_passed_dict_is_filled_in_place(make_runner, simple: Model) -> None:
     info: dict[str, float] = {"mine": 1.0}
     runner.getMonitoringStatisticsMean(info)
     assert info["mine"] == 1.0 and "request_monitoring_statistics_mean_us" in info
+
+
+def test_durations_are_microseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounds that hold whatever the machine's speed, and only in microseconds: a request
+    lasts no longer than the call around it, and its computation phase no shorter than
+    the simulated device time between reading its input and writing its last output."""
+    model = examples.build("mlp", batch_size=16)
+    steps = model.executable.program(model.metadata.programFlow().main()[0]).steps
+    last_read = max(i for i, step in enumerate(steps) if step.op == "stream_in")
+    after_read_s = sum(CostModel(ipu_spec(2)).step_seconds(s) for s in steps[last_read + 1 :])
+    scale = 2e-3 / after_read_s  # the device computes for 2 ms after the read
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", repr(scale))
+    inputs = {"input": rows(16, 784, 0)}
+    with model_runtime.ModelRunner(model) as runner:
+        called = time.perf_counter()
+        got = runner.execute(inputs)
+        call_us = (time.perf_counter() - called) * 1e6
+        trace = runner.getTimeTrace({})
+        mean = runner.getMonitoringStatisticsMean({})
+    assert_matches(got, reference("mlp", model, inputs))
+    assert trace["computation_duration_us"] >= 2e3 * 0.999
+    assert trace["computation_duration_us"] <= trace["request_duration_us"] <= call_us
+    for phase in PHASES:  # one request: its trace is the mean
+        assert mean[f"{phase}_monitoring_statistics_mean_us"] == trace[f"{phase}_duration_us"]
