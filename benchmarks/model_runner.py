@@ -6,7 +6,7 @@ For each replica count the runner is loaded with dynamic batching and fed by a
 closed loop of requests (``--request-samples`` each) keeping
 ``--in-flight`` requests outstanding per replica. The simulated IPU is slowed
 down (``IPUSERVE_SIM_TIME_SCALE``) so that one batch takes ``--device-ms`` of
-simulated time: at the real Mk2's speed a batch takes ~23 us, far less than
+simulated time: at the real Mk2's speed a batch takes ~18 us, far less than
 numpy needs on the host, and the figure would measure numpy, not the runtime.
 
 Reported per configuration, median of ``--repeat`` runs: samples/s and
