@@ -10,8 +10,11 @@ from ipuserve.errors import ProtocolError, UnknownModelError
 
 
 class ClientHandlers:
-    def __init__(self, scheduler: Scheduler, epoch: str, grace_until: float) -> None:
+    def __init__(
+        self, scheduler: Scheduler, epoch: str, grace_until: float, max_payload_bytes: int
+    ) -> None:
         self._scheduler = scheduler
+        self._max_payload_bytes = max_payload_bytes
         self._registry = scheduler.registry
         self._jobs = scheduler.jobs
         self._epoch = epoch
@@ -23,7 +26,8 @@ class ClientHandlers:
         if isinstance(message, wire.Request):
             self.on_request(client, message)
         elif isinstance(message, wire.Ping):
-            self._send(client, wire.Pong(message.request_id, self._epoch))
+            pong = wire.Pong(message.request_id, self._epoch, self._max_payload_bytes)
+            self._send(client, pong)
         elif isinstance(message, wire.ListModels):
             self._send(client, wire.ModelsReply(message.request_id, self.models()))
         else:

@@ -54,8 +54,12 @@ class Broker:
         self._outbox = Outbox(self._frontend, self._backend, self.metrics, config.client_backlog)
         self.scheduler = Scheduler(config, self.registry, self._outbox, self.metrics)
         now = time.monotonic()
-        self._clients = ClientHandlers(self.scheduler, self.epoch, now + config.startup_grace_s)
-        welcome = wire.Welcome(self.epoch, config.heartbeat_ms, config.liveness_ms)
+        self._clients = ClientHandlers(
+            self.scheduler, self.epoch, now + config.startup_grace_s, config.max_payload_bytes
+        )
+        welcome = wire.Welcome(
+            self.epoch, config.heartbeat_ms, config.liveness_ms, config.max_payload_bytes
+        )
         self._workers = WorkerHandlers(self.scheduler, welcome)
         self._next_beat = now
         self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -70,7 +74,7 @@ class Broker:
         sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
         sock.setsockopt(zmq.SNDHWM, sndhwm)
         sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_payload_bytes + (1 << 20))
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self.config.max_payload_bytes))
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:

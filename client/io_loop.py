@@ -7,6 +7,12 @@ clears the waker *before* swapping, so a wake-up is never lost (a racing
 submit causes at most one spurious one). Code already running on this thread
 (future callbacks) sends directly instead: no hand-off, no hop.
 
+Payload limit: PONG carries the broker's payload limit. A request above it fails
+here with PayloadTooLargeError instead of being sent; one too big to send safely
+before the limit is known (beyond ``protocol.FRAME_SLACK_BYTES``: the broker's
+ZeroMQ would drop the connection, and nobody could answer) waits for the first
+PONG.
+
 Liveness: a PING goes out at connect and every ``ping_interval_s`` while
 requests are pending; PONG carries the broker's epoch. A new epoch (the broker
 restarted and lost its queue) or silence past ``liveness_s`` re-sends every
@@ -35,6 +41,7 @@ from ipuserve.errors import (
     ConfigError,
     DeadlineExceeded,
     IpuserveError,
+    PayloadTooLargeError,
     ProtocolError,
     UnavailableError,
 )
@@ -73,6 +80,8 @@ class ClientStats:
     expired: int = 0
     epoch_changes: int = 0
     epoch: str | None = None
+    #: the broker's payload limit, from its PONG (None until the first)
+    max_payload_bytes: int | None = None
 
 
 class IoLoop:
@@ -87,6 +96,8 @@ class IoLoop:
         self._lock = threading.Lock()
         self._closed = False
         self._pending: dict[bytes, Pending] = {}
+        #: ids of pending requests too big to send before the broker's limit is known
+        self._held: dict[bytes, None] = {}
         self._deadlines: list[tuple[int, int, bytes]] = []
         self._seq = itertools.count()
         self._last_heard = time.monotonic()
@@ -180,6 +191,16 @@ class IoLoop:
             self._ping(now)
 
     def _send(self, pending: Pending) -> None:
+        size, limit = pending.payload_bytes, self.stats.max_payload_bytes
+        if limit is not None and size > limit:
+            error = PayloadTooLargeError(
+                f"the request's tensors are {size} bytes; the broker accepts at most {limit}"
+            )
+            self._finish(pending.request_id, lambda p: p.future.set_exception(error))
+            return
+        if limit is None and size > wire.FRAME_SLACK_BYTES:
+            self._held[pending.request_id] = None  # sent by _on_pong
+            return
         try:
             _send_frames(self._sock, pending.frames(time.perf_counter_ns()))
         except zmq.Again:
@@ -246,10 +267,17 @@ class IoLoop:
     def _on_pong(self, pong: wire.Pong) -> None:
         known = self.stats.epoch
         self.stats.epoch = pong.epoch
+        self.stats.max_payload_bytes = pong.max_payload_bytes
+        held, self._held = self._held, {}
         if known is not None and known != pong.epoch:
             log.warning("broker restarted (epoch %s -> %s); re-sending", known, pong.epoch)
             self.stats.epoch_changes += 1
             self._resend_all()
+            return
+        for request_id in held:
+            pending = self._pending.get(request_id)
+            if pending is not None:  # not expired meanwhile
+                self._send(pending)
 
     def _resend_all(self) -> None:
         for pending in list(self._pending.values()):

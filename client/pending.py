@@ -60,6 +60,11 @@ class Pending:
     def request_id(self) -> bytes:
         return self.message.request_id
 
+    @property
+    def payload_bytes(self) -> int:
+        message = self.message
+        return message.tensors.nbytes if isinstance(message, wire.Request) else 0
+
     def frames(self, now_ns: int) -> list[wire.Frame]:
         """The message to (re)send now; a request's timeout is what is left of it."""
         message = self.message

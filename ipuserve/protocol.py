@@ -126,6 +126,17 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
+#: ZeroMQ drops the connection of a peer sending a frame beyond a socket's
+#: ``ZMQ_MAXMSGSIZE``: nobody can be answered then. Sockets set it this far above the
+#: payload limit, so a frame of at most this size never trips it, whatever the limit;
+#: bigger ones are refused by the sender, which learns the receiver's limit first.
+FRAME_SLACK_BYTES = 1 << 20
+
+
+def max_frame_bytes(max_payload_bytes: int) -> int:
+    """``ZMQ_MAXMSGSIZE`` for a socket that accepts payloads of ``max_payload_bytes``."""
+    return max_payload_bytes + FRAME_SLACK_BYTES
+
 
 # ---------------------------------------------------------------- tensors and models
 
@@ -393,14 +404,18 @@ class Ping:
 
 @dataclass(frozen=True, slots=True)
 class Pong:
-    """Carries the broker's epoch: a random id chosen at start, so peers notice restarts."""
+    """Carries the broker's epoch (a random id chosen at start, so peers notice restarts)
+    and its payload limit: a client refuses a bigger request itself, since ZeroMQ drops
+    the connection of a peer that sends one frame far beyond it, and nobody could answer."""
 
     COMMAND: ClassVar[Command] = Command.PONG
     request_id: bytes
     epoch: str
+    max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
 
     def encode(self) -> list[Frame]:
-        return _frames(self.COMMAND, self.request_id, {"epoch": self.epoch})
+        header = {"epoch": self.epoch, "max_payload_bytes": self.max_payload_bytes}
+        return _frames(self.COMMAND, self.request_id, header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,16 +436,20 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
+    """The broker's answer to HELLO; its payload limit bounds the results a worker sends."""
+
     COMMAND: ClassVar[Command] = Command.WELCOME
     epoch: str
     heartbeat_ms: int
     liveness_ms: int
+    max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
 
     def encode(self) -> list[Frame]:
         header = {
             "epoch": self.epoch,
             "heartbeat_ms": self.heartbeat_ms,
             "liveness_ms": self.liveness_ms,
+            "max_payload_bytes": self.max_payload_bytes,
         }
         return _frames(self.COMMAND, b"", header)
 
@@ -1447,7 +1466,9 @@ _KINDS: dict[Command, _Kind] = {
     ),
     Command.PING: _Kind(Command.PING, {}, lambda i, f, t, lim: Ping(i)),
     Command.PONG: _Kind(
-        Command.PONG, {"epoch": _Field(_name)}, lambda i, f, t, lim: Pong(i, f["epoch"])
+        Command.PONG,
+        {"epoch": _Field(_name), "max_payload_bytes": _Field(_positive)},
+        lambda i, f, t, lim: Pong(i, f["epoch"], f["max_payload_bytes"]),
     ),
     Command.HELLO: _Kind(
         Command.HELLO,
@@ -1460,8 +1481,11 @@ _KINDS: dict[Command, _Kind] = {
             "epoch": _Field(_name),
             "heartbeat_ms": _Field(_positive),
             "liveness_ms": _Field(_positive),
+            "max_payload_bytes": _Field(_positive),
         },
-        lambda i, f, t, lim: Welcome(f["epoch"], f["heartbeat_ms"], f["liveness_ms"]),
+        lambda i, f, t, lim: Welcome(
+            f["epoch"], f["heartbeat_ms"], f["liveness_ms"], f["max_payload_bytes"]
+        ),
     ),
     Command.JOBS: _Kind(
         Command.JOBS,

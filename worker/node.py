@@ -32,6 +32,7 @@ from ipuserve.errors import (
     InferenceError,
     IpuserveError,
     OverloadedError,
+    PayloadTooLargeError,
     UnknownModelError,
 )
 from ipuserve.worker.backend import Backend, Job, Mailbox, Outcome, Result
@@ -66,6 +67,8 @@ class Session:
     heartbeat_s: float
     liveness_s: float
     last_heard: float
+    #: the broker's payload limit (from WELCOME): bigger outputs are failed here, not sent
+    max_payload_bytes: int
     next_heartbeat: float = 0.0
 
 
@@ -178,7 +181,14 @@ class WorkerNode:
         self._epoch = welcome.epoch
         heartbeat_s = min(self._config.heartbeat_ms, welcome.heartbeat_ms) / 1000
         now = time.monotonic()
-        self._session = Session(sock, welcome.epoch, heartbeat_s, welcome.liveness_ms / 1000, now)
+        self._session = Session(
+            sock,
+            welcome.epoch,
+            heartbeat_s,
+            welcome.liveness_ms / 1000,
+            now,
+            welcome.max_payload_bytes,
+        )
         log.info(
             "worker %s registered with %s (epoch %s, credit %d)",
             self._config.worker_id,
@@ -208,7 +218,7 @@ class WorkerNode:
         sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes + (1 << 20))
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self._config.max_payload_bytes))
         sock.connect(self._config.broker)
         return sock
 
@@ -369,12 +379,24 @@ class WorkerNode:
             self._failures.append(wire.Fail.of(job.job_id, outcome))
             return
         try:
-            tensors = wire.Tensors.of(outcome.outputs)
+            tensors = self._sendable(outcome)
         except IpuserveError as exc:
-            error = InferenceError(f"unsendable outputs: {exc}")
-            self._failures.append(wire.Fail.of(job.job_id, error))
+            self._failures.append(wire.Fail.of(job.job_id, exc))
             return
         self._results.append(wire.Result(job.job_id, tensors, self._timing(held, outcome)))
+
+    def _sendable(self, outcome: Result) -> wire.Tensors:
+        """The outputs as wire tensors, if the broker can take them."""
+        try:
+            tensors = wire.Tensors.of(outcome.outputs)
+        except IpuserveError as exc:
+            raise InferenceError(f"unsendable outputs: {exc}") from exc
+        if self._session is not None and tensors.nbytes > self._session.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"the outputs of this request are {tensors.nbytes} bytes; the broker "
+                f"accepts at most {self._session.max_payload_bytes} (--max-payload-bytes)"
+            )
+        return tensors
 
     def _flush(self) -> None:
         """Send this turn's outcomes as RESULTS (several if one would be too big)."""

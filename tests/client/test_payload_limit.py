@@ -1,0 +1,67 @@
+"""Requests beyond the broker's payload limit fail with PayloadTooLargeError, never hang.
+
+A frame far beyond the limit would make the broker's ZeroMQ drop the connection
+(ZMQ_MAXMSGSIZE), and then nobody could answer: the client learns the limit from
+PONG and refuses such a request itself -- even as its very first request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ipuserve import errors, protocol
+from ipuserve.client.client import Client
+from tests.helpers import (
+    BrokerProc,
+    Processes,
+    add_expected,
+    add_inputs,
+    fn_worker_argv,
+    start_broker,
+    start_worker,
+)
+
+pytestmark = pytest.mark.slow
+LIMIT = 65536
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[BrokerProc]:
+    procs = Processes()
+    try:
+        broker = start_broker(procs, "--max-payload-bytes", str(LIMIT))
+        start_worker(procs, broker, fn_worker_argv("add"))
+        yield broker
+    finally:
+        procs.close()
+
+
+def huge_inputs(nbytes: int) -> dict[str, np.ndarray]:
+    rows = nbytes // (8 * 4)
+    return {"x": np.zeros((rows, 8), np.float32), "y": np.zeros((rows, 8), np.float32)}
+
+
+@pytest.mark.parametrize(
+    "nbytes",
+    [LIMIT + 4096, protocol.max_frame_bytes(LIMIT) + 4096],
+    ids=["over-the-limit", "over-what-zeromq-accepts"],
+)
+def test_an_oversized_first_request_is_refused_and_the_client_goes_on(
+    served: BrokerProc, nbytes: int
+) -> None:
+    with Client(served.frontend, timeout=30) as client:
+        with pytest.raises(errors.PayloadTooLargeError, match=str(LIMIT)):
+            client.infer("add", huge_inputs(nbytes))
+        assert client.stats.max_payload_bytes == LIMIT
+        given = add_inputs(rows=3, seed=7)
+        np.testing.assert_allclose(client.infer("add", given)["z"], add_expected(given), rtol=1e-6)
+
+
+def test_without_a_timeout_an_oversized_request_still_fails(served: BrokerProc) -> None:
+    with Client(served.frontend, timeout=None) as client:
+        future = client.infer_async("add", huge_inputs(protocol.max_frame_bytes(LIMIT) * 2))
+        error = future.exception(timeout=30)  # a backstop: the failure comes at the first PONG
+        assert isinstance(error, errors.PayloadTooLargeError)

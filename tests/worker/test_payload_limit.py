@@ -1,0 +1,29 @@
+"""The broker's payload limit (from WELCOME) bounds what a worker sends back."""
+
+from __future__ import annotations
+
+from ipuserve import protocol as wire
+from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add_inputs
+from tests.worker.test_node import (  # noqa: F401  (fixtures)
+    StartNode,
+    broker,
+    expect_fail,
+    expect_result,
+    start_node,
+)
+
+
+def test_outputs_beyond_the_brokers_limit_fail_with_payload_too_large(
+    broker: FakeBroker,  # noqa: F811
+    start_node: StartNode,  # noqa: F811
+) -> None:
+    start_node(GatedAdd().backend())
+    identity, hello = broker.expect(wire.Hello)
+    assert hello.models == (ADD,)
+    small = add_inputs(rows=2)  # z: 2 x 8 float32 = 64 bytes
+    limit = small["x"].nbytes * 2 + 1  # the job's inputs (128 B) fit; 4 rows of z do not
+    broker.send(identity, wire.Welcome("epoch1", 50, 60_000, max_payload_bytes=limit))
+    broker.job(identity, b"big", add_inputs(rows=5))
+    fail = expect_fail(broker, b"big", "PAYLOAD_TOO_LARGE")
+    assert "160 bytes" in fail.message and f"at most {limit}" in fail.message
+    expect_result(broker, b"ok", broker.job(identity, b"ok", small))
