@@ -9,6 +9,7 @@ mean and p99 of each request phase.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,26 +35,33 @@ class WorkerMetrics(Registry):
         self.device_seconds = Histogram(p + "device_seconds", "The job on the (simulated) device.")
         self.job_seconds = Histogram(p + "job_seconds", "Submit to result, in the worker.")
         self._runner: Any = None
+        # Jobs are submitted on the socket thread and finish on each replica's device
+        # thread: a read-modify-write of a sample from two threads could lose an update.
+        self._lock = threading.Lock()
 
     def watch(self, runner: Any) -> None:
         """Report ``runner``'s monitoring statistics at every scrape."""
         self._runner = runner
 
     def submitted(self) -> None:
-        self.in_flight.inc(model=self.model)
+        with self._lock:
+            self.in_flight.inc(model=self.model)
 
     def finished(
         self, outcome: str, seconds: float, queue_us: float = 0.0, device_us: float = 0.0
     ) -> None:
-        self.in_flight.inc(-1.0, model=self.model)
-        self.jobs.inc(model=self.model, outcome=outcome)
-        self.job_seconds.observe(seconds)
-        if outcome == "ok":
-            self.queue_seconds.observe(queue_us / 1e6)
-            self.device_seconds.observe(device_us / 1e6)
+        with self._lock:
+            self.in_flight.inc(-1.0, model=self.model)
+            self.jobs.inc(model=self.model, outcome=outcome)
+            self.job_seconds.observe(seconds)
+            if outcome == "ok":
+                self.queue_seconds.observe(queue_us / 1e6)
+                self.device_seconds.observe(device_us / 1e6)
 
     def render(self) -> str:
-        return super().render() + "".join(line + "\n" for line in self._runtime_lines())
+        with self._lock:  # one consistent snapshot of the job metrics
+            jobs = super().render()
+        return jobs + "".join(line + "\n" for line in self._runtime_lines())
 
     def _runtime_lines(self) -> Iterable[str]:
         runner = self._runner
