@@ -235,7 +235,7 @@ class DeviceManager:
         # The model itself goes on to tryGetDevice: only it carries the IPU version to check.
         return self._required(
             self.tryGetDevice(num_ipus_or_model, device_options, wait_config, constrains),
-            f"a device with {_num_ipus(num_ipus_or_model)} IPU(s)",
+            f"device with {_num_ipus(num_ipus_or_model)} IPU(s)",
             wait_config,
         )
 

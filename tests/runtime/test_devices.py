@@ -72,7 +72,7 @@ def test_devices_are_exclusive_within_a_process(isolated_ipu_host: Path) -> None
     held = [dm.getDevice(1, wait_config=NO_WAIT) for _ in range(4)]
     assert sorted(d.getId() for d in held) == [0, 1, 2, 3]
     assert dm.tryGetDevice(1, wait_config=NO_WAIT) is None
-    with pytest.raises(DeviceUnavailableError, match=r"no free a device with 1 IPU"):
+    with pytest.raises(DeviceUnavailableError, match=r"no free device with 1 IPU"):
         dm.getDevice(1, wait_config=NO_WAIT)
     with pytest.raises(DeviceUnavailableError):
         dm.getSpecificDevice(4, wait_config=NO_WAIT)  # the pair {0,1} overlaps held IPUs
