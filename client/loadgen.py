@@ -17,9 +17,10 @@ arrivals over it are counted as skipped.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,6 +159,29 @@ class ClosedLoop:
                 self._window.finished.set()
 
 
+def arrivals(config: LoadConfig, start_ns: int) -> Iterator[int]:
+    """The open loop's schedule: when each request is due, in ns from ``start_ns`` on.
+
+    Evenly spaced ``1/rate`` apart, or with ``poisson`` exponential gaps of mean
+    ``1/rate`` drawn from ``seed``; the first is due at ``start_ns``. The times depend
+    on the config alone (:class:`OpenLoop` sleeps until each one), so the schedule can
+    be checked without a clock.
+    """
+    assert config.rate is not None and config.rate > 0, "open loop needs a rate"
+    gap_ns = 1e9 / config.rate
+    if config.poisson:
+        return _poisson(start_ns, gap_ns, config.seed)
+    return (start_ns + round(k * gap_ns) for k in itertools.count())
+
+
+def _poisson(start_ns: int, mean_gap_ns: float, seed: int) -> Iterator[int]:
+    rng = np.random.default_rng(seed)
+    offset_ns = 0.0  # from start_ns: a float of start_ns itself would lose nanoseconds
+    while True:
+        yield start_ns + round(offset_ns)
+        offset_ns += float(rng.exponential(mean_gap_ns))
+
+
 class OpenLoop:
     """Requests at scheduled arrival times from a generator thread, completions aside."""
 
@@ -176,18 +200,10 @@ class OpenLoop:
         issuer.join()
         return self._window.recording
 
-    def _gaps(self) -> Callable[[], float]:
-        cfg = self._window.config
-        mean = 1.0 / float(cfg.rate or 1.0)
-        if not cfg.poisson:
-            return lambda: mean
-        rng = np.random.default_rng(cfg.seed)
-        return lambda: float(rng.exponential(mean))
-
     def _issue(self) -> None:
-        gap = self._gaps()
-        due = time.perf_counter_ns()
-        while not self._window.stopped:
+        for due in arrivals(self._window.config, time.perf_counter_ns()):
+            if self._window.stopped:
+                break
             now = time.perf_counter_ns()
             if now < due:
                 time.sleep((due - now) / 1e9)
@@ -195,7 +211,6 @@ class OpenLoop:
             if self._window.stopped:
                 break
             self._issue_one(due)
-            due += int(gap() * 1e9)
         with self._lock:
             self._issuing = False
             if self._outstanding == 0:

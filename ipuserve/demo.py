@@ -73,10 +73,11 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, err: TextIO = sys.std
             f"sending {config.requests} requests from {config.clients} clients "
             f"({config.in_flight} in flight each)"
         )
-        sent, elapsed = _drive(frontend, config, references, _progress(err, config.requests))
+        progress = _progress(err, config.requests)
+        sent, elapsed, crashes = _drive(frontend, config, references, progress)
         say("stopping the broker and workers")
     _report(sent, elapsed, say)
-    return 0 if not any(job.error for job in sent) else 1
+    return _verdict(config.requests, sent, crashes, elapsed, say)
 
 
 def _write_models(workdir: Path, say: Callable[[str], None]) -> dict[str, Path]:
@@ -143,8 +144,16 @@ class _ClientRun:
         self._pick = random.Random(config.seed + index)
         self._unchecked: dict[str, list[tuple[Sent, dict[str, np.ndarray], dict[str, Any]]]] = {}
         self.sent: list[Sent] = []
+        self.crash: str | None = None
 
     def run(self, frontend: str) -> None:
+        """Send this client's share; an unexpected error ends it early, kept in ``crash``."""
+        try:
+            self._run(frontend)
+        except Exception as error:  # a bug, not a request's failure: reported, not raised
+            self.crash = f"{type(error).__name__}: {error}"
+
+    def _run(self, frontend: str) -> None:
         with Client(frontend, timeout=30.0) as client:
             window: list[tuple[Sent, dict[str, np.ndarray], Any, float]] = []
             for position in self._indexes:
@@ -205,8 +214,9 @@ class _ClientRun:
 
 def _drive(
     frontend: str, config: DemoConfig, references: dict[str, Any], progress: Callable[[int], None]
-) -> tuple[list[Sent], float]:
-    """Send everything; the checked results and how long the traffic took."""
+) -> tuple[list[Sent], float, list[str]]:
+    """Send everything; the checked results, how long the traffic took, and why any
+    client thread ended early."""
     done = [0]
     lock = threading.Lock()
 
@@ -226,11 +236,15 @@ def _drive(
     elapsed = time.perf_counter() - started
     for run in runs:
         run.check()
-    return [job for run in runs for job in run.sent], elapsed
+    crashes = [f"client {i}: {run.crash}" for i, run in enumerate(runs) if run.crash]
+    return [job for run in runs for job in run.sent], elapsed, crashes
 
 
 def _report(jobs: list[Sent], elapsed: float, say: Callable[[str], None]) -> None:
     say("")
+    if not jobs:
+        say("no request was answered")
+        return
     say(
         f"{'model':<8} {'requests':>8} {'samples':>8} {'errors':>6} {'req/s':>7} "
         f"{'samples/s':>9} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
@@ -259,11 +273,27 @@ def _report(jobs: list[Sent], elapsed: float, say: Callable[[str], None]) -> Non
             for label, key in parts.items()
         )
         say(f"mean latency split (ms): {split}")
+
+
+def _verdict(
+    requested: int, jobs: list[Sent], crashes: list[str], elapsed: float, say: Callable[[str], None]
+) -> int:
+    """The exit code: 0 only if every request was sent, answered and matched numpy."""
     failed = [j for j in jobs if j.error]
+    problems = []
+    if len(jobs) < requested:
+        problems.append(f"only {len(jobs)} of {requested} requests were answered and checked")
+    if crashes:
+        problems.append(f"{len(crashes)} client thread(s) died; first: {crashes[0]}")
     if failed:
-        say(f"\n{len(failed)} request(s) failed; first: {failed[0].model}: {failed[0].error}")
-    else:
-        say(f"\nall {len(jobs)} results matched the numpy reference ({elapsed:.1f} s of traffic)")
+        problems.append(
+            f"{len(failed)} request(s) failed; first: {failed[0].model}: {failed[0].error}"
+        )
+    if problems:
+        say("\nFAILED: " + "\n        ".join(problems))
+        return 1
+    say(f"\nall {len(jobs)} results matched the numpy reference ({elapsed:.1f} s of traffic)")
+    return 0
 
 
 def _printer(out: TextIO) -> Callable[[str], None]:

@@ -287,6 +287,13 @@ def runner_worker_argv(*model_paths: str, args: tuple[str, ...] = ()) -> WorkerA
     return argv
 
 
+def write_example(path: Path, name: str, *options: str) -> str:
+    """``ipuserve model example NAME PATH OPTIONS...`` (a real process); the model's path."""
+    argv = [sys.executable, "-m", "ipuserve", "model", "example", name, str(path), *options]
+    subprocess.run(argv, check=True, capture_output=True)
+    return str(path)
+
+
 _REGISTERED = r"worker (\S+) registered with \S+ \(epoch "
 _worker_names = itertools.count(1)
 
@@ -422,6 +429,11 @@ def scrape(url: str) -> dict[str, float]:
             key, value = line.rsplit(" ", 1)
             samples[key] = float(value)
     return samples
+
+
+def metric(samples: dict[str, float], family: str) -> float:
+    """The sum of every sample of ``family`` (all label sets) in a :func:`scrape`."""
+    return sum(v for k, v in samples.items() if k.split("{", 1)[0] == family)
 
 
 class Load:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from ipuserve import demo as demo_module
 
 pytestmark = pytest.mark.slow
 
@@ -59,4 +62,26 @@ def test_ctrl_c_stops_the_broker_and_workers(tmp_path: Path) -> None:
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "interrupted: the broker and workers were stopped" in output
+    assert survivors(tmp_path) == []
+
+
+def test_a_client_thread_that_dies_fails_the_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_inputs = demo_module._ClientRun._inputs
+
+    def inputs(run: demo_module._ClientRun, model: str) -> dict[str, object]:
+        if model == "mlp":  # the clients with odd numbers send only mlp requests
+            raise RuntimeError("a bug in the client")
+        return make_inputs(run, model)
+
+    monkeypatch.setattr(demo_module._ClientRun, "_inputs", inputs)
+    out = io.StringIO()
+    config = demo_module.DemoConfig(requests=40, clients=4, workdir=tmp_path)
+    code = demo_module.run_demo(config, out, io.StringIO())
+    printed = out.getvalue()
+    assert code == 1, printed
+    assert "FAILED: only 20 of 40 requests were answered and checked" in printed
+    assert "2 client thread(s) died; first: client 1: RuntimeError: a bug in the client" in printed
+    assert "results matched" not in printed
     assert survivors(tmp_path) == []

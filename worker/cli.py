@@ -112,6 +112,12 @@ def worker(
         drain_timeout_ms=drain_timeout_ms,
     )
     if ipus is not None:
+        if replicas > ipus:
+            raise click.BadParameter(
+                f"{replicas} replicas need at least {replicas} IPUs (one device each), "
+                f"but --ipus gives this worker {ipus}",
+                param_hint="'--replicas'",
+            )
         os.environ["IPUSERVE_SIM_IPUS"] = str(ipus)
     backend = _runner_backend(
         list(models),

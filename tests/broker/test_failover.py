@@ -12,6 +12,7 @@ from tests.helpers import (
     add_inputs,
     assert_add_reply,
     fn_worker_argv,
+    metric,
     restart_broker,
     scrape,
     start_broker,
@@ -20,10 +21,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def metric(samples: dict[str, float], key: str) -> float:
-    return sum(v for k, v in samples.items() if k.startswith(key))
 
 
 def no_stray_replies(client: RawClient) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +94,48 @@ def test_a_short_bench_prints_json_whose_counts_add_up(served: BrokerProc, load:
     assert set(summary["split_us"]) == {
         "broker_queue", "worker_queue", "device", "worker_other", "wire", "total"
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("load", "mode_line"),
+    [
+        (["--concurrency", "4"], "mode        closed  in flight 4"),
+        (["--rate", "400", "--arrivals", "fixed"], "mode        open  rate 400.0 req/s"),
+    ],
+    ids=["closed", "open"],
+)
+def test_a_short_bench_prints_a_table_with_the_numbers_of_its_json(
+    served: BrokerProc, tmp_path: Path, load: list[str], mode_line: str
+) -> None:
+    saved = tmp_path / "bench.json"
+    result = CliRunner().invoke(
+        main,
+        ["bench", "--broker", served.frontend, "--model", "add", "--batch", "2",
+         "--warmup-s", "0", "--requests", "60", "--output", str(saved), *load],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""  # no progress line: stderr is not a terminal
+    summary = json.loads(saved.read_text())
+    mode, requests, throughput, latency, split = result.stdout.splitlines()
+    assert mode == mode_line
+    assert requests == (
+        f"requests    60 ok {summary['ok']}  errors 0  skipped 0  in {summary['duration_s']} s"
+    )
+    assert summary["ok"] == 60
+    tp = re.fullmatch(r"throughput  ([\d.]+) req/s  ([\d.]+) samples/s  ([\d.]+) MB/s", throughput)
+    assert tp, throughput
+    assert float(tp[1]) == round(summary["throughput"]["req_per_s"], 1)
+    assert float(tp[2]) == pytest.approx(2 * float(tp[1]), abs=0.2)  # 2 samples a request
+    assert latency.startswith("latency us  ") and split.startswith("split us    ")
+    assert labelled(latency[12:]).keys() == {"p50", "p90", "p99", "p99.9", "mean", "max"}
+    percentiles = [labelled(latency[12:])[k] for k in ("p50", "p90", "p99", "p99.9", "max")]
+    assert percentiles == sorted(percentiles)
+    parts = labelled(split[12:])
+    assert parts.keys() == set(summary["split_us"])
+    assert parts["total"] == round(summary["split_us"]["total"])
+
+
+def labelled(text: str) -> dict[str, float]:
+    """'p50 12  p90 30' -> {'p50': 12.0, 'p90': 30.0}."""
+    words = text.split()
+    return {key: float(value) for key, value in zip(words[::2], words[1::2], strict=True)}

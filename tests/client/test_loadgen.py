@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import queue
+import re
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from ipuserve.client.loadgen import LoadConfig, OnDone, Outcome, run_load
+from ipuserve.client.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
+from ipuserve.client.report import ProgressLine
 from ipuserve.client.stats import Recording, Sample, Timing, latency_us, split_us, summarize
 
 
@@ -71,12 +75,64 @@ def test_closed_loop_keeps_its_requests_in_flight_until_the_duration_ends(target
     assert summarize(recording)["requests"] == len(recording.measured())
 
 
-def test_open_loop_issues_at_its_rate_and_drains(target: Target) -> None:
-    config = LoadConfig(warmup_s=0, duration_s=None, requests=50, rate=2000.0, poisson=False)
+def schedule(config: LoadConfig, count: int, start_ns: int = 0) -> list[int]:
+    """The first ``count`` times the open loop would issue at."""
+    return list(itertools.islice(arrivals(config, start_ns), count))
+
+
+def test_fixed_arrivals_are_due_exactly_one_over_the_rate_apart() -> None:
+    due = schedule(LoadConfig(rate=3000.0, poisson=False), 3001, start_ns=5_000)
+    assert due[0] == 5_000
+    assert set(np.diff(due)) == {333_333, 333_334}  # 1e9 / 3000 ns, rounding not accumulated
+    assert due[3000] - due[0] == 1_000_000_000  # 3000 requests a second
+
+
+def test_poisson_arrivals_average_the_rate_and_are_fixed_by_the_seed() -> None:
+    config = LoadConfig(rate=2000.0, poisson=True, seed=3)
+    gaps = np.diff(schedule(config, 20_001)) / 1e9
+    assert gaps.mean() == pytest.approx(1 / 2000, rel=0.03)  # 20,000 draws: ~0.7% error
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential gaps
+    assert (gaps >= 0).all()
+    assert schedule(config, 50) == schedule(config, 50)
+    assert schedule(config, 50) != schedule(LoadConfig(rate=2000.0, seed=4), 50)
+
+
+@pytest.mark.parametrize("poisson", [False, True], ids=["fixed", "poisson"])
+def test_open_loop_issues_on_its_schedule_and_drains(target: Target, poisson: bool) -> None:
+    config = LoadConfig(warmup_s=0, duration_s=None, requests=50, rate=5000.0, poisson=poisson)
     recording = run_load(target, config)
-    summary = summarize(recording)
-    assert summary["requests"] == 50
+    assert summarize(recording)["requests"] == 50
     assert target.submitted == len(recording.samples) >= 50
+    # Latency runs from the scheduled time, so each sample tells when it was due: the
+    # requests went out exactly on the schedule, whatever the clock did meanwhile.
+    scheduled = sorted(s.done_ns - s.latency_ns for s in recording.samples)
+    assert scheduled == schedule(config, len(scheduled), start_ns=scheduled[0])
+
+
+def test_progress_ends_on_one_line_with_the_final_counts(target: Target) -> None:
+    stream = io.StringIO()
+    progress = ProgressLine(stream, force=True)
+    config = LoadConfig(warmup_s=0, duration_s=None, requests=100, in_flight=4)
+    recording = run_load(target, config, progress)
+    progress.finish()
+    text = stream.getvalue()
+    assert text.startswith("\r") and text.endswith("\n") and text.count("\n") == 1
+    last = text[:-1].rsplit("\r", 1)[1]  # what the terminal shows at the end
+    found = re.fullmatch(
+        r"measuring +[\d.]+s  done +(\d+)  errors +(\d+)  in flight +0  ~ *\d+ req/s", last
+    )
+    assert found, last
+    errors = sum(1 for sample in recording.samples if sample.error is not None)
+    assert (int(found[1]), int(found[2])) == (len(recording.samples), errors)
+    assert errors == len(recording.samples) // 5  # the target fails every 5th request
+
+
+def test_progress_stays_silent_when_not_on_a_terminal(target: Target) -> None:
+    stream = io.StringIO()  # isatty() is False
+    progress = ProgressLine(stream)
+    run_load(target, LoadConfig(warmup_s=0, duration_s=None, requests=20), progress)
+    progress.finish()
+    assert stream.getvalue() == ""
 
 
 def test_the_split_parts_add_up_to_the_total() -> None:

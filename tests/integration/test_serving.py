@@ -18,8 +18,10 @@ from ipuserve.runtime.popef import examples, load_model
 from tests.helpers import (
     BrokerProc,
     Processes,
+    metric,
     restart_broker,
     runner_worker_argv,
+    scrape,
     start_broker,
     start_worker,
     wait_registered,
@@ -181,10 +183,21 @@ def test_kill_9_of_a_worker_under_load(procs: Processes, models: dict[str, Model
     killer.start()
     with Client(broker.frontend, timeout=RESULT_TIMEOUT_S) as client:
         outcomes = drive(client, plan, window=16, progress=answered)
+        stats = client.stats
     killer.join(RESULT_TIMEOUT_S)
     assert victim.wait() != 0  # it really died mid-load
-    assert len(outcomes) == 3000  # every request answered, each exactly once
+    assert len(outcomes) == 3000
     assert_all_correct(outcomes)
+    samples = scrape(broker.metrics_url)
+    # The broker noticed the one loss and re-sent what the victim held to the survivor...
+    assert metric(samples, "ipuserve_broker_workers_lost_total") == 1
+    assert metric(samples, "ipuserve_broker_requeued_total") >= 1
+    # ...and answered each request exactly once: one job and one reply per call, and
+    # no reply reached the client that no caller was waiting for (a duplicate).
+    assert metric(samples, "ipuserve_broker_requests_total") == 3000
+    assert metric(samples, "ipuserve_broker_replies_total") == 3000
+    assert metric(samples, "ipuserve_broker_errors_total") == 0
+    assert (stats.sent, stats.replies, stats.dropped_replies) == (3000, 3000, 0)
 
 
 def test_broker_restart_under_load(procs: Processes, models: dict[str, Model]) -> None:

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ipuserve import protocol as wire
 from ipuserve.cli import main
+from tests.helpers import (
+    Processes,
+    RawClient,
+    runner_worker_argv,
+    start_broker,
+    start_worker,
+    write_example,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,3 +98,74 @@ def test_broker_reports_an_endpoint_it_cannot_bind() -> None:
     result = CliRunner().invoke(main, ["broker", "--frontend", "bogus://x"])
     assert result.exit_code == 1
     assert "cannot bind bogus://x" in result.output
+
+
+# ---------------------------------------------------------------- a real `ipuserve worker`
+
+
+def noop_model(tmp_path: Path, *options: str) -> str:
+    """A noop (output = input) of 8 elements a sample, compiled for batches of 4."""
+    return write_example(
+        tmp_path / "noop.popef", "noop", "--batch-size", "4", "--elements", "8", *options
+    )
+
+
+@pytest.mark.slow
+def test_a_named_worker_with_two_replicas_offers_twice_the_credit_of_one(
+    processes: Processes, tmp_path: Path
+) -> None:
+    model = noop_model(tmp_path)
+    broker = start_broker(processes)
+    # The host has 4 IPUs; the first worker sees only 2 of them (and takes both).
+    for worker_id, replicas in (("two", ("--replicas", "2", "--ipus", "2")), ("one", ())):
+        options = ("--name", "twin", "--worker-id", worker_id, *replicas)
+        start_worker(processes, broker, runner_worker_argv(model, args=options))
+    given = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    with RawClient(broker.frontend) as client:
+        (info,) = client.models()
+        reply = client.call("twin", {"input": given})
+    assert info.spec.name == "twin"  # not the file's "noop"
+    credit = {load.worker_id: load.credit for load in info.workers}
+    assert credit.keys() == {"one", "two"}
+    assert credit["two"] == 2 * credit["one"]
+    assert isinstance(reply, wire.Reply), reply
+    np.testing.assert_array_equal(reply.tensors.arrays()["output"], given)
+
+
+def test_more_replicas_than_ipus_fail_with_a_clear_message(tmp_path: Path) -> None:
+    argv = ["worker", "--broker", "tcp://127.0.0.1:1", "--model", noop_model(tmp_path)]
+    result = subprocess.run(
+        [sys.executable, "-m", "ipuserve", *argv, "--replicas", "2", "--ipus", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "2 replicas need at least 2 IPUs (one device each), but --ipus gives this worker 1" in (
+        result.stderr
+    )
+
+
+@pytest.mark.slow
+def test_batching_dim_1_and_a_batch_timeout_serve_requests_of_any_width(
+    processes: Processes, tmp_path: Path
+) -> None:
+    model = noop_model(tmp_path, "--batch-dim", "1")  # tensors are [8, batch]
+    broker = start_broker(processes)
+    options = ("--batching-dim", "1", "--batch-timeout-ms", "20")
+    start_worker(processes, broker, runner_worker_argv(model, args=options))
+    rng = np.random.default_rng(0)
+    given = {width: rng.standard_normal((8, width)).astype(np.float32) for width in (1, 3, 4, 9)}
+    with RawClient(broker.frontend) as client:
+        (info,) = client.models()
+        # alone, one sample of a batch of 4: only the batch timeout sends it to the device
+        lone = client.call("noop", {"input": given[1]})
+        ids = {client.request("noop", {"input": x}): x for x in given.values()}
+        replies = [client.recv() for _ in ids]
+    assert info.spec.batching_dim == 1
+    assert isinstance(lone, wire.Reply), lone
+    np.testing.assert_array_equal(lone.tensors.arrays()["output"], given[1])
+    for reply in replies:
+        assert isinstance(reply, wire.Reply), reply
+        np.testing.assert_array_equal(reply.tensors.arrays()["output"], ids[reply.request_id])

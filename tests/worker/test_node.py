@@ -47,7 +47,9 @@ def broker() -> Iterator[FakeBroker]:
 def start_node(broker: FakeBroker) -> Iterator[StartNode]:
     nodes: list[RunningNode] = []
 
-    def start(backend: Backend, **overrides: Any) -> RunningNode:
+    def start(
+        backend: Backend, node_class: type[WorkerNode] = WorkerNode, **overrides: Any
+    ) -> RunningNode:
         settings: dict[str, Any] = {
             "broker": broker.endpoint,
             "worker_id": "w1",
@@ -58,7 +60,7 @@ def start_node(broker: FakeBroker) -> Iterator[StartNode]:
             "drain_timeout_ms": 5000,
             **overrides,
         }
-        node = RunningNode(WorkerNode(backend, WorkerConfig(**settings)))
+        node = RunningNode(node_class(backend, WorkerConfig(**settings)))
         nodes.append(node)
         return node
 
@@ -222,13 +224,32 @@ def test_a_silent_broker_is_left_for_a_fresh_connection(
     assert second != first
 
 
+class WaitRecordingNode(WorkerNode):
+    """A WorkerNode that notes every pause it takes between attempts to reach the broker."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.waits: list[float] = []
+
+    def _wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        super()._wait(seconds)
+
+
 def test_an_unanswered_hello_is_retried_with_backoff(
     broker: FakeBroker, start_node: StartNode
 ) -> None:
-    start_node(GatedAdd().backend())
-    ignored, _hello = broker.expect(wire.Hello)
+    running = start_node(
+        GatedAdd().backend(), node_class=WaitRecordingNode, reconnect_min_ms=5, reconnect_max_ms=20
+    )
+    ignored = {broker.expect(wire.Hello)[0] for _ in range(4)}  # each from a fresh socket
     answered = broker.welcome()
-    assert answered != ignored
+    assert len(ignored | {answered}) == 5
+    # One pause before each of the 4 retries (taken before that retry's HELLO left),
+    # doubling from reconnect_min_ms and capped at reconnect_max_ms.
+    node = running.node
+    assert isinstance(node, WaitRecordingNode)
+    assert node.waits == pytest.approx([0.005, 0.01, 0.02, 0.02])
 
 
 def test_stop_drains_finishes_running_jobs_and_hands_back_the_rest(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ipuserve import protocol as wire
-from tests.helpers import Processes, RawClient, runner_worker_argv, start_broker, start_worker
+from tests.helpers import (
+    Processes,
+    RawClient,
+    runner_worker_argv,
+    start_broker,
+    start_worker,
+    write_example,
+)
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ipuserve.worker.runner_backend")
@@ -18,13 +23,7 @@ pytest.importorskip("ipuserve.worker.runner_backend")
 
 @pytest.fixture
 def mlp(tmp_path: Path) -> str:
-    path = tmp_path / "mlp.popef"
-    subprocess.run(
-        [sys.executable, "-m", "ipuserve", "model", "example", "mlp", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    return str(path)
+    return write_example(tmp_path / "mlp.popef", "mlp")
 
 
 def test_requests_of_any_batch_size_share_the_runner_and_sigterm_exits_0(
