@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from typing import NoReturn
 
+import docker
 import pytest
 
 from tests.compose.harness import (
@@ -21,6 +22,8 @@ from tests.compose.harness import (
     ComposeProject,
     EngineUnavailable,
     compose_command,
+    compose_version,
+    connect,
     engine_version,
     ensure_image,
     env_flag,
@@ -38,39 +41,49 @@ def _unavailable(reason: str) -> NoReturn:
 
 
 @pytest.fixture(scope="session")
-def docker_engine() -> str:
-    """The version of the reachable Docker engine; skips (or fails, in CI) without one."""
+def docker_engine() -> Iterator[docker.DockerClient]:
+    """A Docker SDK client of the reachable engine; skips (or fails, in CI) without one."""
     try:
-        return engine_version()
+        client = connect()
     except EngineUnavailable as exc:
         _unavailable(
             f"no Docker engine reachable ({exc}); start dockerd or set DOCKER_HOST to run "
             f"the compose tests (.ci/run does, with {REQUIRED_ENV}=1)"
         )
+    try:
+        print(f"Docker engine {engine_version(client)}")
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
-def compose_cli(docker_engine: str) -> list[str]:
+def compose_cli(docker_engine: docker.DockerClient) -> list[str]:
     """The compose command line (v2 plugin or Debian's docker-compose)."""
     try:
-        return compose_command()
+        command = compose_command()
     except EngineUnavailable as exc:
         _unavailable(f"{exc}; install Docker Compose to run the compose tests")
+    print(f"compose: {' '.join(command)}: {compose_version(command)}")
+    return command
 
 
 @pytest.fixture(scope="session")
-def ipuserve_image(docker_engine: str) -> str:
-    return ensure_image(os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
+def ipuserve_image(docker_engine: docker.DockerClient) -> str:
+    return ensure_image(docker_engine, os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
 
 
 @pytest.fixture(scope="module")
-def stack(compose_cli: list[str], ipuserve_image: str) -> Iterator[ComposeProject]:
+def stack(
+    docker_engine: docker.DockerClient, compose_cli: list[str], ipuserve_image: str
+) -> Iterator[ComposeProject]:
     """compose.yaml brought up with one broker and two workers; torn down whatever happens."""
     name = os.environ.get(PROJECT_ENV) or f"ipuserve-test-{uuid.uuid4().hex[:8]}"
     frontend_port, metrics_port = free_port(), free_port()
     project = ComposeProject(
         name=name,
         command=compose_cli,
+        engine=docker_engine,
         settings={
             IMAGE_ENV: ipuserve_image,
             "IPUSERVE_FRONTEND_PORT": f"127.0.0.1:{frontend_port}",

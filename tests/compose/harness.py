@@ -1,14 +1,16 @@
 """Drive compose.yaml from a test: engine check, image, project up/down, health.
 
-Everything here shells out to the commands a person would type: ``docker``
-and ``docker compose`` or Debian's ``docker-compose``. (The ``docker`` Python SDK
-would do too, but a failed ping leaves its socket to the garbage collector, and
-this suite turns that ResourceWarning into an error.) Nothing waits a fixed
-time: every wait polls a condition until a deadline.
+The Docker engine is reached through the Docker SDK for Python (``docker``, the
+``test`` extra): the reachability check (``ping``), the image, and everything
+about the project's containers (found by their compose labels): state, health,
+logs, pause, kill, removal. Only compose itself is a command line, the one a
+person would type: ``docker compose`` (v2) or Debian's ``docker-compose`` (v1).
+Nothing waits a fixed time: every wait polls a condition until a deadline.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import shutil
@@ -17,10 +19,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import requests
+from docker.models.containers import Container
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -40,6 +48,8 @@ DEFAULT_IMAGE = "ipuserve:dev"
 DEBOOTSTRAP_BASE = "ipuserve-base:bookworm"
 COMPOSE_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
+BUILD_STAGE_LABEL = "org.ipuserve.stage=build"
+"""The Dockerfile's label on its build stage (pruned after a build here, as .ci/run does)."""
 
 T = TypeVar("T")
 
@@ -49,34 +59,47 @@ def env_flag(name: str) -> bool:
 
 
 class EngineUnavailable(Exception):
-    """No Docker engine answered (or there is no docker CLI to ask)."""
+    """No Docker engine answered (or compose is not installed)."""
 
 
-def engine_version() -> str:
-    """The version of the Docker engine that answers; EngineUnavailable if none does."""
-    if shutil.which("docker") is None:
-        raise EngineUnavailable("the docker CLI is not installed")
-    try:
-        result = subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise EngineUnavailable("`docker version` did not answer within 30s") from None
-    if result.returncode != 0 or not result.stdout.strip():
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EngineUnavailable(f"`docker version` failed: {last}")
-    return result.stdout.strip()
+def connect(timeout: float = 30) -> docker.DockerClient:
+    """A client of the engine ``docker.from_env()`` finds (DOCKER_HOST, else the local
+    socket) that answered a ping; EngineUnavailable, with the reason, if none does.
+
+    The caller closes the client.
+    """
+    # When the engine's unix socket is missing or refuses, the SDK leaves the
+    # socket it failed to connect for the garbage collector, whose ResourceWarning
+    # this suite turns into an error. Collect it here, with that warning ignored
+    # (it says nothing about the code under test), once nothing refers to it any
+    # more: not even the SDK's exception, so that is not chained to ours.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        client: docker.DockerClient | None = None
+        try:
+            client = docker.from_env(timeout=int(timeout))
+            client.ping()
+            return client
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            if client is not None:
+                client.close()
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        gc.collect()
+    raise EngineUnavailable(f"docker.from_env().ping() failed: {reason}")
+
+
+def engine_version(client: docker.DockerClient) -> str:
+    return str(client.version().get("Version", "unknown"))
 
 
 def compose_command() -> list[str]:
     """$IPUSERVE_COMPOSE, else ``docker compose`` (v2) if it works, else ``docker-compose``."""
     chosen = os.environ.get(COMPOSE_ENV)
     if chosen:
-        return shlex.split(chosen)
+        argv = shlex.split(chosen)
+        if not _succeeds([*argv, "version"]):
+            raise EngineUnavailable(f"{COMPOSE_ENV}={chosen!r}: `{chosen} version` fails")
+        return argv
     docker_cli = shutil.which("docker")
     if docker_cli and _succeeds([docker_cli, "compose", "version"]):
         return [docker_cli, "compose"]
@@ -86,8 +109,17 @@ def compose_command() -> list[str]:
     raise EngineUnavailable("neither `docker compose` nor `docker-compose` is installed")
 
 
+def compose_version(command: Sequence[str]) -> str:
+    """What ``COMMAND version`` prints first (for the test report)."""
+    result = _run([*command, "version"], timeout=60)
+    return (result.stdout.strip().splitlines() or ["unknown"])[0]
+
+
 def _succeeds(argv: Sequence[str]) -> bool:
-    result = subprocess.run(argv, capture_output=True, check=False)
+    try:
+        result = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
     return result.returncode == 0
 
 
@@ -133,24 +165,34 @@ def metric_total(url: str, family: str) -> float:
 # the image
 
 
-def image_exists(image: str) -> bool:
-    return _succeeds(["docker", "image", "inspect", image])
+def image_exists(client: docker.DockerClient, image: str) -> bool:
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
 
 
-def ensure_image(image: str) -> str:
+def ensure_image(client: docker.DockerClient, image: str) -> str:
     """Return ``image``, building it from a fresh wheelhouse first if the engine lacks it."""
-    if image_exists(image):
+    if image_exists(client, image):
         return image
     base = os.environ.get(BASE_IMAGE_ENV) or (
-        DEBOOTSTRAP_BASE if image_exists(DEBOOTSTRAP_BASE) else None
+        DEBOOTSTRAP_BASE if image_exists(client, DEBOOTSTRAP_BASE) else None
     )
     wheelhouse = ROOT / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", ".", "-w", str(wheelhouse)])
-    argv = ["docker", "build", "--quiet", "-t", image]
-    if base:  # else the Dockerfile's default, an official Python slim image
-        argv += ["--build-arg", f"BASE_IMAGE={base}"]
-    _run([*argv, "."])
+    # Without a base, the Dockerfile's default: an official Python slim image.
+    buildargs = {"BASE_IMAGE": base} if base else {}
+    try:
+        client.images.build(
+            path=str(ROOT), tag=image, buildargs=buildargs, rm=True, forcerm=True, timeout=600
+        )
+    except docker.errors.BuildError as exc:
+        log = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in exc.build_log)
+        raise RuntimeError(f"building {image} failed: {exc}\n{log[-4000:]}") from None
+    client.images.prune(filters={"dangling": True, "label": BUILD_STAGE_LABEL})
     return image
 
 
@@ -174,20 +216,35 @@ def _run(
 
 @dataclass(frozen=True)
 class ContainerState:
-    """What `docker inspect` says about one container of the project."""
+    """What the engine says about one container of the project (a snapshot)."""
 
     id: str
     name: str
     service: str
+    hostname: str
+    """The container's hostname (by default its short id): the prefix of its worker id."""
     status: str
-    """'running', 'exited', 'restarting', ..."""
+    """'running', 'exited', 'restarting', 'paused', ..."""
     health: str | None
     """'starting', 'healthy', 'unhealthy', or None without a health check."""
+    health_output: str = ""
+    """Output of the last health check (for diagnostics)."""
 
-    @property
-    def hostname(self) -> str:
-        """The container's default hostname (its short id): the prefix of its worker id."""
-        return self.id[:12]
+    @classmethod
+    def of(cls, container: Container) -> ContainerState:
+        attrs: dict[str, Any] = container.attrs
+        state: dict[str, Any] = attrs.get("State") or {}
+        health: dict[str, Any] = state.get("Health") or {}
+        checks: list[dict[str, Any]] = health.get("Log") or []
+        return cls(
+            id=str(container.id),
+            name=str(container.name),
+            service=str(container.labels.get(SERVICE_LABEL, "")),
+            hostname=str((attrs.get("Config") or {}).get("Hostname") or container.id[:12]),
+            status=str(state.get("Status", "unknown")),
+            health=str(health["Status"]) if health.get("Status") else None,
+            health_output=str(checks[-1].get("Output", "")).strip() if checks else "",
+        )
 
     @property
     def summary(self) -> str:
@@ -201,6 +258,9 @@ class ComposeProject:
 
     name: str
     command: list[str]
+    """The compose command line: ``docker compose`` or ``docker-compose``."""
+    engine: docker.DockerClient
+    """The engine the project runs on (for everything but compose itself)."""
     settings: dict[str, str]
     """Variables compose.yaml interpolates (IPUSERVE_IMAGE, IPUSERVE_FRONTEND_PORT, ...)."""
     _env: dict[str, str] = field(init=False, repr=False)
@@ -211,6 +271,8 @@ class ComposeProject:
         # compose.yaml's interpolation: start from the environment without them.
         base = {k: v for k, v in os.environ.items() if not k.startswith("IPUSERVE_")}
         self._env = {**base, **self.settings}
+
+    # -- compose (the command line) -------------------------------------------
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         argv = [*self.command, "--project-name", self.name, "--file", str(COMPOSE_FILE), *args]
@@ -242,45 +304,38 @@ class ComposeProject:
         )
         return result.stdout
 
-    def container_ids(self, service: str | None = None) -> list[str]:
-        argv = [
-            "docker",
-            "ps",
-            "--all",
-            "--quiet",
-            "--no-trunc",
-            "--filter",
-            f"label={COMPOSE_LABEL}={self.name}",
-        ]
+    # -- the engine (the Docker SDK) ------------------------------------------
+
+    def _containers(self, service: str | None = None) -> list[Container]:
+        """The project's containers, found by compose's labels, sorted by name."""
+        labels = [f"{COMPOSE_LABEL}={self.name}"]
         if service is not None:
-            argv += ["--filter", f"label={SERVICE_LABEL}={service}"]
-        return _run(argv).stdout.split()
+            labels.append(f"{SERVICE_LABEL}={service}")
+        found: list[Container] = self.engine.containers.list(all=True, filters={"label": labels})
+        return sorted(found, key=lambda container: str(container.name))
 
     def containers(self, service: str | None = None) -> list[ContainerState]:
-        ids = self.container_ids(service)
-        if not ids:
-            return []
-        lines = _run(["docker", "inspect", "--format", _STATE_FORMAT, *ids]).stdout.splitlines()
-        states = [_parse_state(line) for line in lines if line.strip()]
-        return sorted(states, key=lambda state: state.name)
+        return [ContainerState.of(container) for container in self._containers(service)]
 
     def state(self, container_id: str) -> ContainerState:
-        return _parse_state(
-            _run(["docker", "inspect", "--format", _STATE_FORMAT, container_id]).stdout.strip()
-        )
+        return ContainerState.of(self.engine.containers.get(container_id))
 
     def pause(self, container: ContainerState) -> None:
-        _run(["docker", "pause", container.id])
+        self.engine.containers.get(container.id).pause()
 
     def kill(self, container: ContainerState) -> None:
-        _run(["docker", "kill", container.id])
+        """SIGKILL: no drain, no goodbye to the broker."""
+        self.engine.containers.get(container.id).kill()
 
     def remove_leftovers(self) -> list[str]:
         """Force-remove whatever containers of this project still exist; their names."""
-        leftover = self.containers()
-        if leftover:
-            _run(["docker", "rm", "--force", "--volumes", *(c.id for c in leftover)])
-        return [c.name for c in leftover]
+        leftover = self._containers()
+        for container in leftover:
+            try:
+                container.remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass  # went away by itself meanwhile
+        return [str(container.name) for container in leftover]
 
     def health(self) -> dict[str, str]:
         """Container name -> health while running ('healthy', ...), else its status."""
@@ -293,7 +348,7 @@ class ComposeProject:
             status = self.health()
             bad = {n: s for n, s in status.items() if s in {"unhealthy", "exited", "dead"}}
             if bad:
-                raise AssertionError(f"containers failed: {bad}\n{self.logs()}")
+                raise AssertionError(f"containers failed: {bad}\n{self.describe()}")
             healthy = len(status) == expected and all(s == "healthy" for s in status.values())
             return status if healthy else None
 
@@ -306,29 +361,33 @@ class ComposeProject:
         )
 
     def logs(self, tail: int = 60) -> str:
-        try:
-            result = self.compose("logs", "--no-color", "--tail", str(tail), timeout=60)
-        except RuntimeError as exc:
-            return f"(compose logs failed: {exc})"
-        return result.stdout + result.stderr
+        """The last ``tail`` log lines of every container of the project."""
+        parts = []
+        for container in self._containers():
+            try:
+                text = container.logs(tail=tail).decode(errors="replace")
+            except docker.errors.DockerException as exc:
+                text = f"(logs failed: {exc})\n"
+            parts.append(f"--- logs of {container.name}\n{text}")
+        return "".join(parts)
 
     def describe(self) -> str:
-        """Health and recent logs of the project, for a failure message (never raises)."""
+        """State, health checks and recent logs of the project, for a failure message.
+
+        Never raises: it is what a failure reports.
+        """
         try:
-            health = repr(self.health())
-        except RuntimeError as exc:
-            health = f"(unknown: {exc})"
-        return f"--- compose project {self.name}: {health}\n{self.logs()}"
-
-
-_STATE_FORMAT = (
-    '{{.Id}}\t{{.Name}}\t{{index .Config.Labels "' + SERVICE_LABEL + '"}}\t'
-    "{{.State.Status}}\t{{if .State.Health}}{{.State.Health.Status}}{{end}}"
-)
-
-
-def _parse_state(line: str) -> ContainerState:
-    cid, name, service, status, health = (line.split("\t") + [""] * 5)[:5]
-    return ContainerState(
-        id=cid, name=name.lstrip("/"), service=service, status=status, health=health or None
-    )
+            states = self.containers()
+        except docker.errors.DockerException as exc:
+            return f"--- compose project {self.name}: (unknown: {exc})"
+        lines = [f"--- compose project {self.name}: {len(states)} containers"]
+        for state in states:
+            line = f"    {state.name}: {state.summary}"
+            if state.health_output and state.health != "healthy":
+                line += f" (last health check: {state.health_output[-300:]!r})"
+            lines.append(line)
+        try:
+            logs = self.logs()
+        except docker.errors.DockerException as exc:
+            logs = f"(logs failed: {exc})"
+        return "\n".join(lines) + "\n" + logs
