@@ -32,6 +32,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"| **{row['ratio']:.2f}** ({per_run}) | {row['target']} | "
             f"{'yes' if row['met'] else 'no'} |"
         )
+    lines += [
+        "",
+        "| from the relay to the fabric | p50 µs (1 in flight) | x relay "
+        "| req/s (64 in flight) | of relay |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for stage in results["breakdown"]:
+        lines.append(
+            f"| {stage['name']} | {stage['latency_p50_us']:.0f} | {stage['latency_vs_relay']:.2f} "
+            f"| {stage['req_per_s']:.0f} | {stage['req_per_s_vs_relay']:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -89,4 +89,22 @@ def suite_table(results: dict[str, Any]) -> str:
         lines.append("")
         lines.append("diagnostics (the client's own cost: Client vs a bare protocol loop)")
         lines.extend(_rows(results["diagnostics"]))
+    if results.get("breakdown"):
+        lines.append("")
+        lines.extend(breakdown_lines(results["breakdown"]))
     return "\n".join(lines)
+
+
+def breakdown_lines(stages: list[dict[str, Any]]) -> list[str]:
+    """Where the gap to the relay goes: each layer added, at 1 and at N in flight."""
+    header = (
+        f"{'from the relay to the fabric':64} {'p50 us':>8} {'x relay':>8} "
+        f"{'req/s':>9} {'of relay':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for stage in stages:
+        lines.append(
+            f"{stage['name']:64} {stage['latency_p50_us']:8.0f} {stage['latency_vs_relay']:8.2f} "
+            f"{stage['req_per_s']:9.0f} {stage['req_per_s_vs_relay']:9.2f}"
+        )
+    return lines

@@ -147,6 +147,8 @@ def start_fleet(
     fleet.start("broker", [*broker, "--queue-limit", "100000"])
     worker = [*PYTHON, "ipuserve", "worker", "--broker", ends.backend]
     fleet.start("worker-noop", [*worker, "--model", str(models["noop_small"]), "--name", "noop"])
+    echo = [*PYTHON, "ipuserve.worker.echo", "--broker", ends.backend]
+    fleet.start("worker-echo", [*echo, "--elements", str(SMALL_ELEMENTS)])
     fleet.start(
         "worker-noop4m", [*worker, "--model", str(models["noop_large"]), "--name", "noop4m"]
     )
@@ -164,7 +166,8 @@ def start_fleet(
             ],
             env={"IPUSERVE_SIM_TIME_SCALE": f"{scale:.6g}"},
         )
-    wait_for_models(fleet, ends.frontend, {"noop": 1, "noop4m": 1, "mlp": config.mlp_workers})
+    expected = {"noop": 1, "noop4m": 1, "echo": 1, "mlp": config.mlp_workers}
+    wait_for_models(fleet, ends.frontend, expected)
     return ends
 
 
@@ -180,6 +183,7 @@ def one_run(config: SuiteConfig, ends: Endpoints, index: int, log: Log) -> dict[
             run[f"relay_{label}"] = _relay(ends.relay_small, 4 * SMALL_ELEMENTS, in_flight, seconds)
             run[f"fabric_{label}"] = _fabric(client, "noop", in_flight, seconds, warm)
             run[f"protocol_{label}"] = _protocol(ends.frontend, in_flight, seconds)
+            run[f"echo_{label}"] = _protocol(ends.frontend, in_flight, seconds, "echo")
             log(f"run {index + 1}: {label} done")
         run["relay_goodput"] = _relay(
             ends.relay_large, 4 * LARGE_ELEMENTS, config.large_in_flight, seconds
@@ -211,12 +215,13 @@ def _relay(address: str, payload: int, in_flight: int, seconds: float) -> dict[s
     }
 
 
-def _protocol(address: str, in_flight: int, seconds: float) -> dict[str, Any]:
-    """The fabric through a bare protocol loop: the client's own cost, by difference."""
+def _protocol(address: str, in_flight: int, seconds: float, model: str = "noop") -> dict[str, Any]:
+    """The fabric through a bare protocol loop: the client's own cost, by difference (and,
+    with the runtime-free ``echo`` worker, the runtime's)."""
     inputs = {"input": np.zeros((1, SMALL_ELEMENTS), np.float32)}
     raw = protocol_closed_loop(
         address,
-        "noop",
+        model,
         inputs,
         in_flight=in_flight,
         duration_s=seconds,
@@ -316,6 +321,15 @@ def results(
         ),
     ]
     device_us = [_get(r["fabric_mlp"], ("split_us", "device")) for r in runs]
+    breakdown = [
+        _stage(runs, name, key)
+        for name, key in (
+            ("pyzmq relay and echo (the baseline)", "relay"),
+            ("+ broker and worker loops, no runtime (echo worker, bare loop)", "echo"),
+            ("+ the runtime (noop ModelRunner worker, bare loop)", "protocol"),
+            ("+ the Client (what users get)", "fabric"),
+        )
+    ]
     return {
         "suite": "fabric",
         "runs": len(runs),
@@ -328,11 +342,33 @@ def results(
         },
         "comparisons": comparisons,
         "diagnostics": diagnostics,
+        "breakdown": breakdown,
         "split_us": {
             case: runs[-1][f"fabric_{case}"]["split_us"]
             for case in ("latency", "throughput", "goodput", "mlp")
         },
         "detail": runs,
+    }
+
+
+def _stage(runs: list[dict[str, Any]], name: str, key: str) -> dict[str, Any]:
+    """One step from the relay to the whole fabric: its latency and throughput (medians)
+    and each as a ratio to the relay's of the same run."""
+
+    def median(case: str, *path: str) -> float:
+        return statistics.median(_get(r[f"{key}_{case}"], path) for r in runs)
+
+    def ratio(case: str, *path: str) -> float:
+        return statistics.median(
+            _get(r[f"{key}_{case}"], path) / _get(r[f"relay_{case}"], path) for r in runs
+        )
+
+    return {
+        "name": name,
+        "latency_p50_us": round(median("latency", "latency_us", "p50"), 1),
+        "latency_vs_relay": round(ratio("latency", "latency_us", "p50"), 3),
+        "req_per_s": round(median("throughput", "throughput", "req_per_s"), 1),
+        "req_per_s_vs_relay": round(ratio("throughput", "throughput", "req_per_s"), 3),
     }
 
 

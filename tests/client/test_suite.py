@@ -34,3 +34,9 @@ def test_a_quick_suite_run_reports_every_comparison_with_same_run_ratios() -> No
         assert measured["ok"] + sum(measured["errors"].values()) == measured["requests"] > 0
         assert measured["errors"] == {}
     assert results["mlp"]["ideal_samples_per_s"] == pytest.approx(2 * 16 / 0.005)
+    stages = results["breakdown"]
+    assert [stage["name"].split()[0] for stage in stages] == ["pyzmq", "+", "+", "+"]
+    assert stages[0]["latency_vs_relay"] == stages[0]["req_per_s_vs_relay"] == 1.0
+    assert all(stage["req_per_s"] > 0 for stage in stages)
+    for case in ("latency", "throughput"):  # the runtime-free echo worker answered
+        assert detail[f"echo_{case}"]["requests"] > 0
