@@ -13,6 +13,8 @@ from collections.abc import Mapping
 LOG_LEVEL_ENV = "IPUSERVE_LOG_LEVEL"
 DEFAULT_LEVEL = "WARNING"
 _FORMAT = "%(asctime)s %(levelname)-7s %(processName)s %(name)s: %(message)s"
+#: the stderr handler apply_env_level gave the ipuserve logger, if it did
+_library_handler: logging.Handler | None = None
 
 
 def level_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -38,10 +40,11 @@ def apply_env_level(environ: Mapping[str, str] | None = None) -> None:
         )
     logger = logging.getLogger("ipuserve")
     logger.setLevel(level)
+    global _library_handler
     if not logging.getLogger().handlers and not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(_FORMAT))
-        logger.addHandler(handler)
+        _library_handler = logging.StreamHandler()
+        _library_handler.setFormatter(logging.Formatter(_FORMAT))
+        logger.addHandler(_library_handler)
 
 
 def configure_logging(level: str | None = None) -> None:
@@ -52,5 +55,10 @@ def configure_logging(level: str | None = None) -> None:
             f"unknown log level {chosen!r} (from {LOG_LEVEL_ENV}); "
             "use DEBUG, INFO, WARNING, ERROR or CRITICAL"
         )
+    global _library_handler
+    logger = logging.getLogger("ipuserve")
+    if _library_handler is not None:  # the root handler below prints these records now
+        logger.removeHandler(_library_handler)
+        _library_handler = None
     logging.basicConfig(level=chosen, format=_FORMAT)
-    logging.getLogger("ipuserve").setLevel(chosen)
+    logger.setLevel(chosen)
