@@ -194,7 +194,7 @@ class IoLoop:
         size, limit = pending.payload_bytes, self.stats.max_payload_bytes
         if limit is not None and size > limit:
             error = PayloadTooLargeError(
-                f"the request's tensors are {size} bytes; the broker accepts at most {limit}"
+                f"the request's tensors take {size} bytes; the broker's limit is {limit}"
             )
             self._finish(pending.request_id, lambda p: p.future.set_exception(error))
             return

@@ -393,8 +393,8 @@ class WorkerNode:
             raise InferenceError(f"unsendable outputs: {exc}") from exc
         if self._session is not None and tensors.nbytes > self._session.max_payload_bytes:
             raise PayloadTooLargeError(
-                f"the outputs of this request are {tensors.nbytes} bytes; the broker "
-                f"accepts at most {self._session.max_payload_bytes} (--max-payload-bytes)"
+                f"the outputs of this request take {tensors.nbytes} bytes; the broker's "
+                f"limit is {self._session.max_payload_bytes} (--max-payload-bytes)"
             )
         return tensors
 
