@@ -55,6 +55,10 @@ class SessionConfig:
     check_package_hash: bool = True
     wait_config: DeviceWaitConfig = field(default_factory=DeviceWaitConfig)
     max_look_ahead: str = "unlimited"
+    #: ipuserve extension: the main programs run back to back from a device loop (the
+    #: ModelRunner's), so the simulated device counts each run from the previous one's
+    #: end, not from when the host thread got round to it (docs/runtime.md).
+    device_loop: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,7 @@ class Session:
             device.cost,
             device.memoryBytes(),
             device.name(),
+            device_loop=self.config.device_loop,
         )
         self._needs_load = True
 

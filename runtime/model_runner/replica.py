@@ -74,7 +74,7 @@ class Replica:
         self._waiting_for: str | None = None
         self._error: BaseException | None = None
         self._stopping = False
-        self.session = Session(model, SessionConfig(check_package_hash=False))
+        self.session = Session(model, SessionConfig(check_package_hash=False, device_loop=True))
         self._bind_constants()
         self.session.bindToDevice(device)
         self.queues = self.session.createQueueManager(

@@ -31,28 +31,38 @@ _STREAMS = frozenset({"stream_in", "stream_out"})
 #: A run that starts within this long of the previous run's simulated end follows it
 #: back to back: the device does not lose the host's wake-up jitter (see SimClock.start).
 BACK_TO_BACK_S = 0.002
+#: The same for a device loop (the ModelRunner's), which runs the main program again as
+#: soon as a run ends: only a thread stalled this long (a stopped process) starts afresh.
+DEVICE_LOOP_CATCH_UP_S = 0.05
 
 
 class SimClock:
     """The simulated device's notion of "when this run may finish"."""
 
-    __slots__ = ("_now", "deadline")
+    __slots__ = ("_now", "catch_up_s", "deadline")
 
-    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, now: Callable[[], float] = time.perf_counter, catch_up_s: float = BACK_TO_BACK_S
+    ) -> None:
         self._now = now
+        self.catch_up_s = catch_up_s
         self.deadline = 0.0
 
     def start(self, launch_seconds: float) -> None:
         """A run starts: at the previous run's end if it follows it back to back, else now.
 
-        The device thread wakes from its sleep a little after the deadline (the host's
-        scheduler), then hands the outputs over before starting the next run; a real
-        IPU with its next inputs ready would not wait for either. Counting from the
-        previous deadline keeps that host-side delay out of the device's time (it cost
-        ~8% of a 5 ms batch on a busy two-core host); a longer gap is the device idling.
+        The device thread wakes from its sleep after the deadline (the host's scheduler:
+        late by milliseconds when the host's cores are busy), then hands the outputs
+        over before starting the next run; a real IPU with its next inputs ready waits
+        for neither. Counting from the previous deadline keeps that host-side delay out
+        of the device's time (on a busy two-core host it made a 5 ms batch take
+        5.5 ms). A device that idles for want of inputs waits in an input callback,
+        where :meth:`waited_for_host` moves the deadline; a gap of more than
+        ``catch_up_s`` before a run is the host not asking for one, and the run
+        starts now.
         """
         now = self._now()
-        back_to_back = 0.0 <= now - self.deadline < BACK_TO_BACK_S
+        back_to_back = 0.0 <= now - self.deadline < self.catch_up_s
         self.deadline = (self.deadline if back_to_back else now) + launch_seconds
 
     def advance(self, seconds: float) -> None:
@@ -80,6 +90,8 @@ class Engine:
         cost: CostModel,
         device_memory_bytes: int,
         device_name: str,
+        *,
+        device_loop: bool = False,
     ) -> None:
         needed = executable.memoryBytes()
         if needed > device_memory_bytes:
@@ -97,7 +109,7 @@ class Engine:
         self._zero_time = executable.zeroTime() or cost.time_scale == 0
         self._launch = 0.0 if self._zero_time else cost.launch_seconds()
         self._step_seconds = {} if self._zero_time else _step_costs(executable, cost)
-        self._clock = SimClock()
+        self._clock = SimClock(catch_up_s=DEVICE_LOOP_CATCH_UP_S if device_loop else BACK_TO_BACK_S)
 
     def run(
         self,

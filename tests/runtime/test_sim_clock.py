@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ipuserve.runtime.simulator.engine import BACK_TO_BACK_S, SimClock
+from ipuserve.runtime import ModelRunner, PopefPaths
+from ipuserve.runtime.popef import examples
+from ipuserve.runtime.simulator.engine import BACK_TO_BACK_S, DEVICE_LOOP_CATCH_UP_S, SimClock
 
 
 class FakeTime:
@@ -58,3 +62,19 @@ def test_waiting_for_the_host_moves_the_deadline_past_the_wait(
     clock.waited_for_host()
     clock.advance(0.001)
     assert clock.deadline == pytest.approx(fake.now + 0.001)
+
+
+def test_a_device_loop_catches_up_a_thread_that_was_descheduled_for_milliseconds() -> None:
+    fake = FakeTime()
+    looping = SimClock(now=fake, catch_up_s=DEVICE_LOOP_CATCH_UP_S)
+    first_start = fake.now
+    for _ in range(10):  # the host's cores are busy: the thread gets going 10 ms late
+        run(looping, fake, launch=0.0001, work=0.005, woke_late=0.010)
+    assert looping.deadline == pytest.approx(first_start + 10 * 0.0051)
+
+
+def test_the_runners_sessions_are_device_loops(tmp_path: Path) -> None:
+    [path] = examples.noop().write(tmp_path / "noop.popef")
+    with ModelRunner(PopefPaths([str(path)])) as runner:
+        [replica] = runner._replicas
+        assert replica.session.config.device_loop
