@@ -63,6 +63,9 @@ class SuiteConfig:
     mlp_workers: int = 2
     mlp_replicas: int = 1
     mlp_device_ms: float = 5.0
+    #: full-batch MLP requests in flight per replica: enough to keep a device busy
+    #: while results travel back and the next requests come in
+    mlp_in_flight_per_replica: int = 8
     workdir: Path | None = None
 
     @property
@@ -190,7 +193,8 @@ def one_run(config: SuiteConfig, ends: Endpoints, index: int, log: Log) -> dict[
         )
         run["fabric_goodput"] = _fabric(client, "noop4m", config.large_in_flight, seconds, warm)
         log(f"run {index + 1}: goodput done")
-        mlp_in_flight = 4 * config.mlp_workers * config.mlp_replicas
+        replicas = config.mlp_workers * config.mlp_replicas
+        mlp_in_flight = config.mlp_in_flight_per_replica * replicas
         run["fabric_mlp"] = _fabric(client, "mlp", mlp_in_flight, seconds, warm)
         log(f"run {index + 1}: mlp done")
     return run
