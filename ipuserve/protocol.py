@@ -1240,40 +1240,41 @@ def _failure_row(item: Any, limits: Limits) -> Fail:
 
 
 def _job_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, float | None], ...]:
-    """JOBS rows. The usual row passes one inline test; any other row gets the full
-    checks, which accept it or say what is wrong and where."""
-    checked = []
-    for index, row in enumerate(_list(value, limits.max_batch)):
-        if type(row) is list and len(row) == 3:
-            job_id, spec, budget = row
-            if (
-                type(spec) is int
-                and spec >= 0
-                and (budget is None or (type(budget) is float and -1e12 < budget < 1e12))
-                and (raw := _hex_id(job_id)) is not None
-            ):
-                checked.append((raw, spec, budget))
-                continue
-        checked.append(_item_at(index, row, _job_row, limits))
-    return tuple(checked)
+    return _batch_rows(value, limits, _plain_budget, _job_row)
 
 
 def _result_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, dict[str, float]], ...]:
-    """RESULTS rows, the same way as :func:`_job_rows`."""
+    return _batch_rows(value, limits, _plain_timing, _result_row)
+
+
+def _batch_rows(
+    value: Any,
+    limits: Limits,
+    plain_third: Callable[[Any], bool],
+    full_check: Callable[[Any, Limits], tuple[bytes, int, T]],
+) -> tuple[tuple[bytes, int, T], ...]:
+    """JOBS or RESULTS rows, ``[job id hex, spec index, third]``. The usual row passes
+    one inline test (``plain_third`` for its third entry); any other row gets
+    ``full_check``, which accepts it or says what is wrong and where."""
     checked = []
     for index, row in enumerate(_list(value, limits.max_batch)):
         if type(row) is list and len(row) == 3:
-            job_id, spec, timing = row
+            job_id, spec, third = row
             if (
                 type(spec) is int
                 and spec >= 0
-                and _plain_timing(timing)
+                and plain_third(third)
                 and (raw := _hex_id(job_id)) is not None
             ):
-                checked.append((raw, spec, timing))
+                checked.append((raw, spec, third))
                 continue
-        checked.append(_item_at(index, row, _result_row, limits))
+        checked.append(_item_at(index, row, full_check, limits))
     return tuple(checked)
+
+
+def _plain_budget(value: Any) -> bool:
+    """A budget as senders write it (null, or a float well inside the JSON range)."""
+    return value is None or (type(value) is float and -1e12 < value < 1e12)
 
 
 def _hex_id(value: Any) -> bytes | None:
