@@ -39,22 +39,23 @@ def served() -> Iterator[BrokerProc]:
         procs.close()
 
 
-def huge_inputs(nbytes: int) -> dict[str, np.ndarray]:
-    rows = nbytes // (8 * 4)
+def huge_inputs(frame_bytes: int) -> dict[str, np.ndarray]:
+    """The add model's x and y, each a frame of about ``frame_bytes`` (whole rows)."""
+    rows = frame_bytes // (8 * 4)
     return {"x": np.zeros((rows, 8), np.float32), "y": np.zeros((rows, 8), np.float32)}
 
 
 @pytest.mark.parametrize(
-    "nbytes",
+    "frame_bytes",
     [LIMIT + 4096, protocol.max_frame_bytes(LIMIT) + 4096],
     ids=["over-the-limit", "over-what-zeromq-accepts"],
 )
 def test_an_oversized_first_request_is_refused_and_the_client_goes_on(
-    served: BrokerProc, nbytes: int
+    served: BrokerProc, frame_bytes: int
 ) -> None:
     with Client(served.frontend, timeout=30) as client:
         with pytest.raises(errors.PayloadTooLargeError, match=str(LIMIT)):
-            client.infer("add", huge_inputs(nbytes))
+            client.infer("add", huge_inputs(frame_bytes))
         assert client.stats.max_payload_bytes == LIMIT
         given = add_inputs(rows=3, seed=7)
         np.testing.assert_allclose(client.infer("add", given)["z"], add_expected(given), rtol=1e-6)

@@ -55,14 +55,23 @@ def feed(array: np.ndarray):
     return fill
 
 
-def test_callbacks_end_to_end(simple: Model, device: model_runtime.Device) -> None:
+def fed_simple(
+    simple: Model, device: model_runtime.Device, a: np.ndarray, b: np.ndarray
+) -> tuple[model_runtime.Session, list[np.ndarray]]:
+    """A session of the simple model on ``device``, fed ``a`` and ``b`` by callbacks;
+    the list collects a copy of each run's output."""
     session = model_runtime.Session(simple)
     session.bindToDevice(device)
-    a, b = np.full((2, 4), 2.0, np.float32), np.ones((2, 4), np.float32)
-    captured: list[np.ndarray] = []
+    outputs: list[np.ndarray] = []
     session.setCallbackForAnchor("tensor_A", feed(a))
     session.setCallbackForAnchor("tensor_B", feed(b))
-    session.setCallbackForAnchor("output", lambda out: captured.append(out.copy()))
+    session.setCallbackForAnchor("output", lambda out: outputs.append(out.copy()))
+    return session, outputs
+
+
+def test_callbacks_end_to_end(simple: Model, device: model_runtime.Device) -> None:
+    a, b = np.full((2, 4), 2.0, np.float32), np.ones((2, 4), np.float32)
+    session, captured = fed_simple(simple, device, a, b)
     session.runMainPrograms()  # runs the load program first, implicitly
     session.runMainPrograms()
     expected = examples.reference(
@@ -461,13 +470,8 @@ def test_stop_releases_a_run_blocked_on_its_queues(device: model_runtime.Device)
 def test_an_injected_fault_fails_runs_until_reload(
     simple: Model, device: model_runtime.Device
 ) -> None:
-    session = model_runtime.Session(simple)
-    session.bindToDevice(device)
     a, b = np.full((2, 4), 3.0, np.float32), np.ones((2, 4), np.float32)
-    outputs: list[np.ndarray] = []
-    session.setCallbackForAnchor("tensor_A", feed(a))
-    session.setCallbackForAnchor("tensor_B", feed(b))
-    session.setCallbackForAnchor("output", lambda out: outputs.append(out.copy()))
+    session, outputs = fed_simple(simple, device, a, b)
     device.injectFault()
     with pytest.raises(DeviceFaultError, match=r"application runtime error on device 0.*injected"):
         session.runMainPrograms()

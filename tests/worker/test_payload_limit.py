@@ -21,7 +21,7 @@ def test_outputs_beyond_the_brokers_limit_fail_with_payload_too_large(
     identity, hello = broker.expect(wire.Hello)
     assert hello.models == (ADD,)
     small = add_inputs(rows=2)  # z: 2 x 8 float32 = 64 bytes
-    limit = small["x"].nbytes * 2 + 1  # the job's inputs (128 B) fit; 4 rows of z do not
+    limit = small["x"].nbytes * 2 + 1  # 129 B: z of 2 rows (64 B) fits, of 5 rows (160 B) not
     broker.send(identity, wire.Welcome("epoch1", 50, 60_000, max_payload_bytes=limit))
     broker.job(identity, b"big", add_inputs(rows=5))
     fail = expect_fail(broker, b"big", "PAYLOAD_TOO_LARGE")
