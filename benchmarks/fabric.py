@@ -43,6 +43,20 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {stage['name']} | {stage['latency_p50_us']:.0f} | {stage['latency_vs_relay']:.2f} "
             f"| {stage['req_per_s']:.0f} | {stage['req_per_s_vs_relay']:.2f} |"
         )
+    lines += [
+        "",
+        "| CPU µs per request: client / broker (relay) / worker (echo) = sum "
+        "| 1 in flight | 64 in flight |",
+        "|---|---:|---:|",
+    ]
+    for stage in results["breakdown"]:
+        cells = []
+        for case in ("latency", "throughput"):
+            cpu = stage["cpu_us_per_request"][case]
+            total = cpu["client"] + cpu["broker"] + cpu["worker"]
+            parts = " / ".join(f"{cpu[role]:.0f}" for role in ("client", "broker", "worker"))
+            cells.append(f"{parts} = {total:.0f}")
+        lines.append(f"| {stage['name']} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 

@@ -49,6 +49,19 @@ def _die_with_parent() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of process ``pid`` and all its threads, from Linux's /proc
+    (libzmq's I/O threads included: they are part of what a message costs); None
+    where there is no /proc or the process is gone. Resolution: one clock tick."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
 @dataclass

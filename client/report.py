@@ -107,4 +107,27 @@ def breakdown_lines(stages: list[dict[str, Any]]) -> list[str]:
             f"{stage['name']:64} {stage['latency_p50_us']:8.0f} {stage['latency_vs_relay']:8.2f} "
             f"{stage['req_per_s']:9.0f} {stage['req_per_s_vs_relay']:9.2f}"
         )
+    if all("cpu_us_per_request" in stage for stage in stages):
+        lines.append("")
+        lines.extend(cpu_lines(stages))
+    return lines
+
+
+def cpu_lines(stages: list[dict[str, Any]]) -> list[str]:
+    """CPU per request in each process (relay/echo for the baseline), every thread counted."""
+    cases = ("latency", "throughput")
+    header = (
+        f"{'CPU us per request: client, broker (relay), worker (echo), sum':64} "
+        f"{'1 in flight':>27}   {'N in flight':>27}"
+    )
+    lines = [header, "-" * len(header)]
+    for stage in stages:
+        cells = []
+        for case in cases:
+            cpu = stage["cpu_us_per_request"][case]
+            total = cpu["client"] + cpu["broker"] + cpu["worker"]
+            cells.append(
+                f"{cpu['client']:6.0f} {cpu['broker']:6.0f} {cpu['worker']:6.0f} {total:7.0f}"
+            )
+        lines.append(f"{stage['name']:64} {cells[0]:>27}   {cells[1]:>27}")
     return lines

@@ -18,7 +18,10 @@ goodput            ``noop`` (4 MiB), 4 in flight: MB/s          relay, 4 in flt 
 
 Each run measures every case on both sides back to back; the suite repeats the
 runs and reports the median of each side and the median of the same-run ratios
-(these 2-core machines vary from run to run far more than a ratio does). The
+(these 2-core machines vary from run to run far more than a ratio does). For the
+small-request cases it also reads each process's CPU time (Linux /proc), so the
+breakdown shows what a request costs the client, the broker and the worker beside
+what it costs the relay's client, relay and echo. The
 MLP's device time per batch is the model's cost estimate (``ipuserve model
 inspect --json``) times ``IPUSERVE_SIM_TIME_SCALE``, which the suite chooses so a
 batch takes ``mlp_device_ms``; the workers' own ``device_us`` is reported beside it.
@@ -27,11 +30,14 @@ batch takes ``mlp_device_ms``; the workers' own ``device_us`` is reported beside
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +45,13 @@ import numpy as np
 
 from ipuserve.client.bench import bench
 from ipuserve.client.client import Client
-from ipuserve.client.fleet import PYTHON, Fleet, endpoint, wait_for_models
+from ipuserve.client.fleet import (
+    PYTHON,
+    Fleet,
+    endpoint,
+    process_cpu_seconds,
+    wait_for_models,
+)
 from ipuserve.client.loadgen import LoadConfig
 from ipuserve.client.rawproto import protocol_closed_loop
 from ipuserve.client.relay import raw_closed_loop
@@ -99,8 +111,9 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
         }
         with Fleet(workdir, env) as fleet:
             ends = start_fleet(fleet, config, models, scale)
+            meters = cpu_meters(fleet)
             log(f"fleet up (logs in {workdir}); {config.runs} run(s)")
-            runs = [one_run(config, ends, i, log) for i in range(config.runs)]
+            runs = [one_run(config, ends, meters, i, log) for i in range(config.runs)]
             fleet.check()
     device_s = models["mlp_seconds"] * scale
     return results(config, runs, device_s, int(models["mlp_batch"]))
@@ -174,19 +187,76 @@ def start_fleet(
     return ends
 
 
+#: The processes each small-request stack runs through besides the client (this
+#: process), by role: the relay pair is the baseline's broker and worker.
+STACKS = {
+    "relay": {"broker": "relay-small", "worker": "echo-small"},
+    "echo": {"broker": "broker", "worker": "worker-echo"},
+    "protocol": {"broker": "broker", "worker": "worker-noop"},
+    "fabric": {"broker": "broker", "worker": "worker-noop"},
+}
+ROLES = ("client", "broker", "worker")
+
+
+class CpuMeter:
+    """CPU per request of each process a case runs through, every thread counted.
+
+    CPU time over the whole case (warm-up included) divided by its wall time gives
+    the cores each process kept busy; divided by the measured request rate, the CPU
+    each request cost it. Where the time goes when latency or throughput falls short
+    of the relay's: in which process, and how much more than the relay's.
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self._pids = pids
+
+    def measure(self, case: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        before, started = self._read(), time.monotonic()
+        result = case()
+        wall, after = time.monotonic() - started, self._read()
+        rate = result["throughput"]["req_per_s"]
+        if before is None or after is None or rate <= 0:
+            return result  # no /proc here: the figures stand without it
+        result["cpu_us_per_request"] = {
+            role: round((after[role] - before[role]) / wall / rate * 1e6, 1) for role in ROLES
+        }
+        return result
+
+    def _read(self) -> dict[str, float] | None:
+        seconds = {role: process_cpu_seconds(pid) for role, pid in self._pids.items()}
+        if any(value is None for value in seconds.values()):
+            return None
+        return {role: float(value or 0.0) for role, value in seconds.items()}
+
+
+def cpu_meters(fleet: Fleet) -> dict[str, CpuMeter]:
+    by_name = {child.name: child.popen.pid for child in fleet.children}
+    return {
+        stack: CpuMeter({"client": os.getpid(), **{r: by_name[n] for r, n in roles.items()}})
+        for stack, roles in STACKS.items()
+    }
+
+
 # ---------------------------------------------------------------- one run
 
 
-def one_run(config: SuiteConfig, ends: Endpoints, index: int, log: Log) -> dict[str, Any]:
+def one_run(
+    config: SuiteConfig, ends: Endpoints, meters: dict[str, CpuMeter], index: int, log: Log
+) -> dict[str, Any]:
     """Every case on both sides, back to back; returns the raw figures of this run."""
     run: dict[str, Any] = {}
     seconds, warm = config.seconds, config.warmup_s
     with Client(ends.frontend, timeout=60) as client:
-        for label, in_flight in (("latency", 1), ("throughput", config.in_flight)):
-            run[f"relay_{label}"] = _relay(ends.relay_small, 4 * SMALL_ELEMENTS, in_flight, seconds)
-            run[f"fabric_{label}"] = _fabric(client, "noop", in_flight, seconds, warm)
-            run[f"protocol_{label}"] = _protocol(ends.frontend, in_flight, seconds)
-            run[f"echo_{label}"] = _protocol(ends.frontend, in_flight, seconds, "echo")
+        small = 4 * SMALL_ELEMENTS
+        for label, n in (("latency", 1), ("throughput", config.in_flight)):
+            cases = (
+                ("relay", partial(_relay, ends.relay_small, small, n, seconds)),
+                ("fabric", partial(_fabric, client, "noop", n, seconds, warm)),
+                ("protocol", partial(_protocol, ends.frontend, n, seconds)),
+                ("echo", partial(_protocol, ends.frontend, n, seconds, "echo")),
+            )
+            for stack, case in cases:
+                run[f"{stack}_{label}"] = meters[stack].measure(case)
             log(f"run {index + 1}: {label} done")
         run["relay_goodput"] = _relay(
             ends.relay_large, 4 * LARGE_ELEMENTS, config.large_in_flight, seconds
@@ -367,13 +437,22 @@ def _stage(runs: list[dict[str, Any]], name: str, key: str) -> dict[str, Any]:
             _get(r[f"{key}_{case}"], path) / _get(r[f"relay_{case}"], path) for r in runs
         )
 
-    return {
+    stage = {
         "name": name,
         "latency_p50_us": round(median("latency", "latency_us", "p50"), 1),
         "latency_vs_relay": round(ratio("latency", "latency_us", "p50"), 3),
         "req_per_s": round(median("throughput", "throughput", "req_per_s"), 1),
         "req_per_s_vs_relay": round(ratio("throughput", "throughput", "req_per_s"), 3),
     }
+    if all("cpu_us_per_request" in r[f"{key}_{case}"] for r in runs for case in CASES):
+        stage["cpu_us_per_request"] = {
+            case: {role: round(median(case, "cpu_us_per_request", role), 1) for role in ROLES}
+            for case in CASES
+        }
+    return stage
+
+
+CASES = ("latency", "throughput")
 
 
 def _get(tree: dict[str, Any], path: tuple[str, ...]) -> float:

@@ -38,5 +38,10 @@ def test_a_quick_suite_run_reports_every_comparison_with_same_run_ratios() -> No
     assert [stage["name"].split()[0] for stage in stages] == ["pyzmq", "+", "+", "+"]
     assert stages[0]["latency_vs_relay"] == stages[0]["req_per_s_vs_relay"] == 1.0
     assert all(stage["req_per_s"] > 0 for stage in stages)
+    for stage in stages:  # every process on each path was seen working (Linux /proc)
+        for case in ("latency", "throughput"):
+            cpu = stage["cpu_us_per_request"][case]
+            assert sorted(cpu) == ["broker", "client", "worker"]
+            assert all(value > 0 for value in cpu.values()), (stage["name"], case, cpu)
     for case in ("latency", "throughput"):  # the runtime-free echo worker answered
         assert detail[f"echo_{case}"]["requests"] > 0
