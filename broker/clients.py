@@ -1,12 +1,15 @@
-"""What the broker does with each client command: REQUEST, MODELS, PING."""
+"""What the broker does with each client command: REQUEST(S), MODELS, PING."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from ipuserve import protocol as wire
 from ipuserve.broker.scheduler import Scheduler
-from ipuserve.errors import ProtocolError, UnknownModelError
+from ipuserve.errors import IpuserveError, ProtocolError, UnknownModelError
+
+log = logging.getLogger(__name__)
 
 
 class ClientHandlers:
@@ -25,6 +28,8 @@ class ClientHandlers:
         """Raises IpuserveError for anything to refuse; the loop turns it into ERROR."""
         if isinstance(message, wire.Request):
             self.on_request(client, message)
+        elif isinstance(message, wire.Requests):
+            self.on_requests(client, message)
         elif isinstance(message, wire.Ping):
             pong = wire.Pong(message.request_id, self._epoch, self._max_payload_bytes)
             self._send(client, pong)
@@ -33,14 +38,34 @@ class ClientHandlers:
         else:
             raise ProtocolError(f"{message.COMMAND.name} is not a client command")
 
-    def on_request(self, client: bytes, request: wire.Request) -> None:
+    def on_requests(self, client: bytes, batch: wire.Requests) -> None:
+        """Each request of a batch on its own: one refused does not refuse the others."""
+        for failed in batch.rejected:
+            self._scheduler.refuse(client, failed.job_id, failed.exception())
+        for request in batch.requests:
+            try:
+                self.on_request(client, request, batched=True)
+            except IpuserveError as exc:
+                self._scheduler.refuse(client, request.request_id, exc)
+            except Exception:
+                log.exception("failed to handle a request of a REQUESTS batch")
+                error = IpuserveError("internal broker error; see its log")
+                self._scheduler.refuse(client, request.request_id, error)
+
+    def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
         if self._jobs.pending(client, request.request_id):
             self._scheduler.metrics.resent.inc()
             return  # a re-sent request still pending: its one reply is on the way
         now = time.monotonic()
         self._check_schema(request, now)
         job = self._jobs.create(
-            client, request.request_id, request.model, request.tensors, now, request.timeout_ms
+            client,
+            request.request_id,
+            request.model,
+            request.tensors,
+            now,
+            request.timeout_ms,
+            batched,
         )
         try:
             self._scheduler.place(job)

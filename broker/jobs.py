@@ -37,6 +37,8 @@ class JobEntry:
     received: float
     deadline: float | None
     timeout_ms: float | None
+    #: it came in a REQUESTS message: its reply may go out in a REPLIES
+    batched: bool = False
     state: State = State.QUEUED
     attempts: int = 0
     worker: Worker | None = None
@@ -72,10 +74,13 @@ class JobTable:
         tensors: Tensors,
         now: float,
         timeout_ms: float | None,
+        batched: bool = False,
     ) -> JobEntry:
         job_id = self._prefix + next(self._ids).to_bytes(8, "big")
         deadline = None if timeout_ms is None else now + timeout_ms / 1000
-        job = JobEntry(job_id, client, request_id, model, tensors, now, deadline, timeout_ms)
+        job = JobEntry(
+            job_id, client, request_id, model, tensors, now, deadline, timeout_ms, batched
+        )
         self._jobs[job_id] = job
         self._keys[(client, request_id)] = job
         return job

@@ -164,8 +164,9 @@ class Broker:
             self._refuse(client, body, IpuserveError("internal broker error; see its log"))
 
     def _refuse(self, client: bytes, body: list[Any], error: IpuserveError) -> None:
-        self.metrics.errors.inc(code=error.code)
-        self.scheduler.outbox.to_client(client, wire.error_frames(wire.peek_id(body), error))
+        """Answer what can be addressed: each readable row of a batch, else the id."""
+        for request_id in wire.peek_ids(body) or [wire.peek_id(body)]:
+            self.scheduler.refuse(client, request_id, error)
 
     def _on_worker(self, frames: list[Any]) -> None:
         identity, body = frames[0].bytes, frames[1:]

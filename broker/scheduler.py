@@ -9,7 +9,9 @@ answers or is dropped.
 Placing a job on a worker does not send it: the jobs placed on each worker wait in
 its outgoing batch until :meth:`Scheduler.flush`, which the loop calls after each
 batch of messages it reads, and go out as one JOBS message. One message per worker
-per turn instead of one per job is most of what the broker saves under load.
+per turn instead of one per job is most of what the broker saves under load. The
+same holds towards clients that batch their requests (REQUESTS): their replies of
+one turn go out together, as one REPLIES message per client.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Scheduler:
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
         self._outgoing: dict[Worker, list[JobEntry]] = {}
+        #: replies to batched requests since the last flush, by client, with their model
+        self._replies: dict[bytes, list[tuple[wire.Reply, str]]] = {}
 
     # ------------------------------------------------------------ placing
 
@@ -89,7 +93,8 @@ class Scheduler:
         self.metrics.queue_seconds.observe(now - job.received)
 
     def flush(self) -> None:
-        """Send every worker the jobs placed on it since the last flush, as JOBS messages.
+        """Send every worker the jobs placed on it since the last flush, as JOBS messages,
+        and every batching client its replies since then, as REPLIES.
 
         A worker we cannot reach is dropped: its jobs, these included, go back to the
         queues (these without counting an attempt: they never reached it) and may be
@@ -103,6 +108,8 @@ class Scheduler:
             if jobs and not self._send_jobs(worker, jobs):
                 handed_back = tuple(job.job_id for job in batch)
                 self.drop_worker(worker, "unreachable", handed_back)
+        while self._replies:
+            self._send_replies(*self._replies.popitem())
 
     def _live(self, worker: Worker, batch: list[JobEntry]) -> list[JobEntry]:
         """The batch without jobs answered since they were placed (expired in the same
@@ -127,16 +134,37 @@ class Scheduler:
     # ------------------------------------------------------------ answering
 
     def answer(self, job: JobEntry, result: wire.Result) -> None:
-        """Deliver a worker's result to the client (the first result for a live job)."""
+        """Deliver a worker's result to the client (the first result for a live job);
+        a batched request's reply waits for the flush at the end of this turn."""
         now = time.monotonic()
         timing = dict(result.timing)
         timing["broker_queue_us"] = (job.dispatched - job.received) * 1e6
         reply = wire.Reply(job.request_id, result.tensors, timing)
         self._retire(job)
-        if self.outbox.to_client(job.client, reply.encode()):
+        if job.batched:
+            self._replies.setdefault(job.client, []).append((reply, job.model))
+        elif self.outbox.to_client(job.client, reply.encode()):
             self.metrics.replies.inc(model=job.model)
         self.metrics.request_seconds.observe(now - job.received)
         self.metrics.worker_seconds.observe(now - job.dispatched)
+
+    def _send_replies(self, client: bytes, replies: list[tuple[wire.Reply, str]]) -> None:
+        if len(replies) == 1:
+            reply, model = replies[0]
+            if self.outbox.to_client(client, reply.encode()):
+                self.metrics.replies.inc(model=model)
+            return
+        models = {id(reply): model for reply, model in replies}
+        batch = wire.Replies(tuple(reply for reply, _model in replies))
+        for part, frames in wire.split_batch(batch):  # the client decodes with the defaults
+            if self.outbox.to_client(client, frames):
+                for reply in part.replies:
+                    self.metrics.replies.inc(model=models[id(reply)])
+
+    def refuse(self, client: bytes, request_id: bytes, error: IpuserveError) -> None:
+        """Answer a request the broker did not accept with ``error`` (counted)."""
+        self.metrics.errors.inc(code=error.code)
+        self.outbox.to_client(client, wire.error_frames(request_id, error))
 
     def reject(self, job: JobEntry, error: IpuserveError) -> None:
         self._retire(job)

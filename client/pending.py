@@ -66,13 +66,17 @@ class Pending:
         return message.tensors.nbytes if isinstance(message, wire.Request) else 0
 
     def frames(self, now_ns: int) -> list[wire.Frame]:
+        """The message to (re)send now, encoded."""
+        return self.message_at(now_ns).encode()
+
+    def message_at(self, now_ns: int) -> Message:
         """The message to (re)send now; a request's timeout is what is left of it."""
         message = self.message
         resent = now_ns - self.started_ns > 1_000_000  # fresh: the timeout it was built with
         if resent and isinstance(message, wire.Request) and self.deadline_ns is not None:
             left_ms = max((self.deadline_ns - now_ns) / 1e6, 0.001)
             message = dataclasses.replace(message, timeout_ms=round(left_ms, 3))
-        return message.encode()
+        return message
 
 
 def parse_reply(message: wire.Message, pending: Pending) -> Arrays:

@@ -15,6 +15,9 @@ The broker and a worker exchange batches: one JOBS message carries every job the
 broker hands a worker in one turn of its loop, one RESULTS message every outcome
 the worker has ready. Their headers list each job (id, tensor specs, budget or
 timing) and their tensor frames follow job by job; a single job is a batch of one.
+A client may batch too: REQUESTS carries the requests it has ready at once (laid
+out as JOBS), and the broker then answers those requests' results in REPLIES
+(laid out as RESULTS); a client that sends single REQUESTs gets single REPLYs.
 
 :func:`decode` validates all of it before anything uses it and raises
 :class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
@@ -31,7 +34,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
@@ -90,6 +93,8 @@ class Command(enum.IntEnum):
     MODELS_REPLY = 0x05  # broker -> client
     PING = 0x06  # client -> broker
     PONG = 0x07  # broker -> client
+    REQUESTS = 0x08  # client -> broker: several requests in one message
+    REPLIES = 0x09  # broker -> client: the replies to several REQUESTS rows
     HELLO = 0x10  # worker -> broker
     WELCOME = 0x11  # broker -> worker
     JOBS = 0x12  # broker -> worker
@@ -541,20 +546,43 @@ class Jobs:
     jobs: tuple[Job, ...]
     rejected: tuple[Fail, ...] = ()
 
+    @property
+    def rows(self) -> int:
+        return len(self.jobs)
+
     def halves(self) -> tuple[Jobs, Jobs]:
         middle = len(self.jobs) // 2
         return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
 
     def encode(self) -> list[Frame]:
-        specs = _SpecTable()
-        rows: list[str] = []
-        frames: list[Frame] = []
-        for job in self.jobs:
-            index = specs.index(job.tensors, job.model)
-            rows.append(f'["{job.job_id.hex()}",{index},{_number(job.budget_ms)}]')
-            frames.extend(job.tensors.frames)
-        body = f'{{"specs":[{specs.json()}],"jobs":[{",".join(rows)}]}}'
-        return _frames(self.COMMAND, b"", body, frames)
+        rows = ((j.job_id, j.model, j.tensors, j.budget_ms) for j in self.jobs)
+        return _encode_inputs(self.COMMAND, "jobs", rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """Requests of one client, sent together: what its I/O thread had ready at once.
+
+    Laid out as JOBS, rows ``[request id hex, spec index, timeout_ms or null]``
+    under ``"requests"``. ``rejected`` is filled by :func:`decode` only: requests
+    whose tensor frames do not match their specs, as the error to answer them with.
+    """
+
+    COMMAND: ClassVar[Command] = Command.REQUESTS
+    requests: tuple[Request, ...]
+    rejected: tuple[Fail, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return len(self.requests)
+
+    def halves(self) -> tuple[Requests, Requests]:
+        middle = len(self.requests) // 2
+        return Requests(self.requests[:middle]), Requests(self.requests[middle:])
+
+    def encode(self) -> list[Frame]:
+        rows = ((r.request_id, r.model, r.tensors, r.timeout_ms) for r in self.requests)
+        return _encode_inputs(self.COMMAND, "requests", rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,42 +599,110 @@ class Results:
     results: tuple[Result, ...] = ()
     failures: tuple[Fail, ...] = ()
 
+    @property
+    def rows(self) -> int:
+        return len(self.results) + len(self.failures)
+
     def halves(self) -> tuple[Results, Results]:
-        results, failures = self.results, self.failures
-        middle = (len(results) + len(failures)) // 2
-        if middle <= len(results):
-            return Results(results[:middle]), Results(results[middle:], failures)
-        cut = middle - len(results)
-        return Results(results, failures[:cut]), Results((), failures[cut:])
+        first, second = _halve(self.results, self.failures)
+        return Results(*first), Results(*second)
 
     def encode(self) -> list[Frame]:
-        specs = _SpecTable()
-        rows: list[str] = []
-        frames: list[Frame] = []
-        for result in self.results:
-            index = specs.index(result.tensors)
-            rows.append(f'["{result.job_id.hex()}",{index},{_json(dict(result.timing))}]')
-            frames.extend(result.tensors.frames)
-        failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in self.failures)
-        failures = f',"failures":[{failed}]' if self.failures else ""
-        body = f'{{"specs":[{specs.json()}],"results":[{",".join(rows)}]{failures}}}'
-        return _frames(self.COMMAND, b"", body, frames)
+        rows = ((r.job_id, r.tensors, r.timing) for r in self.results)
+        return _encode_outputs(self.COMMAND, ("results", "failures"), rows, self.failures)
 
 
-def encode_batch(message: Jobs | Results, limits: Limits = DEFAULT_LIMITS) -> list[list[Frame]]:
+@dataclass(frozen=True, slots=True)
+class Replies:
+    """Replies to REQUESTS rows of one client, sent together: results, and errors.
+
+    Laid out as RESULTS, rows ``[request id hex, spec index, timing]`` under
+    ``"replies"`` and ``[request id hex, code, message]`` under ``"errors"``
+    (which may be left out). :func:`decode` turns a reply whose tensor frames do
+    not match its specs into an error.
+    """
+
+    COMMAND: ClassVar[Command] = Command.REPLIES
+    replies: tuple[Reply, ...] = ()
+    errors: tuple[Fail, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return len(self.replies) + len(self.errors)
+
+    def halves(self) -> tuple[Replies, Replies]:
+        first, second = _halve(self.replies, self.errors)
+        return Replies(*first), Replies(*second)
+
+    def encode(self) -> list[Frame]:
+        rows = ((r.request_id, r.tensors, r.timing) for r in self.replies)
+        return _encode_outputs(self.COMMAND, ("replies", "errors"), rows, self.errors)
+
+
+B = TypeVar("B", "Jobs", "Requests", "Results", "Replies")
+
+
+def encode_batch(message: B, limits: Limits = DEFAULT_LIMITS) -> list[list[Frame]]:
     """A batch's frames, as several messages where one would break the receiver's limits
     (``max_batch`` rows, ``max_header_bytes``): halved until each part fits."""
-    rows = (
-        len(message.jobs)
-        if isinstance(message, Jobs)
-        else len(message.results) + len(message.failures)
-    )
+    return [frames for _part, frames in split_batch(message, limits)]
+
+
+def split_batch(message: B, limits: Limits = DEFAULT_LIMITS) -> list[tuple[B, list[Frame]]]:
+    """:func:`encode_batch`, with the part of the batch each message carries."""
+    rows = message.rows
     if rows <= limits.max_batch:
         frames = message.encode()
         if rows <= 1 or _nbytes(frames[1]) <= limits.max_header_bytes:
-            return [frames]
+            return [(message, frames)]
     first, second = message.halves()
-    return encode_batch(first, limits) + encode_batch(second, limits)
+    return split_batch(first, limits) + split_batch(second, limits)
+
+
+def _halve(
+    outputs: tuple[T, ...], failures: tuple[Fail, ...]
+) -> tuple[tuple[tuple[T, ...], tuple[Fail, ...]], tuple[tuple[T, ...], tuple[Fail, ...]]]:
+    """Split the rows of a RESULTS or REPLIES in two halves, outputs first."""
+    middle = (len(outputs) + len(failures)) // 2
+    if middle <= len(outputs):
+        return (outputs[:middle], ()), (outputs[middle:], failures)
+    cut = middle - len(outputs)
+    return (outputs, failures[:cut]), ((), failures[cut:])
+
+
+def _encode_inputs(
+    command: Command, key: str, rows: Iterable[tuple[bytes, str, Tensors, float | None]]
+) -> list[Frame]:
+    """JOBS or REQUESTS: a spec table (model and tensors), one row per item, its frames."""
+    specs = _SpecTable()
+    lines: list[str] = []
+    frames: list[Frame] = []
+    for ident, model, tensors, milliseconds in rows:
+        index = specs.index(tensors, model)
+        lines.append(f'["{ident.hex()}",{index},{_number(milliseconds)}]')
+        frames.extend(tensors.frames)
+    body = f'{{"specs":[{specs.json()}],"{key}":[{",".join(lines)}]}}'
+    return _frames(command, b"", body, frames)
+
+
+def _encode_outputs(
+    command: Command,
+    keys: tuple[str, str],
+    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float]]],
+    failures: tuple[Fail, ...],
+) -> list[Frame]:
+    """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures."""
+    specs = _SpecTable()
+    lines: list[str] = []
+    frames: list[Frame] = []
+    for ident, tensors, timing in rows:
+        index = specs.index(tensors)
+        lines.append(f'["{ident.hex()}",{index},{_json(dict(timing))}]')
+        frames.extend(tensors.frames)
+    failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in failures)
+    tail = f',"{keys[1]}":[{failed}]' if failures else ""
+    body = f'{{"specs":[{specs.json()}],"{keys[0]}":[{",".join(lines)}]{tail}}}'
+    return _frames(command, b"", body, frames)
 
 
 class _SpecTable:
@@ -643,7 +739,9 @@ Message: TypeAlias = (
     | Hello
     | Welcome
     | Jobs
+    | Requests
     | Results
+    | Replies
     | Heartbeat
     | Reconnect
     | Bye
@@ -772,14 +870,16 @@ def peek_id(frames: Sequence[Frame]) -> bytes:
 
 
 def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
-    """The job ids a JOBS or RESULTS message that may be malformed names, best effort.
+    """The ids a batch (JOBS, RESULTS, REQUESTS, REPLIES) that may be malformed names,
+    best effort.
 
-    A receiver that cannot decode a batch answers each job it can identify (the
-    worker FAILs them, the broker fails them), so no job waits for its deadline.
+    A receiver that cannot decode a batch answers each job or request it can
+    identify (the worker FAILs them, the broker and the client fail them), so none
+    waits for its deadline.
     """
     if len(frames) < HEADER_FRAMES or _nbytes(frames[1]) > DEFAULT_LIMITS.max_header_bytes:
         return []
-    if _peek_command(frames[0]) not in (Command.JOBS, Command.RESULTS):
+    if _peek_command(frames[0]) not in _BATCHES:
         return []
     try:
         header = json.loads(_small(frames[1]))
@@ -787,8 +887,12 @@ def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
         return []
     if not isinstance(header, dict):
         return []
-    rows = [row for key in ("jobs", "results", "failures") for row in _as_list(header.get(key))]
+    rows = [row for key in _ROW_KEYS for row in _as_list(header.get(key))]
     return [job_id for row in rows if (job_id := _peek_row_id(row)) is not None]
+
+
+_BATCHES = (Command.JOBS, Command.RESULTS, Command.REQUESTS, Command.REPLIES)
+_ROW_KEYS = ("jobs", "results", "failures", "requests", "replies", "errors")
 
 
 def _peek_command(frame: Frame) -> Command | None:
@@ -1227,6 +1331,12 @@ def _job_row(item: Any, limits: Limits) -> tuple[bytes, int, float | None]:
     return _job_id(item[0], limits), _count(item[1], limits), _budget(item[2], limits)
 
 
+def _request_row(item: Any, limits: Limits) -> tuple[bytes, int, float | None]:
+    if type(item) is not list or len(item) != 3:
+        raise ProtocolError(f"must be [request id, spec index, timeout_ms]; got {_show(item)}")
+    return _job_id(item[0], limits), _count(item[1], limits), _optional(_duration)(item[2], limits)
+
+
 def _result_row(item: Any, limits: Limits) -> tuple[bytes, int, dict[str, float]]:
     if type(item) is not list or len(item) != 3:
         raise ProtocolError(f"must be [job id, spec index, timing]; got {_show(item)}")
@@ -1243,6 +1353,10 @@ def _job_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, float | Non
     return _batch_rows(value, limits, _plain_budget, _job_row)
 
 
+def _request_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, float | None], ...]:
+    return _batch_rows(value, limits, _plain_timeout, _request_row)
+
+
 def _result_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, dict[str, float]], ...]:
     return _batch_rows(value, limits, _plain_timing, _result_row)
 
@@ -1253,7 +1367,7 @@ def _batch_rows(
     plain_third: Callable[[Any], bool],
     full_check: Callable[[Any, Limits], tuple[bytes, int, T]],
 ) -> tuple[tuple[bytes, int, T], ...]:
-    """JOBS or RESULTS rows, ``[job id hex, spec index, third]``. The usual row passes
+    """Rows of a batch, ``[id hex, spec index, third]``. The usual row passes
     one inline test (``plain_third`` for its third entry); any other row gets
     ``full_check``, which accepts it or says what is wrong and where."""
     checked = []
@@ -1275,6 +1389,11 @@ def _batch_rows(
 def _plain_budget(value: Any) -> bool:
     """A budget as senders write it (null, or a float well inside the JSON range)."""
     return value is None or (type(value) is float and -1e12 < value < 1e12)
+
+
+def _plain_timeout(value: Any) -> bool:
+    """A request's timeout as senders write it (null, or a float > 0 in range)."""
+    return value is None or (type(value) is float and 0 < value < 1e12)
 
 
 def _hex_id(value: Any) -> bytes | None:
@@ -1358,34 +1477,74 @@ def _pick(table: tuple[T, ...], indices: list[int], rows: str) -> list[T]:
     return [table[index] for index in indices]
 
 
-def _build_jobs(
-    _ident: bytes, fields: dict[str, Any], frames: Sequence[Frame], limits: Limits
-) -> Jobs:
-    rows: tuple[tuple[bytes, int, float | None], ...] = fields["jobs"]
-    picked = _pick(fields["specs"], [index for _id, index, _budget in rows], "jobs")
-    found = _batch_tensors([specs for _model, specs in picked], frames, Command.JOBS, limits)
-    jobs, rejected = [], []
-    for (job_id, _index, budget), (model, _specs), tensors in zip(rows, picked, found, strict=True):
+InputRow: TypeAlias = tuple[bytes, str, Tensors, "float | None"]
+OutputRow: TypeAlias = tuple[bytes, Tensors, dict[str, float]]
+
+
+def _inputs(
+    fields: dict[str, Any], frames: Sequence[Frame], key: str, command: Command, limits: Limits
+) -> tuple[list[InputRow], tuple[Fail, ...]]:
+    """The rows of a JOBS or REQUESTS as (id, model, tensors, milliseconds), and the rows
+    whose frames do not match their specs as failures."""
+    rows: tuple[tuple[bytes, int, float | None], ...] = fields[key]
+    picked = _pick(fields["specs"], [index for _id, index, _ms in rows], key)
+    found = _batch_tensors([specs for _model, specs in picked], frames, command, limits)
+    good: list[InputRow] = []
+    rejected = []
+    for (ident, _index, ms), (model, _specs), tensors in zip(rows, picked, found, strict=True):
         if isinstance(tensors, Tensors):
-            jobs.append(Job(job_id, model, tensors, budget))
+            good.append((ident, model, tensors, ms))
         else:
-            rejected.append(Fail.of(job_id, tensors))
-    return Jobs(tuple(jobs), tuple(rejected))
+            rejected.append(Fail.of(ident, tensors))
+    return good, tuple(rejected)
+
+
+def _outputs(
+    fields: dict[str, Any],
+    frames: Sequence[Frame],
+    keys: tuple[str, str],
+    command: Command,
+    limits: Limits,
+) -> tuple[list[OutputRow], tuple[Fail, ...]]:
+    """The rows of a RESULTS or REPLIES as (id, tensors, timing), and its failures (those
+    listed, then the rows whose frames do not match their specs)."""
+    rows: tuple[tuple[bytes, int, dict[str, float]], ...] = fields[keys[0]]
+    picked = _pick(fields["specs"], [index for _id, index, _timing in rows], keys[0])
+    found = _batch_tensors(picked, frames, command, limits)
+    good: list[OutputRow] = []
+    failures = list(fields.get(keys[1], ()))
+    for (ident, _index, timing), tensors in zip(rows, found, strict=True):
+        if isinstance(tensors, Tensors):
+            good.append((ident, tensors, timing))
+        else:
+            failures.append(Fail.of(ident, tensors))
+    return good, tuple(failures)
+
+
+def _build_jobs(_i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits) -> Jobs:
+    good, rejected = _inputs(fields, frames, "jobs", Command.JOBS, lim)
+    return Jobs(tuple(Job(*row) for row in good), rejected)
+
+
+def _build_requests(
+    _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
+) -> Requests:
+    good, rejected = _inputs(fields, frames, "requests", Command.REQUESTS, lim)
+    return Requests(tuple(Request(*row) for row in good), rejected)
 
 
 def _build_results(
-    _ident: bytes, fields: dict[str, Any], frames: Sequence[Frame], limits: Limits
+    _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
 ) -> Results:
-    rows: tuple[tuple[bytes, int, dict[str, float]], ...] = fields["results"]
-    picked = _pick(fields["specs"], [index for _id, index, _timing in rows], "results")
-    found = _batch_tensors(picked, frames, Command.RESULTS, limits)
-    results, failures = [], list(fields.get("failures", ()))
-    for (job_id, _index, timing), tensors in zip(rows, found, strict=True):
-        if isinstance(tensors, Tensors):
-            results.append(Result(job_id, tensors, timing))
-        else:
-            failures.append(Fail.of(job_id, tensors))
-    return Results(tuple(results), tuple(failures))
+    good, failures = _outputs(fields, frames, ("results", "failures"), Command.RESULTS, lim)
+    return Results(tuple(Result(*row) for row in good), failures)
+
+
+def _build_replies(
+    _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
+) -> Replies:
+    good, errors = _outputs(fields, frames, ("replies", "errors"), Command.REPLIES, lim)
+    return Replies(tuple(Reply(*row) for row in good), errors)
 
 
 _TENSORS = _Field(_memo(_tensor_specs))
@@ -1502,6 +1661,22 @@ _KINDS: dict[Command, _Kind] = {
             "failures": _Field(_rows(_failure_row), required=False),
         },
         _build_results,
+        tensors=_BATCH,
+    ),
+    Command.REQUESTS: _Kind(
+        Command.REQUESTS,
+        {"specs": _Field(_memo(_rows(_job_spec))), "requests": _Field(_request_rows)},
+        _build_requests,
+        tensors=_BATCH,
+    ),
+    Command.REPLIES: _Kind(
+        Command.REPLIES,
+        {
+            "specs": _Field(_memo(_rows(_tensor_specs))),
+            "replies": _Field(_result_rows),
+            "errors": _Field(_rows(_failure_row), required=False),
+        },
+        _build_replies,
         tensors=_BATCH,
     ),
     Command.HEARTBEAT: _Kind(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,20 @@ ROUND_TRIPS: list[p.Message] = [
         ),
         (p.Fail(b"\x04", "DEADLINE_EXCEEDED", "late"), p.Fail(b"\x05", "OVERLOADED", "full")),
     ),
+    p.Requests(
+        (
+            p.Request(b"r1", "add", tensors(a=np.ones((2, 3), np.float32)), timeout_ms=250.0),
+            p.Request(b"r2", "add", tensors(a=np.zeros((1, 3), np.float32))),
+            p.Request(b"r3", "m", tensors(b=np.arange(3)), 0.5),
+        )
+    ),
+    p.Replies(
+        (
+            p.Reply(b"r1", tensors(y=np.arange(6.0).reshape(2, 3)), {"broker_queue_us": 12.0}),
+            p.Reply(b"r3", tensors(), {}),
+        ),
+        (p.Fail(b"r2", "OVERLOADED", "full"),),
+    ),
     p.Heartbeat(in_flight=3),
     p.Heartbeat(in_flight=0, credit=0),
     p.Heartbeat(),
@@ -75,7 +90,7 @@ ROUND_TRIPS: list[p.Message] = [
 
 def _same(a: Any, b: Any) -> bool:
     """Equal messages, comparing tensors by their specs and values (frames differ in type)."""
-    if isinstance(a, p.Jobs | p.Results):
+    if isinstance(a, p.Jobs | p.Results | p.Requests | p.Replies):
         items_a, items_b = _items(a), _items(b)
         return len(items_a) == len(items_b) and all(map(_same, items_a, items_b))
     tensors_a = getattr(a, "tensors", None)
@@ -91,9 +106,13 @@ def _same(a: Any, b: Any) -> bool:
     return same_arrays and tensors_a.specs == b.tensors.specs and same_others
 
 
-def _items(batch: p.Jobs | p.Results) -> list[Any]:
+def _items(batch: p.Jobs | p.Results | p.Requests | p.Replies) -> list[Any]:
     if isinstance(batch, p.Jobs):
         return [*batch.jobs, *batch.rejected]
+    if isinstance(batch, p.Requests):
+        return [*batch.requests, *batch.rejected]
+    if isinstance(batch, p.Replies):
+        return [*batch.replies, *batch.errors]
     return [*batch.results, *batch.failures]
 
 
@@ -193,6 +212,7 @@ LIMITS = p.Limits(
 
 SPEC_X = {"name": "x", "dtype": "float32", "shape": [2]}
 JOBS, RESULTS = 0x12, 0x13
+REQUESTS, REPLIES = 0x08, 0x09
 
 
 def jobs(*rows: Any, specs: Any = None) -> dict[str, Any]:
@@ -429,6 +449,49 @@ def test_peek_ids_names_the_jobs_of_a_batch_that_cannot_be_decoded() -> None:
     assert p.peek_ids(frames_with(b"{not json", cmd=JOBS)) == []
     assert p.peek_ids(frames_with(header, cmd=0x01)) == []  # not a batch
     assert p.peek_ids([b"IPUS\x02\x12"]) == []
+
+
+def test_peek_ids_names_the_requests_of_a_client_batch_that_cannot_be_decoded() -> None:
+    header = {"specs": [], "requests": [["01", 0, None], "junk", ["0a", 3, 1.0]]}
+    assert p.peek_ids(frames_with(header, cmd=REQUESTS)) == [b"\x01", b"\x0a"]
+    replied = {"specs": [], "replies": [["02", 0, {}]], "errors": [["03", "X", "y"]]}
+    assert p.peek_ids(frames_with(replied, cmd=REPLIES)) == [b"\x02", b"\x03"]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([["01", 0, 0.0]], "must be > 0"),  # a request's timeout is never spent already
+        ([["01", 0, -5.0]], "must be > 0"),
+        ([["01", 0]], "must be [request id, spec index, timeout_ms]"),
+        ([["xy", 0, None]], "not a hex job id"),
+        ([["01", 1, None]], "names spec 1"),
+    ],
+)
+def test_bad_requests_rows_are_refused_with_where(rows: list[Any], message: str) -> None:
+    header = {"specs": [{"model": "m", "tensors": [SPEC_X]}], "requests": rows}
+    with pytest.raises(ProtocolError, match=re.escape(message)):
+        p.decode(frames_with(header, F8, cmd=REQUESTS), LIMITS)
+
+
+def test_a_request_of_a_batch_whose_frames_do_not_match_is_rejected_alone() -> None:
+    good = tensors(x=np.zeros(2, np.float32))
+    batch = p.Requests((p.Request(b"a", "m", good, 5.0), p.Request(b"b", "m", good)))
+    frames = batch.encode()
+    frames[3] = b"\0" * 3
+    decoded = p.decode(frames)
+    assert isinstance(decoded, p.Requests)
+    assert [(r.request_id, r.timeout_ms) for r in decoded.requests] == [(b"a", 5.0)]
+    assert [(f.job_id, f.code) for f in decoded.rejected] == [(b"b", "INVALID_INPUT")]
+
+
+def test_a_client_batch_too_big_for_the_broker_is_split() -> None:
+    x = tensors(x=np.zeros(2, np.float32))
+    batch = p.Requests(tuple(p.Request(bytes([i]) * 20, "m", x, 1.5) for i in range(9)))
+    parts = [p.decode(frames, LIMITS) for frames in p.encode_batch(batch, LIMITS)]
+    assert len(parts) > 2
+    got = [r.request_id for part in parts for r in part.requests]  # type: ignore[union-attr]
+    assert got == [r.request_id for r in batch.requests]
 
 
 def test_a_job_whose_frames_do_not_match_is_rejected_alone() -> None:

@@ -365,3 +365,51 @@ def test_stopping_the_broker_answers_what_it_holds_unavailable(
         broker.stop()
         codes = {client.recv().code, client.recv().code}  # type: ignore[union-attr]
     assert codes == {"UNAVAILABLE"}
+
+
+def test_a_batch_of_requests_is_served_row_by_row_and_answered_in_one_replies(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=3)
+    given = [add_inputs(rows, seed=rows) for rows in (1, 2, 3)]
+    wrong = {"x": np.zeros((1, 5), np.float32), "y": np.zeros((1, 5), np.float32)}
+    batch = [
+        wire.Request(b"b%d" % i, "add", wire.Tensors.of(g), 5_000.0) for i, g in enumerate(given)
+    ]
+    batch.insert(1, wire.Request(b"bad", "add", wire.Tensors.of(wrong)))
+    batch.append(wire.Request(b"who", "no-such-model", wire.Tensors.of(given[0])))
+    client.send(wire.Requests(tuple(batch)))
+    refused = {}
+    for _ in range(2):  # the rows the broker refuses are answered at once, each on its own
+        error = client.recv()
+        assert isinstance(error, wire.ErrorReply)
+        refused[error.request_id] = error.code
+    assert refused == {b"bad": "INVALID_INPUT", b"who": "UNKNOWN_MODEL"}
+    jobs = [worker.job() for _ in given]  # the others reach the worker, in order
+    assert [job.budget_ms is not None and job.budget_ms <= 5_000 for job in jobs] == [True] * 3
+    worker.answer(*jobs)  # one RESULTS: their replies leave in one turn, together
+    replies = client.recv()
+    assert isinstance(replies, wire.Replies) and replies.errors == ()
+    assert [reply.request_id for reply in replies.replies] == [b"b0", b"b1", b"b2"]
+    for reply, inputs in zip(replies.replies, given, strict=True):
+        assert_add_reply(reply, inputs)
+        assert set(reply.timing) == {"device_us", "broker_queue_us"}
+
+
+def test_a_batch_whose_frames_do_not_match_fails_only_those_rows(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers)
+    batch = wire.Requests(
+        tuple(wire.Request(b"r%d" % i, "add", wire.Tensors.of(INPUTS)) for i in range(2))
+    )
+    frames = batch.encode()
+    frames[2] = b"\0" * 3  # the first row's first tensor
+    client.send_frames(frames)
+    error = client.recv()
+    assert isinstance(error, wire.ErrorReply) and error.request_id == b"r0"
+    assert error.code == "INVALID_INPUT" and "bytes" in error.message
+    worker.answer(worker.job())
+    reply = client.recv()  # a lone reply to a batched request: a plain REPLY
+    assert isinstance(reply, wire.Reply) and reply.request_id == b"r1"
+    assert_add_reply(reply, INPUTS)

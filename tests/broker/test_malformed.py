@@ -38,6 +38,15 @@ def request(header: dict[str, Any] | bytes, *tensors: bytes, rid: bytes = b"bad"
     return [wire.envelope(REQ, rid), raw, *tensors]
 
 
+ADD_SPEC = {"model": "add", "tensors": [F32, Y32]}
+
+
+def batch(header: dict[str, Any], hex_of: bytes, *tensors: bytes) -> list[bytes]:
+    """A REQUESTS message; ``hex_of`` stands for the hex id in its rows (b"bad" here)."""
+    raw = json.dumps(header).replace('"bad"', f'"{hex_of.hex()}"').encode()
+    return [wire.envelope(wire.Command.REQUESTS), raw, *tensors]
+
+
 def spec(**changes: Any) -> dict[str, Any]:
     return {**F32, **changes}
 
@@ -121,6 +130,27 @@ CASES: list[tuple[str, list[bytes], str] | tuple[str, list[bytes], str, bytes]] 
             bytes(72),
             bytes(72),
         ),
+        "INVALID_INPUT",
+    ),
+    # REQUESTS: a bad batch is answered for each request it names that can be read
+    (
+        "batch row not a list",
+        batch({"specs": [ADD_SPEC], "requests": [["bad", 0, None], "junk"]}, b"bad"),
+        "BAD_MESSAGE",
+    ),
+    (
+        "batch row names no spec",
+        batch({"specs": [ADD_SPEC], "requests": [["bad", 3, None]]}, b"bad"),
+        "BAD_MESSAGE",
+    ),
+    (
+        "batch zero timeout",
+        batch({"specs": [ADD_SPEC], "requests": [["bad", 0, 0.0]]}, b"bad", ROWS, ROWS),
+        "BAD_MESSAGE",
+    ),
+    (
+        "batch frame short",
+        batch({"specs": [ADD_SPEC], "requests": [["bad", 0, None]]}, b"bad", ROWS, bytes(8)),
         "INVALID_INPUT",
     ),
 ]

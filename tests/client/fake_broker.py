@@ -2,14 +2,17 @@
 
 It runs on its own thread, answers PING with its epoch, MODELS with a fixed list,
 and hands every REQUEST to a ``handler`` that returns the reply message (or None
-to stay silent). Tests use it where the real broker cannot be steered: a restart
-that loses requests, duplicate replies, malformed frames, every error code.
+to stay silent); the requests of a REQUESTS batch go to the handler one by one,
+and their replies out one by one (which a batching client must accept). Tests use
+it where the real broker cannot be steered: a restart that loses requests, duplicate
+replies, malformed frames, every error code.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +53,9 @@ class FakeBroker:
         self.epoch = uuid.uuid4().hex
         self.requests: list[wire.Request] = []
         self.pings = 0
+        self.batches = 0  # REQUESTS messages received
+        self._outbox: deque[list[wire.Frame]] = deque()  # send_raw's, for the last client
+        self._peer = b""
         self.duplicate_replies = 1  # how many times each reply is sent
         self.silent = False  # swallow everything, pings included (a hung broker)
         self._stop = threading.Event()
@@ -75,6 +81,10 @@ class FakeBroker:
         self.epoch = uuid.uuid4().hex
         self.start()
 
+    def send_raw(self, frames: list[wire.Frame]) -> None:
+        """Send ``frames`` to the last client heard from, from the broker's own thread."""
+        self._outbox.append(frames)
+
     def _bind(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
         sock: zmq.Socket[Any] = context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -99,7 +109,10 @@ class FakeBroker:
             while not self._stop.is_set():
                 if sock.poll(20):
                     frames = sock.recv_multipart(copy=False)
-                    self._answer(sock, frames[0].bytes, frames[1:])
+                    self._peer = frames[0].bytes
+                    self._answer(sock, self._peer, frames[1:])
+                while self._outbox:
+                    self._send(sock, self._peer, self._outbox.popleft())
         finally:
             sock.close(linger=0)
             context.term()
@@ -110,12 +123,19 @@ class FakeBroker:
         except IpuserveError as exc:
             self._send(sock, peer, wire.error_frames(wire.peek_id(frames), exc))
             return
-        reply = self._reply_to(message)
-        if reply is None or self.silent:
-            return
-        out = reply if isinstance(reply, list) else reply.encode()
-        for _ in range(self.duplicate_replies):
-            self._send(sock, peer, out)
+        if isinstance(message, wire.Requests):
+            self.batches += 1
+            for failed in message.rejected:
+                self._send(sock, peer, wire.error_frames(failed.job_id, failed.exception()))
+            replies = [self._reply_to(request) for request in message.requests]
+        else:
+            replies = [self._reply_to(message)]
+        for reply in replies:
+            if reply is None or self.silent:
+                continue
+            out = reply if isinstance(reply, list) else reply.encode()
+            for _ in range(self.duplicate_replies):
+                self._send(sock, peer, out)
 
     def _reply_to(self, message: wire.Message) -> list[wire.Frame] | wire.Message | None:
         if isinstance(message, wire.Ping):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -14,6 +15,7 @@ from ipuserve import errors
 from ipuserve import protocol as wire
 from ipuserve.client.client import Client
 from ipuserve.client.io_loop import ClientConfig
+from ipuserve.client.pending import InferFuture
 from tests.client.fake_broker import ADD, FakeBroker, add_handler, inputs
 
 FAST = ClientConfig(ping_interval_s=0.05, liveness_s=0.3)
@@ -104,6 +106,26 @@ def test_many_threads_share_one_client(client: Client) -> None:
         t.join()
     assert failures == []
     assert client.stats.replies == 8 * 40
+
+
+def test_requests_made_in_one_turn_leave_together_and_are_answered_one_by_one(
+    client: Client, broker: FakeBroker
+) -> None:
+    gate = gated(broker)
+    given = [inputs(100 + i) for i in range(10)]
+    fanned_out: Future[list[InferFuture]] = Future()
+
+    def fan_out(_first: Future[Any]) -> None:  # on the I/O thread: all in one turn
+        fanned_out.set_result([client.infer_async("add", g) for g in given])
+
+    first = client.infer_async("add", inputs(99))
+    first.add_done_callback(fan_out)
+    gate.set()
+    for future, g in zip(fanned_out.result(10), given, strict=True):
+        np.testing.assert_array_equal(future.result(10)["y"], expected(g))
+    assert (broker.batches, client.stats.batched) == (1, 10)  # one REQUESTS of ten
+    sent = [f.request_id for f in fanned_out.result()]
+    assert [r.request_id for r in broker.requests[1:]] == sent  # in the order they were made
 
 
 def gated(broker: FakeBroker) -> threading.Event:
@@ -205,6 +227,35 @@ def test_a_malformed_reply_fails_its_request_with_protocol_error(broker: FakeBro
     with Client(broker.address, timeout=10, config=FAST) as client:
         with pytest.raises(errors.ProtocolError, match="JSON"):
             client.infer("add", inputs())
+        assert client.stats.malformed == 1
+
+
+def test_replies_batched_by_the_broker_answer_each_request(broker: FakeBroker) -> None:
+    """REPLIES: results and errors for several requests in one message; a malformed one
+    fails every request whose id it names."""
+    parked: list[wire.Request] = []
+    broker.handler = parked.append  # answered below, three at a time
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        given = [inputs(200 + i) for i in range(4)]
+        futures = [client.infer_async("add", g) for g in given]
+        client.models()  # the broker holds all four once this is answered
+        replies = []
+        for request in parked[:2]:
+            reply = add_handler(request)
+            assert isinstance(reply, wire.Reply)
+            replies.append(reply)
+        failed = wire.Fail(parked[2].request_id, "OVERLOADED", "too busy")
+        broker.send_raw(wire.Replies(tuple(replies), (failed,)).encode())
+        for future, g in zip(futures[:2], given[:2], strict=True):
+            np.testing.assert_array_equal(future.result(10)["y"], expected(g))
+        with pytest.raises(errors.OverloadedError, match="too busy"):
+            futures[2].result(10)
+        row = [parked[3].request_id.hex(), 7, {}]  # names a spec the header does not list
+        header = json.dumps({"specs": [], "replies": [row]}).encode()
+        broken = [wire.envelope(wire.Command.REPLIES), header]
+        broker.send_raw(broken)
+        with pytest.raises(errors.ProtocolError, match="names spec 7"):
+            futures[3].result(10)
         assert client.stats.malformed == 1
 
 
