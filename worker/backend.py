@@ -1,7 +1,8 @@
 """The seam between a worker's socket loop and whatever computes the results.
 
 The socket thread (:mod:`ipuserve.worker.node`) validates each job against the
-:class:`ModelSpec` the backend described, then calls :meth:`Backend.submit`. The
+:class:`ModelSpec` the backend described, then calls :meth:`Backend.submit_all`
+with the jobs it may start now (a backend may run several as one). The
 backend runs the job on its own thread(s) and calls ``done(job, outcome)`` from
 there exactly once per submitted job, with a :class:`Result` or an
 :class:`~ipuserve.errors.IpuserveError` (never another exception type). ``done`` is
@@ -23,7 +24,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,6 +47,7 @@ __all__ = [
     "Job",
     "Mailbox",
     "ModelSpec",
+    "Refused",
     "Result",
     "TensorSpec",
 ]
@@ -86,13 +88,31 @@ class Backend(Protocol):
         """How many jobs it can usefully hold at once: the worker's default credit."""
         ...
 
-    def submit(self, job: Job, done: Done) -> None:
-        """Start ``job``; may raise IpuserveError at once for a job it refuses."""
+    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+        """Start ``jobs``; returns those it refuses at once, with why (``done`` is never
+        called for them)."""
         ...
 
     def close(self) -> None:
         """Stop; every job submitted and not yet done is answered (with an error if need be)."""
         ...
+
+
+Refused = tuple[Job, IpuserveError]
+
+
+def submit_each(
+    submit: Callable[[Job, Done], None], jobs: Sequence[Job], done: Done
+) -> list[Refused]:
+    """``submit_all`` for a backend that starts jobs one at a time: ``submit`` raises
+    IpuserveError for a job it refuses."""
+    refused = []
+    for job in jobs:
+        try:
+            submit(job, done)
+        except IpuserveError as exc:
+            refused.append((job, exc))
+    return refused
 
 
 ModelFn = Callable[[Mapping[str, Array]], Mapping[str, Any]]
@@ -132,6 +152,9 @@ class FunctionBackend:
 
     def capacity(self) -> int:
         return self._capacity
+
+    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+        return submit_each(self.submit, jobs, done)
 
     def submit(self, job: Job, done: Done) -> None:
         if self._closed:

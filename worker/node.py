@@ -334,10 +334,13 @@ class WorkerNode:
         return Held(job, self._epoch, now)
 
     def _submit_waiting(self) -> None:
-        """Hand waiting jobs to the backend while fewer than credit run."""
+        """Hand waiting jobs to the backend while fewer than credit run: all that may
+        start now in one call, so the backend can run them together."""
+        starting: list[Job] = []
+        now = time.monotonic()
         while self._waiting and self._running < self._credit:
             held = self._waiting.popleft()
-            if held.job.expired():
+            if held.job.expired(now):
                 self._jobs.pop(held.job.job_id, None)
                 self._failures.append(
                     wire.Fail.of(
@@ -346,14 +349,15 @@ class WorkerNode:
                     )
                 )
                 continue
-            held.submitted = time.monotonic()
+            held.submitted = now
             self._running += 1
-            try:
-                self._backend.submit(held.job, self._mailbox.put)
-            except IpuserveError as exc:
-                self._running -= 1
-                self._jobs.pop(held.job.job_id, None)
-                self._failures.append(wire.Fail.of(held.job.job_id, exc))
+            starting.append(held.job)
+        if not starting:
+            return
+        for job, error in self._backend.submit_all(starting, self._mailbox.put):
+            self._running -= 1
+            self._jobs.pop(job.job_id, None)
+            self._failures.append(wire.Fail.of(job.job_id, error))
 
     def _deliver(self) -> None:
         for job, outcome in self._finish(self._mailbox.take()):

@@ -10,8 +10,16 @@ at once) -- and only when a request is actually waiting
 
 Jobs go to the replica with the fewest samples outstanding. ``executeAsync``
 blocks when a replica's queues are full, which would stall the worker's socket
-thread; so the backend never holds more jobs on a replica than its queues have
+thread; so the backend never holds more requests on a replica than its queues have
 slots for, and announces that sum as its capacity (the broker's credit).
+
+Small jobs that start together (the socket thread hands over every job a JOBS
+message let it start) become one runtime request: their inputs concatenated along
+the batching dimension, their outputs split back as views. Per request the runtime
+costs far more than copying a few KiB (queue entries, a future, callbacks, the
+device loop's per-request work): measured on the ``noop`` model, 45 us of CPU per
+one-sample request against 16 per sample in 16-sample requests. Each job keeps its
+own outcome; a request the runtime fails fails each of its jobs.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -40,7 +48,7 @@ from ipuserve.protocol import ModelSpec, TensorSpec
 from ipuserve.runtime import ModelRunner, ModelRunnerConfig, OutputFuture
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
-from ipuserve.worker.backend import Done, Job, Result
+from ipuserve.worker.backend import Done, Job, Refused, Result
 from ipuserve.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,11 @@ log = logging.getLogger(__name__)
 #: Jobs a replica's queues should be able to hold at least, however small the
 #: compiled batch: enough in flight to hide the broker round trip.
 MIN_SLOTS_PER_REPLICA = 64
+#: Jobs with at most this many bytes of inputs are merged when they start together;
+#: bigger ones gain nothing from it and would cost a copy.
+MERGE_MAX_JOB_BYTES = 64 << 10
+#: A merged request holds at most this many samples.
+MERGE_MAX_SAMPLES = 256
 
 
 class RunnerBackend:
@@ -87,6 +100,10 @@ class RunnerBackend:
             batch_size=batch,
             batching_dim=self._batching_dim,
         )
+        #: jobs can be merged when every tensor has the batching dimension to join on
+        self._mergeable = all(
+            len(t.shape) > self._batching_dim for t in (*self._spec.inputs, *self._spec.outputs)
+        )
         self.metrics = WorkerMetrics(self._spec.name)
         self.metrics.watch(self._runner)
         log.info(
@@ -111,16 +128,72 @@ class RunnerBackend:
     def submit(self, job: Job, done: Done) -> None:
         if job.model != self._spec.name:
             raise UnknownModelError(f"this worker serves {self._spec.name!r}, not {job.model!r}")
-        samples = _samples(job, self._batching_dim)
-        replica = self._claim(samples)
+        self._execute([job], [_samples(job, self._batching_dim)], dict(job.inputs), done)
+
+    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+        refused: list[Refused] = []
+        for group in self._groups(jobs):
+            try:
+                if len(group) == 1:
+                    self.submit(group[0], done)
+                else:
+                    self._submit_merged(group, done)
+            except IpuserveError as exc:
+                refused += [(job, exc) for job in group]
+        return refused
+
+    def _groups(self, jobs: Sequence[Job]) -> Iterator[list[Job]]:
+        """Runs of small jobs of this model (at most MERGE_MAX_SAMPLES samples each);
+        any other job alone."""
+        group: list[Job] = []
+        samples = 0
+        for job in jobs:
+            n = _samples(job, self._batching_dim)
+            if not self._merges(job):
+                if group:
+                    yield group
+                    group, samples = [], 0
+                yield [job]
+                continue
+            if group and samples + n > MERGE_MAX_SAMPLES:
+                yield group
+                group, samples = [], 0
+            group.append(job)
+            samples += n
+        if group:
+            yield group
+
+    def _merges(self, job: Job) -> bool:
+        return (
+            self._mergeable
+            and job.model == self._spec.name
+            and sum(array.nbytes for array in job.inputs.values()) <= MERGE_MAX_JOB_BYTES
+        )
+
+    def _submit_merged(self, jobs: list[Job], done: Done) -> None:
+        dim = self._batching_dim
+        names = list(jobs[0].inputs)
+        try:
+            inputs = {n: np.concatenate([job.inputs[n] for job in jobs], axis=dim) for n in names}
+        except (KeyError, ValueError) as exc:  # validated against one spec: cannot happen
+            raise InvalidInputError(f"jobs of one batch do not fit together: {exc}") from exc
+        self._execute(jobs, [_samples(job, dim) for job in jobs], inputs, done)
+
+    def _execute(
+        self, jobs: list[Job], samples: list[int], inputs: dict[str, np.ndarray], done: Done
+    ) -> None:
+        """One runtime request for ``jobs`` (their inputs joined already)."""
+        total = sum(samples)
+        replica = self._claim(total)
         started = time.perf_counter()
         try:
-            future = self._runner.executeAsync(dict(job.inputs), replica_id=replica)
+            future = self._runner.executeAsync(inputs, replica_id=replica)
         except BaseException as error:
-            self._release(replica, samples)
+            self._release(replica, total)
             raise _wire_error(error) from error
-        self.metrics.submitted()
-        future.add_done_callback(lambda f: self._finished(job, done, f, replica, samples, started))
+        for _job in jobs:
+            self.metrics.submitted()
+        future.add_done_callback(lambda f: self._finished(jobs, samples, done, f, replica, started))
 
     def close(self) -> None:
         self._runner.close()
@@ -144,22 +217,31 @@ class RunnerBackend:
             self._samples[replica] -= samples
 
     def _finished(
-        self, job: Job, done: Done, future: OutputFuture, replica: int, samples: int, started: float
+        self,
+        jobs: list[Job],
+        samples: list[int],
+        done: Done,
+        future: OutputFuture,
+        replica: int,
+        started: float,
     ) -> None:
-        self._release(replica, samples)
+        self._release(replica, sum(samples))
         seconds = time.perf_counter() - started
         error = future.exception()
         if error is not None:
             wire_error = _wire_error(error)
-            self.metrics.finished(wire_error.code, seconds)
-            done(job, wire_error)
+            for job in jobs:
+                self.metrics.finished(wire_error.code, seconds)
+                done(job, wire_error)
             return
         outputs = {name: np.asarray(array) for name, array in future.result().items()}
         timing = _timing(future, started)
-        self.metrics.finished(
-            "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
-        )
-        done(job, Result(outputs, timing))
+        parts = _split(outputs, samples, self._batching_dim) if len(jobs) > 1 else [outputs]
+        for job, part in zip(jobs, parts, strict=True):
+            self.metrics.finished(
+                "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
+            )
+            done(job, Result(part, timing))
 
 
 def _spec(desc: DataDesc) -> TensorSpec:
@@ -171,6 +253,15 @@ def _samples(job: Job, batching_dim: int) -> int:
         if array.ndim > batching_dim:
             return int(array.shape[batching_dim])
     return 1
+
+
+def _split(
+    outputs: dict[str, np.ndarray], samples: list[int], dim: int
+) -> list[dict[str, np.ndarray]]:
+    """A merged request's outputs, job by job: views along the batching dimension."""
+    cuts = np.cumsum(samples)[:-1]
+    pieces = {name: np.split(array, cuts, axis=dim) for name, array in outputs.items()}
+    return [{name: pieces[name][i] for name in outputs} for i in range(len(samples))]
 
 
 def _timing(future: OutputFuture, started: float) -> dict[str, float]:

@@ -1,0 +1,124 @@
+"""RunnerBackend in-process: small jobs that start together share one runtime request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve.errors import IpuserveError
+from ipuserve.runtime.popef import examples
+from ipuserve.worker import runner_backend
+from ipuserve.worker.backend import Job, Result
+from ipuserve.worker.runner_backend import RunnerBackend
+from tests.helpers import write_example
+
+Array = np.ndarray[Any, Any]
+
+
+class Outcomes:
+    """``done`` for the backend: collects each job's outcome; :meth:`wait` for all."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.got: dict[bytes, Result | IpuserveError] = {}
+        self._lock = threading.Lock()
+        self._all = threading.Event()
+
+    def __call__(self, job: Job, outcome: Result | IpuserveError) -> None:
+        with self._lock:
+            assert job.job_id not in self.got, "answered twice"
+            self.got[job.job_id] = outcome
+            if len(self.got) == self.expected:
+                self._all.set()
+
+    def wait(self) -> dict[bytes, Result | IpuserveError]:
+        assert self._all.wait(30), f"{len(self.got)} of {self.expected} jobs answered"
+        return self.got
+
+
+@pytest.fixture(params=[0, 1], ids=["batch-dim-0", "batch-dim-1"])
+def simple(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[RunnerBackend, int]]:
+    dim = int(request.param)
+    path = write_example(
+        tmp_path / "simple.popef", "simple", "--batch-size", "4", "--batch-dim", str(dim)
+    )
+    backend = RunnerBackend([path], batching_dim=dim)
+    yield backend, dim
+    backend.close()
+
+
+def jobs_of(rows: list[int], dim: int, seed: int = 0) -> list[Job]:
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i, n in enumerate(rows):
+        shape = (n, 4) if dim == 0 else (4, n)
+        inputs = {
+            name: rng.standard_normal(shape).astype(np.float32) for name in ("tensor_A", "tensor_B")
+        }
+        jobs.append(Job(b"job%d" % i, "simple", inputs))
+    return jobs
+
+
+def check_against_reference(backend: RunnerBackend, jobs: list[Job], dim: int) -> None:
+    done = Outcomes(len(jobs))
+    assert backend.submit_all(jobs, done) == []
+    got = done.wait()
+    data = examples.tensor_arrays(backend.runner.model)
+    for job in jobs:
+        outcome = got[job.job_id]
+        assert isinstance(outcome, Result), outcome
+        want = examples.reference("simple", job.inputs, data, batch_dim=dim)["output"]
+        assert outcome.outputs["output"].shape == want.shape
+        np.testing.assert_allclose(outcome.outputs["output"], want, rtol=1e-5, atol=1e-6)
+
+
+def runtime_requests(backend: RunnerBackend) -> int:
+    counts = backend.runner.getMonitoringStatisticsTotalCount({}, replica_id=0)
+    return int(counts["request_monitoring_statistics_count"])
+
+
+def test_jobs_that_start_together_run_as_one_request_and_each_gets_its_rows(
+    simple: tuple[RunnerBackend, int],
+) -> None:
+    backend, dim = simple
+    jobs = jobs_of([1, 2, 3, 1, 4, 2], dim)
+    check_against_reference(backend, jobs, dim)
+    assert runtime_requests(backend) == 1
+
+
+def test_a_job_too_big_to_merge_runs_alone_between_merged_runs(
+    simple: tuple[RunnerBackend, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, dim = simple
+    monkeypatch.setattr(runner_backend, "MERGE_MAX_JOB_BYTES", 2 * 2 * 4 * 4)  # 2 rows each
+    jobs = jobs_of([1, 2, 5, 2, 1], dim, seed=1)  # [1, 2] [5] [2, 1]
+    check_against_reference(backend, jobs, dim)
+    assert runtime_requests(backend) == 3
+
+
+def test_merged_requests_are_capped_in_samples(
+    simple: tuple[RunnerBackend, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, dim = simple
+    monkeypatch.setattr(runner_backend, "MERGE_MAX_SAMPLES", 4)
+    jobs = jobs_of([3, 1, 2, 2, 3], dim, seed=2)  # [3, 1] [2, 2] [3]
+    check_against_reference(backend, jobs, dim)
+    assert runtime_requests(backend) == 3
+
+
+def test_a_closed_backend_refuses_every_job_of_a_merged_request(
+    simple: tuple[RunnerBackend, int],
+) -> None:
+    backend, dim = simple
+    backend.close()
+    jobs = jobs_of([1, 1, 2], dim)
+    done = Outcomes(len(jobs))
+    refused = backend.submit_all(jobs, done)
+    assert [job.job_id for job, _error in refused] == [job.job_id for job in jobs]
+    assert {error.code for _job, error in refused} == {"UNAVAILABLE"}
+    assert done.got == {}  # refused at once: never answered through done
