@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 #: Messages read from one socket per turn before the other socket and the timers get theirs.
 BATCH = 256
+#: Jobs and replies that leave at once, before the turn ends: the next stage (a worker,
+#: a client) starts on them while the broker reads on. Small enough to keep the
+#: fabric's stages working at the same time, big enough to keep messages few.
+FLUSH_ROWS = 16
 #: How soon to retry replies waiting for a client whose pipe was full.
 BACKLOG_RETRY_S = 0.002
 
@@ -148,6 +152,8 @@ class Broker:
         they placed: one JOBS message per worker for all of them."""
         handle(wire.recv(sock))
         for _ in range(BATCH - 1):
+            if self.scheduler.unsent >= FLUSH_ROWS:
+                self.scheduler.flush()
             if not wire.readable(sock):
                 break
             handle(wire.recv(sock))

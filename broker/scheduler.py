@@ -92,6 +92,11 @@ class Scheduler:
             batch.append(job)
         self.metrics.queue_seconds.observe(now - job.received)
 
+    @property
+    def unsent(self) -> int:
+        """Jobs and replies waiting for :meth:`flush`."""
+        return sum(map(len, self._outgoing.values())) + sum(map(len, self._replies.values()))
+
     def flush(self) -> None:
         """Send every worker the jobs placed on it since the last flush, as JOBS messages,
         and every batching client its replies since then, as REPLIES.

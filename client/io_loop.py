@@ -67,6 +67,9 @@ class ClientConfig:
     recv_batch: int = 256
     #: requests with bigger payloads are never batched (they gain nothing from it)
     batch_payload_bytes: int = 64 << 10
+    #: a batch leaves once it holds this many requests, without waiting for the turn
+    #: to end: the next stage starts on it while this one prepares the rest
+    batch_requests: int = 16
     routing_id: bytes | None = None
 
     def __post_init__(self) -> None:
@@ -193,6 +196,8 @@ class IoLoop:
             heapq.heappush(self._deadlines, entry)
         self._outgoing.append(pending)
         self.stats.sent += 1
+        if len(self._outgoing) >= self.config.batch_requests:
+            self._flush_outgoing()
 
     def _flush_outgoing(self) -> None:
         """Send what this turn handed over, in order: runs of small requests together."""

@@ -128,6 +128,22 @@ def test_requests_made_in_one_turn_leave_together_and_are_answered_one_by_one(
     assert [r.request_id for r in broker.requests[1:]] == sent  # in the order they were made
 
 
+def test_a_batch_leaves_once_it_holds_batch_requests(broker: FakeBroker) -> None:
+    gate = gated(broker)
+    config = ClientConfig(batch_requests=8)
+    with Client(broker.address, timeout=10, config=config) as client:
+        given = [inputs(300 + i) for i in range(20)]
+        fanned_out: Future[list[InferFuture]] = Future()
+        first = client.infer_async("add", inputs(299))
+        first.add_done_callback(
+            lambda _f: fanned_out.set_result([client.infer_async("add", g) for g in given])
+        )
+        gate.set()
+        for future, g in zip(fanned_out.result(10), given, strict=True):
+            np.testing.assert_array_equal(future.result(10)["y"], expected(g))
+        assert (broker.batches, client.stats.batched) == (3, 20)  # 8, 8, then 4 at the turn's end
+
+
 def gated(broker: FakeBroker) -> threading.Event:
     """Hold the first reply until the event is set: its callback is attached by then."""
     gate = threading.Event()
