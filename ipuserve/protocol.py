@@ -268,8 +268,26 @@ def _view(spec: TensorSpec, frame: Frame) -> np.ndarray[Any, Any]:
     return array
 
 
+#: (id(model), id(given)) -> (model, given) for input specs that passed: decoding hands
+#: out one tuple per distinct spec list (see _memo), so a client's requests repeat it
+#: and the broker and worker check each (model, spec list) pair once, not per request.
+_PASSED: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+_PASSED_SIZE = 1024
+
+
 def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     """Raise InvalidInputError unless ``given`` matches the model's input specs."""
+    key = (id(model), id(given))
+    passed = _PASSED.get(key)
+    if passed is not None and passed[0] is model and passed[1] is given:
+        return  # the very same objects passed before (identity rules out a reused id)
+    _check_inputs(model, given)
+    if len(_PASSED) >= _PASSED_SIZE:
+        _PASSED.clear()
+    _PASSED[key] = (model, given)
+
+
+def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     expected = {spec.name: spec for spec in model.inputs}
     names = [spec.name for spec in given]
     missing = [name for name in expected if name not in names]

@@ -582,3 +582,15 @@ def test_check_inputs_says_what_is_wrong(
     with pytest.raises(InvalidInputError) as info:
         p.check_inputs(model, given)
     assert message in str(info.value)
+
+
+def test_check_inputs_remembers_a_pass_only_for_the_same_model_and_specs() -> None:
+    given = tuple(specs(a=("float32", (2, 3)), b=("int64", (2,))))
+    p.check_inputs(SPEC, given)
+    p.check_inputs(SPEC, given)  # the remembered pass
+    fixed = p.ModelSpec("f", SPEC.inputs, SPEC.outputs, 4, None)
+    with pytest.raises(InvalidInputError, match="must have shape"):
+        p.check_inputs(fixed, given)  # same specs, another model: checked again
+    wrong = tuple(specs(a=("float64", (2, 3)), b=("int64", (2,))))
+    with pytest.raises(InvalidInputError, match="must be float32"):
+        p.check_inputs(SPEC, wrong)

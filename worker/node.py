@@ -296,12 +296,11 @@ class WorkerNode:
         if self._draining is not None:
             self._draining += [job.job_id for job in message.jobs]
             return
-        checked: dict[int, IpuserveError | None] = {}  # id(specs) -> check_inputs, this batch
         for job in message.jobs:
             if job.job_id in self._jobs:
                 continue  # a re-sent job we already hold
             try:
-                held = self._accept(job, checked)
+                held = self._accept(job)
             except IpuserveError as exc:
                 self._failures.append(wire.Fail.of(job.job_id, exc))
                 continue
@@ -309,17 +308,12 @@ class WorkerNode:
             self._waiting.append(held)
         self._submit_waiting()
 
-    def _accept(self, message: wire.Job, checked: dict[int, IpuserveError | None]) -> Held:
-        """Validate a job (the broker checked too) and stamp its deadline. Jobs of one
-        batch with the same specs share one specs tuple: each is checked once."""
+    def _accept(self, message: wire.Job) -> Held:
+        """Validate a job (the broker checked too) and stamp its deadline."""
         spec = self._models.get(message.model)
         if spec is None:
             raise UnknownModelError(f"this worker does not serve model {message.model!r}")
-        specs = message.tensors.specs
-        if id(specs) not in checked:
-            checked[id(specs)] = _check_inputs(spec, specs)
-        if (invalid := checked[id(specs)]) is not None:
-            raise invalid
+        wire.check_inputs(spec, message.tensors.specs)
         if len(self._jobs) >= 2 * self._credit:
             raise OverloadedError(
                 f"worker holds {len(self._jobs)} jobs; its credit is {self._credit}"
@@ -481,10 +475,3 @@ class WorkerNode:
                 self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
                 session.next_heartbeat = time.monotonic() + session.heartbeat_s
 
-
-def _check_inputs(spec: wire.ModelSpec, given: tuple[wire.TensorSpec, ...]) -> IpuserveError | None:
-    try:
-        wire.check_inputs(spec, given)
-    except IpuserveError as exc:
-        return exc
-    return None
