@@ -24,7 +24,11 @@ from types import TracebackType
 from ipuserve.client.client import Client
 from ipuserve.errors import DeadlineExceeded, IpuserveError
 
-PYTHON = [sys.executable, "-m"]
+#: How children run a module. ``-P`` (Python 3.11+) keeps the working directory off
+#: their sys.path: started from a source checkout after ``pip install .``, they would
+#: otherwise import the checkout's ``ipuserve/`` (which lacks the installed package's
+#: ``ipuserve.broker``, ``ipuserve.worker``, ... mapping) instead of the installed one.
+PYTHON = [sys.executable, "-P", "-m"]
 
 
 def free_port() -> int:

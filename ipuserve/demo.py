@@ -26,10 +26,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from ipuserve.client import Client, Timing
+from ipuserve.client.fleet import PYTHON as PYTHON_MODULE
 from ipuserve.client.fleet import Fleet, endpoint, wait_for_models
 from ipuserve.errors import IpuserveError
 
-PYTHON = [sys.executable, "-m", "ipuserve"]
+PYTHON = [*PYTHON_MODULE, "ipuserve"]
 MODELS = {"mlp": ["--batch-size", "16"], "simple": ["--batch-size", "4"]}
 
 

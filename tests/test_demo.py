@@ -85,3 +85,21 @@ def test_a_client_thread_that_dies_fails_the_demo(
     assert "2 client thread(s) died; first: client 1: RuntimeError: a bug in the client" in printed
     assert "results matched" not in printed
     assert survivors(tmp_path) == []
+
+
+def test_children_ignore_an_ipuserve_folder_in_the_working_directory(tmp_path: Path) -> None:
+    """The README's first command runs the demo from the source checkout after a plain
+    ``pip install .``: the checkout's ``ipuserve/`` must not shadow the installed
+    package in the broker and workers the demo starts."""
+    shadow = tmp_path / "ipuserve"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the working directory was imported')\n")
+    done = subprocess.run(
+        [*demo_module.PYTHON, "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ipuserve" in done.stdout
