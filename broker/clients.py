@@ -39,18 +39,39 @@ class ClientHandlers:
             raise ProtocolError(f"{message.COMMAND.name} is not a client command")
 
     def on_requests(self, client: bytes, batch: wire.Requests) -> None:
-        """Each request of a batch on its own: one refused does not refuse the others."""
+        """Each request (or group) of a batch on its own: one refused does not refuse the
+        others."""
         for failed in batch.rejected:
             self._scheduler.refuse(client, failed.job_id, failed.exception())
-        for request in batch.requests:
-            try:
-                self.on_request(client, request, batched=True)
-            except IpuserveError as exc:
-                self._scheduler.refuse(client, request.request_id, exc)
-            except Exception:
-                log.exception("failed to handle a request of a REQUESTS batch")
-                error = IpuserveError("internal broker error; see its log")
-                self._scheduler.refuse(client, request.request_id, error)
+        for row in batch.requests:
+            for request in self._jobs_of(client, row):
+                try:
+                    self.on_request(client, request, batched=True)
+                except IpuserveError as exc:
+                    self._refuse(client, request, exc)
+                except Exception:
+                    log.exception("failed to handle a request of a REQUESTS batch")
+                    error = IpuserveError("internal broker error; see its log")
+                    self._refuse(client, request, error)
+
+    def _jobs_of(self, client: bytes, row: wire.Request) -> list[wire.Request]:
+        """A group stays one job when its model takes groups and none of its requests is
+        pending already (a re-send may group them differently); otherwise its requests
+        go on one by one, each as if sent alone."""
+        if not row.group:
+            return [row]
+        spec = self._registry.specs.get(row.model)
+        if (
+            spec is None
+            or not spec.groupable
+            or any(self._jobs.pending(client, member) for member in row.group)
+        ):
+            return row.members()
+        return [row]
+
+    def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
+        for member in request.group or (request.request_id,):
+            self._scheduler.refuse(client, member, error)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
         if self._jobs.pending(client, request.request_id):
@@ -66,6 +87,7 @@ class ClientHandlers:
             now,
             request.timeout_ms,
             batched,
+            request.group,
         )
         try:
             self._scheduler.place(job)
@@ -73,7 +95,7 @@ class ClientHandlers:
             self._jobs.finish(job)
             raise
         self._scheduler.deadlines.add(job)
-        self._scheduler.metrics.requests.inc(model=request.model)
+        self._scheduler.metrics.requests.inc(len(job.request_ids), model=request.model)
 
     def _check_schema(self, request: wire.Request, now: float) -> None:
         spec = self._registry.specs.get(request.model)

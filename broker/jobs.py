@@ -39,10 +39,17 @@ class JobEntry:
     timeout_ms: float | None
     #: it came in a REQUESTS message: its reply may go out in a REPLIES
     batched: bool = False
+    #: a group job: the ids of its requests (``request_id`` is the first), else ()
+    group: tuple[bytes, ...] = ()
     state: State = State.QUEUED
     attempts: int = 0
     worker: Worker | None = None
     dispatched: float = 0.0
+
+    @property
+    def request_ids(self) -> tuple[bytes, ...]:
+        """The client's requests this job answers: a group's, or its one."""
+        return self.group or (self.request_id,)
 
     def budget_ms(self, now: float) -> float | None:
         return None if self.deadline is None else (self.deadline - now) * 1000
@@ -75,14 +82,16 @@ class JobTable:
         now: float,
         timeout_ms: float | None,
         batched: bool = False,
+        group: tuple[bytes, ...] = (),
     ) -> JobEntry:
         job_id = self._prefix + next(self._ids).to_bytes(8, "big")
         deadline = None if timeout_ms is None else now + timeout_ms / 1000
         job = JobEntry(
-            job_id, client, request_id, model, tensors, now, deadline, timeout_ms, batched
+            job_id, client, request_id, model, tensors, now, deadline, timeout_ms, batched, group
         )
         self._jobs[job_id] = job
-        self._keys[(client, request_id)] = job
+        for member in job.request_ids:
+            self._keys[(client, member)] = job
         return job
 
     def get(self, job_id: bytes) -> JobEntry | None:
@@ -91,7 +100,8 @@ class JobTable:
     def finish(self, job: JobEntry) -> None:
         job.state = State.DONE
         self._jobs.pop(job.job_id, None)
-        self._keys.pop((job.client, job.request_id), None)
+        for member in job.request_ids:
+            self._keys.pop((job.client, member), None)
 
 
 class Deadlines:

@@ -30,6 +30,7 @@ from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry, Worker
 from ipuserve.errors import (
     DeadlineExceeded,
+    InferenceError,
     IpuserveError,
     UnknownModelError,
     WorkerFailedError,
@@ -142,19 +143,27 @@ class Scheduler:
         """Deliver a worker's result to the client (the first result for a live job);
         a batched request's reply waits for the flush at the end of this turn."""
         now = time.monotonic()
+        requests = len(job.request_ids)
+        if result.tensors.members != requests:
+            error = InferenceError(
+                f"the worker answered {result.tensors.members} member(s) for a job of "
+                f"{requests} request(s)"
+            )
+            self.reject(job, error)
+            return
         timing = dict(result.timing)
         timing["broker_queue_us"] = (job.dispatched - job.received) * 1e6
-        reply = wire.Reply(job.request_id, result.tensors, timing)
+        reply = wire.Reply(job.request_id, result.tensors, timing, job.group)
         self._retire(job)
         if job.batched:
             self._replies.setdefault(job.client, []).append((reply, job.model))
         elif self.outbox.to_client(job.client, reply.encode()):
             self.metrics.replies.inc(model=job.model)
-        self.metrics.request_seconds.observe(now - job.received)
-        self.metrics.worker_seconds.observe(now - job.dispatched)
+        self.metrics.request_seconds.observe(now - job.received, requests)
+        self.metrics.worker_seconds.observe(now - job.dispatched, requests)
 
     def _send_replies(self, client: bytes, replies: list[tuple[wire.Reply, str]]) -> None:
-        if len(replies) == 1:
+        if len(replies) == 1 and not replies[0][0].group:
             reply, model = replies[0]
             if self.outbox.to_client(client, reply.encode()):
                 self.metrics.replies.inc(model=model)
@@ -164,7 +173,7 @@ class Scheduler:
         for part, frames in wire.split_batch(batch):  # the client decodes with the defaults
             if self.outbox.to_client(client, frames):
                 for reply in part.replies:
-                    self.metrics.replies.inc(model=models[id(reply)])
+                    self.metrics.replies.inc(len(reply.group) or 1, model=models[id(reply)])
 
     def refuse(self, client: bytes, request_id: bytes, error: IpuserveError) -> None:
         """Answer a request the broker did not accept with ``error`` (counted)."""
@@ -173,8 +182,9 @@ class Scheduler:
 
     def reject(self, job: JobEntry, error: IpuserveError) -> None:
         self._retire(job)
-        self.metrics.errors.inc(code=error.code)
-        self.outbox.to_client(job.client, wire.error_frames(job.request_id, error))
+        for request_id in job.request_ids:
+            self.metrics.errors.inc(code=error.code)
+            self.outbox.to_client(job.client, wire.error_frames(request_id, error))
 
     def _retire(self, job: JobEntry) -> None:
         if job.state is State.QUEUED:

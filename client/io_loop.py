@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,7 +234,7 @@ class IoLoop:
     def _send_batch(self, batch: list[Pending]) -> None:
         now = time.perf_counter_ns()
         requests = [m for p in batch if isinstance(m := p.message_at(now), wire.Request)]
-        message = wire.Requests(tuple(requests))
+        message = wire.Requests(tuple(_grouped(requests)))
         for frames in wire.encode_batch(message):  # the broker decodes with the defaults
             try:
                 _send_frames(self._sock, frames)
@@ -295,8 +296,9 @@ class IoLoop:
         elif isinstance(message, wire.Reply | wire.ModelsReply):
             self._on_answer(message)
         elif isinstance(message, wire.Replies):
-            for reply in message.replies:
-                self._on_answer(reply)
+            for row in message.replies:
+                for reply in row.members():
+                    self._on_answer(reply)
             for error in message.errors:
                 self._finish(error.job_id, lambda p, e=error: p.future.set_exception(e.exception()))
         else:
@@ -388,6 +390,35 @@ class IoLoop:
         if self._pending:
             waits.append((self._next_ping - time.monotonic()) * 1e3)
         return -1 if not waits else max(int(min(waits)) + 1, 0)
+
+
+def _grouped(requests: list[wire.Request]) -> Iterator[wire.Request]:
+    """Runs of requests for the same model with the same tensor specs, as groups: the
+    broker and the worker handle a group as one job, so its requests cost them little
+    more than one. A group's timeout is its members' latest (this thread still times
+    out each request at its own deadline)."""
+    run: list[wire.Request] = []
+    for request in requests:
+        if run and (request.model != run[0].model or request.tensors.specs != run[0].tensors.specs):
+            yield _group(run)
+            run = []
+        run.append(request)
+    if run:
+        yield _group(run)
+
+
+def _group(run: list[wire.Request]) -> wire.Request:
+    if len(run) == 1:
+        return run[0]
+    timeouts = [r.timeout_ms for r in run]
+    first = run[0]
+    return wire.Request(
+        first.request_id,
+        first.model,
+        wire.Tensors.group([r.tensors for r in run]),
+        None if None in timeouts else max(t for t in timeouts if t is not None),
+        tuple(r.request_id for r in run),
+    )
 
 
 def _send_frames(sock: zmq.Socket[Any], frames: list[wire.Frame]) -> None:

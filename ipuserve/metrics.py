@@ -69,9 +69,10 @@ class Histogram:
         self.counts = [0] * (len(buckets) + 1)
         self.sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self.sum += seconds
+    def observe(self, seconds: float, count: int = 1) -> None:
+        """``count`` observations of ``seconds`` (the requests of a group share theirs)."""
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += count
+        self.sum += seconds * count
 
     @property
     def count(self) -> int:

@@ -51,7 +51,7 @@ from ipuserve.errors import (
 )
 
 PROTOCOL_TAG = b"IPUS"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: The envelope's first bytes: the protocol tag and version.
 TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
 #: Tag, version and command: the envelope's fixed part; the id follows.
@@ -189,13 +189,28 @@ class ModelSpec:
             "batching_dim": self.batching_dim,
         }
 
+    @property
+    def groupable(self) -> bool:
+        """Whether requests may travel as a group (one job, joined along the batching
+        dimension): every input and output must have that dimension."""
+        dim = self.batching_dim
+        return dim is not None and all(len(t.shape) > dim for t in (*self.inputs, *self.outputs))
+
 
 @dataclass(frozen=True, slots=True)
 class Tensors:
-    """Named tensors on the wire: specs plus one frame each (arrays, or received frames)."""
+    """Named tensors on the wire: specs plus one frame each (arrays, or received frames).
+
+    A group's tensors (``members`` > 1: several requests of one layout travelling as
+    one job) still have one frame per spec, holding every member's tensor, member
+    after member: ``members x spec.nbytes`` bytes, as if stacked on a new first axis.
+    Nobody between the client and the backend touches a member on its own.
+    ``specs`` and ``nbytes`` describe one member.
+    """
 
     specs: tuple[TensorSpec, ...] = ()
     frames: tuple[Frame, ...] = ()
+    members: int = 1
 
     @classmethod
     def of(cls, arrays: Mapping[str, Any]) -> Tensors:
@@ -203,19 +218,85 @@ class Tensors:
         specs, frames = [], []
         for name, value in arrays.items():
             array, dtype = _wire_array(name, value)
-            spec = _SPECS.get((name, dtype, array.shape))
-            if spec is None:
-                spec = _intern(TensorSpec(name, dtype, tuple(array.shape)))
-            specs.append(spec)
+            specs.append(_spec_of(name, dtype, array.shape))
             frames.append(array)
         return cls(tuple(specs), tuple(frames))
 
+    @classmethod
+    def group(cls, members: Sequence[Tensors]) -> Tensors:
+        """One group of single ``members`` with the same specs (their bytes copied once)."""
+        specs = members[0].specs
+        if any(m.specs != specs or m.members != 1 for m in members):
+            raise ValueError("a group's members must be single and share their specs")
+        if len(members) == 1:
+            return members[0]
+        frames = tuple(
+            b"".join([_buffer(m.frames[i]) for m in members]) for i in range(len(specs))
+        )
+        return cls(specs, frames, len(members))
+
+    @classmethod
+    def unstacked(cls, arrays: Mapping[str, Any], members: int, dim: int) -> Tensors:
+        """A group of ``members`` from a group's outputs, each array cut along ``dim``
+        into equal parts (the inverse of :meth:`stacked`; no copy when ``dim`` is 0)."""
+        if members == 1:
+            return cls.of(arrays)
+        specs, frames = [], []
+        for name, value in arrays.items():
+            array, dtype = _wire_array(name, value)
+            shape = array.shape
+            if array.ndim <= dim or shape[dim] % members:
+                raise InvalidInputError(
+                    f"tensor {name!r} of shape {shape} does not split into {members} "
+                    f"equal parts along dimension {dim}, one per member of the group"
+                )
+            member = (*shape[:dim], shape[dim] // members, *shape[dim + 1 :])
+            if dim:  # members side by side inside each row: bring them to the front
+                split = array.reshape(*shape[:dim], members, *member[dim:])
+                array = np.ascontiguousarray(np.moveaxis(split, dim, 0))
+            specs.append(_spec_of(name, dtype, member))
+            frames.append(array)
+        return cls(tuple(specs), tuple(frames), members)
+
     def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
-        """Read-only views of the frames, keyed by name."""
+        """Read-only views of the frames, keyed by name (of a single member)."""
+        if self.members != 1:
+            raise ValueError("a group's arrays: use split() or stacked()")
         return {
             spec.name: _view(spec, frame)
             for spec, frame in zip(self.specs, self.frames, strict=True)
         }
+
+    def split(self) -> list[Tensors]:
+        """Each member's tensors, in order, as views of the group's frames."""
+        if self.members == 1:
+            return [self]
+        buffers = [_buffer(frame) for frame in self.frames]
+        return [
+            Tensors(
+                self.specs,
+                tuple(
+                    buffer[i * spec.nbytes : (i + 1) * spec.nbytes]
+                    for spec, buffer in zip(self.specs, buffers, strict=True)
+                ),
+            )
+            for i in range(self.members)
+        ]
+
+    def stacked(self, dim: int) -> dict[str, np.ndarray[Any, Any]]:
+        """The members' arrays joined along ``dim``, keyed by name: a group as one request
+        (views of the frames when ``dim`` is 0, else one copy)."""
+        if self.members == 1:
+            return self.arrays()
+        joined = {}
+        for spec, frame in zip(self.specs, self.frames, strict=True):
+            array = _view(spec, frame, self.members)  # (members, *spec.shape)
+            if dim:
+                array = np.concatenate(tuple(array), axis=dim)
+            else:
+                array = array.reshape(self.members * spec.shape[0], *spec.shape[1:])
+            joined[spec.name] = array
+        return joined
 
     @property
     def nbytes(self) -> int:
@@ -259,13 +340,26 @@ def _intern(spec: TensorSpec) -> TensorSpec:
     return _SPECS.setdefault((spec.name, spec.dtype, spec.shape), spec)
 
 
-def _view(spec: TensorSpec, frame: Frame) -> np.ndarray[Any, Any]:
+def _spec_of(name: str, dtype: str, shape: tuple[int, ...]) -> TensorSpec:
+    spec = _SPECS.get((name, dtype, shape))
+    return spec if spec is not None else _intern(TensorSpec(name, dtype, tuple(shape)))
+
+
+def _view(spec: TensorSpec, frame: Frame, members: int = 1) -> np.ndarray[Any, Any]:
+    """A frame as a read-only array of the spec's shape (a group's: ``(members, *shape)``)."""
+    shape = spec.shape if members == 1 else (members, *spec.shape)
     if isinstance(frame, np.ndarray):
-        return frame
-    buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
-    array = np.frombuffer(buffer, dtype=DTYPES[spec.dtype]).reshape(spec.shape)
+        return frame if frame.shape == shape else frame.reshape(shape)
+    array = np.frombuffer(_buffer(frame), dtype=DTYPES[spec.dtype]).reshape(shape)
     array.flags.writeable = False
     return array
+
+
+def _buffer(frame: Frame) -> memoryview:
+    """A frame's bytes, without a copy (a received frame's memory, an array's data)."""
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return memoryview(frame).cast("B")  # type: ignore[arg-type]
 
 
 #: (id(model), id(given)) -> (model, given) for input specs that passed: decoding hands
@@ -335,6 +429,19 @@ class Request:
     model: str
     tensors: Tensors
     timeout_ms: float | None = None
+    #: a group (REQUESTS only): its requests' ids, ``request_id`` the first; ``tensors``
+    #: holds one member per id. Empty for a single request.
+    group: tuple[bytes, ...] = ()
+
+    def members(self) -> list[Request]:
+        """The group as single requests (a single request: itself)."""
+        if not self.group:
+            return [self]
+        parts = self.tensors.split()
+        return [
+            Request(ident, self.model, part, self.timeout_ms)
+            for ident, part in zip(self.group, parts, strict=True)
+        ]
 
     def encode(self) -> list[Frame]:
         timeout = "" if self.timeout_ms is None else f',"timeout_ms":{_json(self.timeout_ms)}'
@@ -348,6 +455,17 @@ class Reply:
     request_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
+    #: a group (REPLIES only): the ids of the requests it answers, one member each
+    group: tuple[bytes, ...] = ()
+
+    def members(self) -> list[Reply]:
+        """The group as single replies (a single reply: itself)."""
+        if not self.group:
+            return [self]
+        parts = self.tensors.split()
+        return [
+            Reply(ident, part, self.timing) for ident, part in zip(self.group, parts, strict=True)
+        ]
 
     def encode(self) -> list[Frame]:
         body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{_json(dict(self.timing))}}}'
@@ -573,7 +691,7 @@ class Jobs:
         return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
 
     def encode(self) -> list[Frame]:
-        rows = ((j.job_id, j.model, j.tensors, j.budget_ms) for j in self.jobs)
+        rows = ((j.job_id, j.model, j.tensors, j.budget_ms, ()) for j in self.jobs)
         return _encode_inputs(self.COMMAND, "jobs", rows)
 
 
@@ -599,7 +717,7 @@ class Requests:
         return Requests(self.requests[:middle]), Requests(self.requests[middle:])
 
     def encode(self) -> list[Frame]:
-        rows = ((r.request_id, r.model, r.tensors, r.timeout_ms) for r in self.requests)
+        rows = ((r.request_id, r.model, r.tensors, r.timeout_ms, r.group) for r in self.requests)
         return _encode_inputs(self.COMMAND, "requests", rows)
 
 
@@ -626,7 +744,7 @@ class Results:
         return Results(*first), Results(*second)
 
     def encode(self) -> list[Frame]:
-        rows = ((r.job_id, r.tensors, r.timing) for r in self.results)
+        rows = ((r.job_id, r.tensors, r.timing, ()) for r in self.results)
         return _encode_outputs(self.COMMAND, ("results", "failures"), rows, self.failures)
 
 
@@ -653,7 +771,7 @@ class Replies:
         return Replies(*first), Replies(*second)
 
     def encode(self) -> list[Frame]:
-        rows = ((r.request_id, r.tensors, r.timing) for r in self.replies)
+        rows = ((r.request_id, r.tensors, r.timing, r.group) for r in self.replies)
         return _encode_outputs(self.COMMAND, ("replies", "errors"), rows, self.errors)
 
 
@@ -689,15 +807,18 @@ def _halve(
 
 
 def _encode_inputs(
-    command: Command, key: str, rows: Iterable[tuple[bytes, str, Tensors, float | None]]
+    command: Command,
+    key: str,
+    rows: Iterable[tuple[bytes, str, Tensors, float | None, tuple[bytes, ...]]],
 ) -> list[Frame]:
     """JOBS or REQUESTS: a spec table (model and tensors), one row per item, its frames."""
     specs = _SpecTable()
     lines: list[str] = []
     frames: list[Frame] = []
-    for ident, model, tensors, milliseconds in rows:
+    for ident, model, tensors, milliseconds, group in rows:
         index = specs.index(tensors, model)
-        lines.append(f'["{ident.hex()}",{index},{_number(milliseconds)}]')
+        ident_text, members = _row_id(ident, group), _members(tensors, group)
+        lines.append(f"[{ident_text},{index},{_number(milliseconds)}{members}]")
         frames.extend(tensors.frames)
     body = f'{{"specs":[{specs.json()}],"{key}":[{",".join(lines)}]}}'
     return _frames(command, b"", body, frames)
@@ -706,21 +827,38 @@ def _encode_inputs(
 def _encode_outputs(
     command: Command,
     keys: tuple[str, str],
-    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float]]],
+    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float], tuple[bytes, ...]]],
     failures: tuple[Fail, ...],
 ) -> list[Frame]:
     """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures."""
     specs = _SpecTable()
     lines: list[str] = []
     frames: list[Frame] = []
-    for ident, tensors, timing in rows:
+    for ident, tensors, timing, group in rows:
         index = specs.index(tensors)
-        lines.append(f'["{ident.hex()}",{index},{_json(dict(timing))}]')
+        ident_text, members = _row_id(ident, group), _members(tensors, group)
+        lines.append(f"[{ident_text},{index},{_json(dict(timing))}{members}]")
         frames.extend(tensors.frames)
     failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in failures)
     tail = f',"{keys[1]}":[{failed}]' if failures else ""
     body = f'{{"specs":[{specs.json()}],"{keys[0]}":[{",".join(lines)}]{tail}}}'
     return _frames(command, b"", body, frames)
+
+
+def _row_id(ident: bytes, group: tuple[bytes, ...]) -> str:
+    """A row's id: one hex id, or a group's list of them (REQUESTS, REPLIES)."""
+    if not group:
+        return f'"{ident.hex()}"'
+    return "[" + ",".join(f'"{member.hex()}"' for member in group) + "]"
+
+
+def _members(tensors: Tensors, group: tuple[bytes, ...]) -> str:
+    """A JOBS or RESULTS row's fourth entry, the members of a group job (none for one)."""
+    if group:  # a REQUESTS or REPLIES group: its ids count its members
+        if tensors.members != len(group):
+            raise ValueError(f"a group of {len(group)} ids carries {tensors.members} members")
+        return ""
+    return "" if tensors.members == 1 else f",{tensors.members}"
 
 
 class _SpecTable:
@@ -906,7 +1044,10 @@ def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
     if not isinstance(header, dict):
         return []
     rows = [row for key in _ROW_KEYS for row in _as_list(header.get(key))]
-    return [job_id for row in rows if (job_id := _peek_row_id(row)) is not None]
+    firsts = [row[0] for row in rows if isinstance(row, list) and row]
+    ids = [i for first in firsts for i in (first if isinstance(first, list) else [first])]
+    found = (job_id for value in ids if (job_id := _peek_id_text(value)) is not None)
+    return list(dict.fromkeys(found))  # each id once, in order
 
 
 _BATCHES = (Command.JOBS, Command.RESULTS, Command.REQUESTS, Command.REPLIES)
@@ -924,11 +1065,11 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _peek_row_id(row: Any) -> bytes | None:
-    if not isinstance(row, list) or not row or not isinstance(row[0], str):
+def _peek_id_text(value: Any) -> bytes | None:
+    if not isinstance(value, str):
         return None
     try:
-        job_id = bytes.fromhex(row[0])
+        job_id = bytes.fromhex(value)
     except ValueError:
         return None
     return job_id if len(job_id) <= MAX_ID_BYTES else None
@@ -1075,9 +1216,14 @@ _MISSING = object()
 
 
 def _tensors(
-    specs: tuple[TensorSpec, ...], frames: Sequence[Frame], where: str, limits: Limits
+    specs: tuple[TensorSpec, ...],
+    frames: Sequence[Frame],
+    where: str,
+    limits: Limits,
+    members: int = 1,
 ) -> Tensors:
-    """The tensors of one request or job: as many frames as specs, each of the right size."""
+    """The tensors of one request or job (a group's: each frame holds every member's):
+    as many frames as specs, each of the right size; the payload limit holds per member."""
     if len(frames) != len(specs):
         raise ProtocolError(
             f"{where} lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) follow"
@@ -1088,20 +1234,25 @@ def _tensors(
             f"the tensors take {declared} bytes; the limit is {limits.max_payload_bytes}"
         )
     for spec, frame in zip(specs, frames, strict=True):
-        if _nbytes(frame) != spec.nbytes:
+        if _nbytes(frame) != spec.nbytes * members:
+            each = f" for each of {members} members" if members > 1 else ""
             raise InvalidInputError(
                 f"tensor {spec.name!r} ({spec.dtype}{list(spec.shape)}) needs {spec.nbytes} "
-                f"bytes; its frame has {_nbytes(frame)}"
+                f"bytes{each}; its frame has {_nbytes(frame)}"
             )
-    return Tensors(specs, tuple(frames))
+    return Tensors(specs, tuple(frames), members)
 
 
 def _batch_tensors(
-    specs: list[tuple[TensorSpec, ...]], frames: Sequence[Frame], command: Command, limits: Limits
+    specs: list[tuple[tuple[TensorSpec, ...], int]],
+    frames: Sequence[Frame],
+    command: Command,
+    limits: Limits,
 ) -> list[Tensors | IpuserveError]:
-    """Each job's tensors, its frames taken in order: a job whose frames do not match its
-    specs gets the error instead, so one bad job does not fail the others."""
-    expected = sum(len(s) for s in specs)
+    """Each job's tensors (specs and members), its frames taken in order: a job whose
+    frames do not match its specs gets the error instead, so one bad job does not fail
+    the others (a group is one job: it fails whole)."""
+    expected = sum(len(s) for s, _members in specs)
     if expected != len(frames):
         raise ProtocolError(
             f"{command.name} header lists {expected} tensor(s) but "
@@ -1109,10 +1260,10 @@ def _batch_tensors(
         )
     found: list[Tensors | IpuserveError] = []
     start = 0
-    for job_specs in specs:
+    for job_specs, members in specs:
         end = start + len(job_specs)
         try:
-            found.append(_tensors(job_specs, frames[start:end], "", limits))
+            found.append(_tensors(job_specs, frames[start:end], "", limits, members))
         except (InvalidInputError, PayloadTooLargeError) as exc:
             found.append(exc)
         start = end
@@ -1343,22 +1494,63 @@ def _job_ids(value: Any, limits: Limits) -> tuple[bytes, ...]:
 # ---------------------------------------------------------------- batches
 
 
-def _job_row(item: Any, limits: Limits) -> tuple[bytes, int, float | None]:
+#: A checked batch row: (id, spec index, third entry, members, the group's ids or ()).
+Row: TypeAlias = tuple[bytes, int, T, int, tuple[bytes, ...]]
+
+
+def _job_row(item: Any, limits: Limits) -> Row[float | None]:
+    if type(item) is not list or len(item) not in (3, 4):
+        raise ProtocolError(
+            f"must be [job id, spec index, budget_ms(, members)]; got {_show(item)}"
+        )
+    members = _group_size(item[3], limits) if len(item) == 4 else 1
+    return _job_id(item[0], limits), _count(item[1], limits), _budget(item[2], limits), members, ()
+
+
+def _result_row(item: Any, limits: Limits) -> Row[dict[str, float]]:
+    if type(item) is not list or len(item) not in (3, 4):
+        raise ProtocolError(f"must be [job id, spec index, timing(, members)]; got {_show(item)}")
+    members = _group_size(item[3], limits) if len(item) == 4 else 1
+    return _job_id(item[0], limits), _count(item[1], limits), _timing(item[2], limits), members, ()
+
+
+def _request_row(item: Any, limits: Limits) -> Row[float | None]:
     if type(item) is not list or len(item) != 3:
-        raise ProtocolError(f"must be [job id, spec index, budget_ms]; got {_show(item)}")
-    return _job_id(item[0], limits), _count(item[1], limits), _budget(item[2], limits)
+        raise ProtocolError(
+            f"must be [request id or [request ids], spec index, timeout_ms]; got {_show(item)}"
+        )
+    ident, group = _row_ids(item[0], limits)
+    timeout = _optional(_duration)(item[2], limits)
+    return ident, _count(item[1], limits), timeout, len(group) or 1, group
 
 
-def _request_row(item: Any, limits: Limits) -> tuple[bytes, int, float | None]:
+def _reply_row(item: Any, limits: Limits) -> Row[dict[str, float]]:
     if type(item) is not list or len(item) != 3:
-        raise ProtocolError(f"must be [request id, spec index, timeout_ms]; got {_show(item)}")
-    return _job_id(item[0], limits), _count(item[1], limits), _optional(_duration)(item[2], limits)
+        raise ProtocolError(
+            f"must be [request id or [request ids], spec index, timing]; got {_show(item)}"
+        )
+    ident, group = _row_ids(item[0], limits)
+    return ident, _count(item[1], limits), _timing(item[2], limits), len(group) or 1, group
 
 
-def _result_row(item: Any, limits: Limits) -> tuple[bytes, int, dict[str, float]]:
-    if type(item) is not list or len(item) != 3:
-        raise ProtocolError(f"must be [job id, spec index, timing]; got {_show(item)}")
-    return _job_id(item[0], limits), _count(item[1], limits), _timing(item[2], limits)
+def _row_ids(value: Any, limits: Limits) -> tuple[bytes, tuple[bytes, ...]]:
+    """A REQUESTS or REPLIES row's id, or a group's ids (then the first is the row's id)."""
+    if type(value) is not list:
+        return _job_id(value, limits), ()
+    group = _items(value, limits.max_batch, _job_id, limits)
+    if not group:
+        raise ProtocolError("a group lists no ids")
+    if len(set(group)) != len(group):
+        raise ProtocolError("a group lists an id twice")
+    return group[0], group
+
+
+def _group_size(value: Any, limits: Limits) -> int:
+    if type(value) is not int or not 1 <= value <= limits.max_batch:
+        raise ProtocolError(
+            f"members must be an integer in 1..{limits.max_batch}; got {_show(value)}"
+        )
+    return value
 
 
 def _failure_row(item: Any, limits: Limits) -> Fail:
@@ -1367,28 +1559,33 @@ def _failure_row(item: Any, limits: Limits) -> Fail:
     return Fail(_job_id(item[0], limits), _code(item[1], limits), _text(item[2], limits))
 
 
-def _job_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, float | None], ...]:
+def _job_rows(value: Any, limits: Limits) -> tuple[Row[float | None], ...]:
     return _batch_rows(value, limits, _plain_budget, _job_row)
 
 
-def _request_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, float | None], ...]:
+def _request_rows(value: Any, limits: Limits) -> tuple[Row[float | None], ...]:
     return _batch_rows(value, limits, _plain_timeout, _request_row)
 
 
-def _result_rows(value: Any, limits: Limits) -> tuple[tuple[bytes, int, dict[str, float]], ...]:
+def _result_rows(value: Any, limits: Limits) -> tuple[Row[dict[str, float]], ...]:
     return _batch_rows(value, limits, _plain_timing, _result_row)
+
+
+def _reply_rows(value: Any, limits: Limits) -> tuple[Row[dict[str, float]], ...]:
+    return _batch_rows(value, limits, _plain_timing, _reply_row)
 
 
 def _batch_rows(
     value: Any,
     limits: Limits,
     plain_third: Callable[[Any], bool],
-    full_check: Callable[[Any, Limits], tuple[bytes, int, T]],
-) -> tuple[tuple[bytes, int, T], ...]:
+    full_check: Callable[[Any, Limits], Row[T]],
+) -> tuple[Row[T], ...]:
     """Rows of a batch, ``[id hex, spec index, third]``. The usual row passes
-    one inline test (``plain_third`` for its third entry); any other row gets
-    ``full_check``, which accepts it or says what is wrong and where."""
-    checked = []
+    one inline test (``plain_third`` for its third entry); any other row (a group,
+    too) gets ``full_check``, which accepts it or says what is wrong and where."""
+    checked: list[Row[T]] = []
+    single: tuple[bytes, ...] = ()
     for index, row in enumerate(_list(value, limits.max_batch)):
         if type(row) is list and len(row) == 3:
             job_id, spec, third = row
@@ -1398,7 +1595,7 @@ def _batch_rows(
                 and plain_third(third)
                 and (raw := _hex_id(job_id)) is not None
             ):
-                checked.append((raw, spec, third))
+                checked.append((raw, spec, third, 1, single))
                 continue
         checked.append(_item_at(index, row, full_check, limits))
     return tuple(checked)
@@ -1495,25 +1692,28 @@ def _pick(table: tuple[T, ...], indices: list[int], rows: str) -> list[T]:
     return [table[index] for index in indices]
 
 
-InputRow: TypeAlias = tuple[bytes, str, Tensors, "float | None"]
-OutputRow: TypeAlias = tuple[bytes, Tensors, dict[str, float]]
+InputRow: TypeAlias = tuple[bytes, str, Tensors, "float | None", tuple[bytes, ...]]
+OutputRow: TypeAlias = tuple[bytes, Tensors, dict[str, float], tuple[bytes, ...]]
 
 
 def _inputs(
     fields: dict[str, Any], frames: Sequence[Frame], key: str, command: Command, limits: Limits
 ) -> tuple[list[InputRow], tuple[Fail, ...]]:
-    """The rows of a JOBS or REQUESTS as (id, model, tensors, milliseconds), and the rows
-    whose frames do not match their specs as failures."""
-    rows: tuple[tuple[bytes, int, float | None], ...] = fields[key]
-    picked = _pick(fields["specs"], [index for _id, index, _ms in rows], key)
-    found = _batch_tensors([specs for _model, specs in picked], frames, command, limits)
+    """The rows of a JOBS or REQUESTS as (id, model, tensors, milliseconds, group), and
+    the rows whose frames do not match their specs as failures (one per group member)."""
+    rows: tuple[Row[float | None], ...] = fields[key]
+    picked = _pick(fields["specs"], [row[1] for row in rows], key)
+    layouts = [(specs, row[3]) for row, (_model, specs) in zip(rows, picked, strict=True)]
+    found = _batch_tensors(layouts, frames, command, limits)
     good: list[InputRow] = []
     rejected = []
-    for (ident, _index, ms), (model, _specs), tensors in zip(rows, picked, found, strict=True):
+    for (ident, _index, ms, _n, group), (model, _specs), tensors in zip(
+        rows, picked, found, strict=True
+    ):
         if isinstance(tensors, Tensors):
-            good.append((ident, model, tensors, ms))
+            good.append((ident, model, tensors, ms, group))
         else:
-            rejected.append(Fail.of(ident, tensors))
+            rejected += [Fail.of(member, tensors) for member in group or (ident,)]
     return good, tuple(rejected)
 
 
@@ -1524,24 +1724,27 @@ def _outputs(
     command: Command,
     limits: Limits,
 ) -> tuple[list[OutputRow], tuple[Fail, ...]]:
-    """The rows of a RESULTS or REPLIES as (id, tensors, timing), and its failures (those
-    listed, then the rows whose frames do not match their specs)."""
-    rows: tuple[tuple[bytes, int, dict[str, float]], ...] = fields[keys[0]]
-    picked = _pick(fields["specs"], [index for _id, index, _timing in rows], keys[0])
-    found = _batch_tensors(picked, frames, command, limits)
+    """The rows of a RESULTS or REPLIES as (id, tensors, timing, group), and its failures
+    (those listed, then the rows whose frames do not match their specs, one per group
+    member)."""
+    rows: tuple[Row[dict[str, float]], ...] = fields[keys[0]]
+    picked = _pick(fields["specs"], [row[1] for row in rows], keys[0])
+    found = _batch_tensors(
+        [(specs, row[3]) for row, specs in zip(rows, picked, strict=True)], frames, command, limits
+    )
     good: list[OutputRow] = []
     failures = list(fields.get(keys[1], ()))
-    for (ident, _index, timing), tensors in zip(rows, found, strict=True):
+    for (ident, _index, timing, _n, group), tensors in zip(rows, found, strict=True):
         if isinstance(tensors, Tensors):
-            good.append((ident, tensors, timing))
+            good.append((ident, tensors, timing, group))
         else:
-            failures.append(Fail.of(ident, tensors))
+            failures += [Fail.of(member, tensors) for member in group or (ident,)]
     return good, tuple(failures)
 
 
 def _build_jobs(_i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits) -> Jobs:
     good, rejected = _inputs(fields, frames, "jobs", Command.JOBS, lim)
-    return Jobs(tuple(Job(*row) for row in good), rejected)
+    return Jobs(tuple(Job(*row[:4]) for row in good), rejected)
 
 
 def _build_requests(
@@ -1555,7 +1758,7 @@ def _build_results(
     _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
 ) -> Results:
     good, failures = _outputs(fields, frames, ("results", "failures"), Command.RESULTS, lim)
-    return Results(tuple(Result(*row) for row in good), failures)
+    return Results(tuple(Result(*row[:3]) for row in good), failures)
 
 
 def _build_replies(
@@ -1691,7 +1894,7 @@ _KINDS: dict[Command, _Kind] = {
         Command.REPLIES,
         {
             "specs": _Field(_memo(_rows(_tensor_specs))),
-            "replies": _Field(_result_rows),
+            "replies": _Field(_reply_rows),
             "errors": _Field(_rows(_failure_row), required=False),
         },
         _build_replies,

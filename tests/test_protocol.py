@@ -230,12 +230,12 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
     ("empty message", [b""], ProtocolError, "at least 2 frames"),
     ("one frame", [p.envelope(p.Command.PING)], ProtocolError, "at least 2 frames"),
     ("wrong tag", [b"HTTP/\x01", b"{}"], ProtocolError, "must be an envelope"),
-    ("no command", [b"IPUS\x02", b"{}"], ProtocolError, "must be an envelope"),
+    ("no command", [b"IPUS\x03", b"{}"], ProtocolError, "must be an envelope"),
     ("wrong version", [b"IPUS\x09\x06", b"{}"], UnsupportedVersionError, "version 9"),
     ("version 1", [b"IPUS\x01", b"\x06", b"", b"{}"], UnsupportedVersionError, "version 1"),
-    ("unknown command", [b"IPUS\x02\xee", b"{}"], ProtocolError, "unknown command 0xee"),
-    ("retired FAIL", [b"IPUS\x02\x14", b"{}"], ProtocolError, "unknown command 0x14"),
-    ("id too long", [b"IPUS\x02\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
+    ("unknown command", [b"IPUS\x03\xee", b"{}"], ProtocolError, "unknown command 0xee"),
+    ("retired FAIL", [b"IPUS\x03\x14", b"{}"], ProtocolError, "unknown command 0x14"),
+    ("id too long", [b"IPUS\x03\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
     (
         "huge envelope",
         [b"IPUS\x01\x06" + b"i" * 100_000, b"{}"],
@@ -350,7 +350,25 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "job row short",
         frames_with(jobs(["01", 0]), F8, cmd=JOBS),
         ProtocolError,
-        "[job id, spec index, budget_ms]",
+        "[job id, spec index, budget_ms(, members)]",
+    ),
+    (
+        "job group of no members",
+        frames_with(jobs(["01", 0, None, 0]), F8, cmd=JOBS),
+        ProtocolError,
+        "members must be an integer in 1..",
+    ),
+    (
+        "job group members not a number",
+        frames_with(jobs(["01", 0, None, "2"]), F8, cmd=JOBS),
+        ProtocolError,
+        "members must be an integer in 1..",
+    ),
+    (
+        "job group frames missing",
+        frames_with(jobs(["01", 0, None, 2]), cmd=JOBS),
+        ProtocolError,
+        "JOBS header lists 1 tensor(s) but 0 tensor frame(s)",
     ),
     (
         "job id not hex",
@@ -448,7 +466,7 @@ def test_peek_ids_names_the_jobs_of_a_batch_that_cannot_be_decoded() -> None:
     assert p.peek_ids(frames_with(failed, cmd=RESULTS)) == [b"\x02", b"\x03"]
     assert p.peek_ids(frames_with(b"{not json", cmd=JOBS)) == []
     assert p.peek_ids(frames_with(header, cmd=0x01)) == []  # not a batch
-    assert p.peek_ids([b"IPUS\x02\x12"]) == []
+    assert p.peek_ids([b"IPUS\x03\x12"]) == []
 
 
 def test_peek_ids_names_the_requests_of_a_client_batch_that_cannot_be_decoded() -> None:
@@ -463,7 +481,11 @@ def test_peek_ids_names_the_requests_of_a_client_batch_that_cannot_be_decoded() 
     [
         ([["01", 0, 0.0]], "must be > 0"),  # a request's timeout is never spent already
         ([["01", 0, -5.0]], "must be > 0"),
-        ([["01", 0]], "must be [request id, spec index, timeout_ms]"),
+        ([["01", 0]], "must be [request id or [request ids], spec index, timeout_ms]"),
+        ([[[], 0, None]], "a group lists no ids"),
+        ([[["01", "01"], 0, None]], "a group lists an id twice"),
+        ([[["01", 7], 0, None]], "'requests': [0]: [1]: must be a hex job id"),
+        ([[["01", "zz"], 0, None]], "not a hex job id"),
         ([["xy", 0, None]], "not a hex job id"),
         ([["01", 1, None]], "names spec 1"),
     ],
@@ -594,3 +616,110 @@ def test_check_inputs_remembers_a_pass_only_for_the_same_model_and_specs() -> No
     wrong = tuple(specs(a=("float64", (2, 3)), b=("int64", (2,))))
     with pytest.raises(InvalidInputError, match="must be float32"):
         p.check_inputs(SPEC, wrong)
+
+
+# ---------------------------------------------------------------- groups
+
+
+def members(count: int, rows: int = 2, seed: int = 0) -> list[p.Tensors]:
+    rng = np.random.default_rng(seed)
+    return [
+        p.Tensors.of(
+            {
+                "a": rng.standard_normal((rows, 3)).astype(np.float32),
+                "b": rng.integers(0, 100, (rows,)).astype(np.int64),
+            }
+        )
+        for _ in range(count)
+    ]
+
+
+def received(frames: list[Any]) -> list[Any]:
+    """The frames as a receiver holds them (bytes; zmq.Frame reads the same way)."""
+    return [f.tobytes() if isinstance(f, np.ndarray) else bytes(f) for f in frames]
+
+
+def test_a_group_of_requests_round_trips_member_by_member() -> None:
+    given = members(4)
+    ids = (b"r1", b"r2", b"r3", b"r4")
+    group = p.Request(b"r1", "m", p.Tensors.group(given), 5.0, ids)
+    batch = p.Requests((group, p.Request(b"s", "m", given[0], None)))
+    frames = batch.encode()
+    assert len(frames) == 2 + 2 + 2  # one frame per tensor for the whole group
+    decoded = p.decode(received(frames))
+    assert isinstance(decoded, p.Requests)
+    row = decoded.requests[0]
+    assert (row.group, row.tensors.members, row.timeout_ms) == (ids, 4, 5.0)
+    for one, want, ident in zip(row.members(), given, ids, strict=True):
+        assert one.request_id == ident and not one.group
+        for name, array in one.tensors.arrays().items():
+            np.testing.assert_array_equal(array, want.arrays()[name])
+    assert decoded.requests[1].group == () and decoded.requests[1].tensors.members == 1
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_group_job_is_stacked_along_the_batching_dim_and_cut_back(dim: int) -> None:
+    rng = np.random.default_rng(dim)
+    parts = [rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3)]
+    group = p.Tensors.group([p.Tensors.of({"a": part}) for part in parts])
+    jobs = p.decode(received(p.Jobs((p.Job(b"j", "m", group, 9.0),)).encode()))
+    assert isinstance(jobs, p.Jobs)
+    stacked = jobs.jobs[0].tensors.stacked(dim)["a"]
+    np.testing.assert_array_equal(stacked, np.concatenate(parts, axis=dim))
+    outputs = p.Tensors.unstacked({"a": stacked * 2}, 3, dim)
+    results = p.decode(received(p.Results((p.Result(b"j", outputs, {}),)).encode()))
+    assert isinstance(results, p.Results)
+    back = results.results[0].tensors
+    assert back.members == 3 and back.specs[0].shape == (2, 3, 4)
+    for member, part in zip(back.split(), parts, strict=True):
+        np.testing.assert_array_equal(member.arrays()["a"], part * 2)
+
+
+def test_a_group_reply_answers_each_request_of_the_group() -> None:
+    given = members(3, seed=5)
+    ids = (b"x", b"y", b"z")
+    batch = p.Replies((p.Reply(b"x", p.Tensors.group(given), {"device_us": 3.0}, ids),))
+    decoded = p.decode(received(batch.encode()))
+    assert isinstance(decoded, p.Replies)
+    answers = decoded.replies[0].members()
+    assert [a.request_id for a in answers] == list(ids)
+    for answer, want in zip(answers, given, strict=True):
+        assert answer.timing == {"device_us": 3.0}
+        np.testing.assert_array_equal(answer.tensors.arrays()["a"], want.arrays()["a"])
+
+
+def test_outputs_that_do_not_split_into_the_members_are_refused() -> None:
+    with pytest.raises(InvalidInputError, match="does not split into 3 equal parts"):
+        p.Tensors.unstacked({"a": np.zeros((4, 2), np.float32)}, 3, 0)
+    with pytest.raises(ValueError, match="share their specs"):
+        p.Tensors.group([*members(1), *members(1, rows=3)])
+
+
+def test_a_group_whose_frame_is_short_is_rejected_whole_and_alone() -> None:
+    given = members(2)
+    batch = p.Requests(
+        (
+            p.Request(b"g1", "m", p.Tensors.group(given), None, (b"g1", b"g2")),
+            p.Request(b"ok", "m", given[0]),
+        )
+    )
+    frames = received(batch.encode())
+    frames[2] = frames[2][:-4]  # the group's "a": one member's worth short of 4 bytes
+    decoded = p.decode(frames)
+    assert isinstance(decoded, p.Requests)
+    assert [f.job_id for f in decoded.rejected] == [b"g1", b"g2"]
+    assert "for each of 2 members" in decoded.rejected[0].message
+    assert [r.request_id for r in decoded.requests] == [b"ok"]
+
+
+def test_peek_ids_reads_the_ids_of_groups() -> None:
+    header = {"specs": [], "requests": [[["01", "02"], 0, None], ["03", 0, None], [["01"], 0]]}
+    assert p.peek_ids(frames_with(header, cmd=REQUESTS)) == [b"\x01", b"\x02", b"\x03"]
+
+
+def test_groupable_models_have_the_batching_dim_in_every_tensor() -> None:
+    x = p.TensorSpec("x", "float32", (4, 2))
+    scalar = p.TensorSpec("s", "float32", ())
+    assert p.ModelSpec("m", (x,), (x,), 4, 0).groupable
+    assert not p.ModelSpec("m", (x,), (x,), 4, None).groupable
+    assert not p.ModelSpec("m", (x,), (scalar,), 4, 0).groupable

@@ -30,6 +30,7 @@ from ipuserve import protocol as wire
 from ipuserve.errors import (
     DeadlineExceeded,
     InferenceError,
+    InvalidInputError,
     IpuserveError,
     OverloadedError,
     PayloadTooLargeError,
@@ -58,6 +59,8 @@ class Held:
     epoch: str
     received: float
     submitted: float = 0.0
+    #: a group job: this many requests joined along the batching dimension
+    members: int = 1
 
 
 @dataclass(slots=True)
@@ -314,6 +317,12 @@ class WorkerNode:
         if spec is None:
             raise UnknownModelError(f"this worker does not serve model {message.model!r}")
         wire.check_inputs(spec, message.tensors.specs)
+        members = message.tensors.members
+        if members > 1 and not spec.groupable:
+            raise InvalidInputError(
+                f"model {spec.name!r} cannot take a group of requests: not every tensor has "
+                f"its batching dimension ({spec.batching_dim})"
+            )
         if len(self._jobs) >= 2 * self._credit:
             raise OverloadedError(
                 f"worker holds {len(self._jobs)} jobs; its credit is {self._credit}"
@@ -323,9 +332,14 @@ class WorkerNode:
         if budget is not None and budget <= 0:
             raise DeadlineExceeded("the job's deadline passed before it reached the worker")
         deadline = None if budget is None else now + budget / 1000
-        job = Job(message.job_id, message.model, message.tensors.arrays(), deadline)
+        inputs = (
+            message.tensors.stacked(spec.batching_dim or 0)
+            if members > 1
+            else message.tensors.arrays()
+        )
+        job = Job(message.job_id, message.model, inputs, deadline)
         assert self._epoch is not None
-        return Held(job, self._epoch, now)
+        return Held(job, self._epoch, now, members=members)
 
     def _submit_waiting(self) -> None:
         """Hand waiting jobs to the backend while fewer than credit run: all that may
@@ -377,16 +391,21 @@ class WorkerNode:
             self._failures.append(wire.Fail.of(job.job_id, outcome))
             return
         try:
-            tensors = self._sendable(outcome)
+            tensors = self._sendable(outcome, held)
         except IpuserveError as exc:
             self._failures.append(wire.Fail.of(job.job_id, exc))
             return
         self._results.append(wire.Result(job.job_id, tensors, self._timing(held, outcome)))
 
-    def _sendable(self, outcome: Result) -> wire.Tensors:
-        """The outputs as wire tensors, if the broker can take them."""
+    def _sendable(self, outcome: Result, held: Held) -> wire.Tensors:
+        """The outputs as wire tensors (a group's cut back into its members), if the broker
+        can take them."""
         try:
-            tensors = wire.Tensors.of(outcome.outputs)
+            if held.members == 1:
+                tensors = wire.Tensors.of(outcome.outputs)
+            else:
+                dim = self._models[held.job.model].batching_dim or 0
+                tensors = wire.Tensors.unstacked(outcome.outputs, held.members, dim)
         except IpuserveError as exc:
             raise InferenceError(f"unsendable outputs: {exc}") from exc
         if self._session is not None and tensors.nbytes > self._session.max_payload_bytes:
@@ -474,4 +493,3 @@ class WorkerNode:
             if time.monotonic() >= session.next_heartbeat:
                 self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
                 session.next_heartbeat = time.monotonic() + session.heartbeat_s
-

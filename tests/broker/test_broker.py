@@ -413,3 +413,83 @@ def test_a_batch_whose_frames_do_not_match_fails_only_those_rows(
     reply = client.recv()  # a lone reply to a batched request: a plain REPLY
     assert isinstance(reply, wire.Reply) and reply.request_id == b"r1"
     assert_add_reply(reply, INPUTS)
+
+
+def group_request(ids: tuple[bytes, ...], given: list[dict[str, np.ndarray]]) -> wire.Request:
+    tensors = wire.Tensors.group([wire.Tensors.of(inputs) for inputs in given])
+    return wire.Request(ids[0], "add", tensors, 5_000.0, ids)
+
+
+def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=2)
+    given = [add_inputs(2, seed=i) for i in range(3)]
+    ids = (b"g0", b"g1", b"g2")
+    client.send(wire.Requests((group_request(ids, given),)))
+    job = worker.job()
+    assert job.tensors.members == 3
+    assert loads(client)["fake"] == (2, 1)  # one job: one credit
+    worker.answer(job)
+    replies = client.recv()
+    assert isinstance(replies, wire.Replies)
+    (row,) = replies.replies
+    assert row.group == ids
+    for reply, inputs, ident in zip(row.members(), given, ids, strict=True):
+        assert reply.request_id == ident
+        assert_add_reply(reply, inputs)
+        assert set(reply.timing) == {"device_us", "broker_queue_us"}
+    assert broker.metrics.requests.value(model="add") == 3
+    assert broker.metrics.replies.value(model="add") == 3
+
+
+def test_a_group_for_a_model_without_a_batching_dim_runs_request_by_request(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    fixed = wire.ModelSpec("add", ADD.inputs, ADD.outputs, 4, None)
+    worker = fake(broker, workers, credit=4, models=(fixed,))
+    given = [add_inputs(4, seed=i) for i in range(2)]
+    client.send(wire.Requests((group_request((b"a", b"b"), given),)))
+    jobs = [worker.job(), worker.job()]
+    assert [job.tensors.members for job in jobs] == [1, 1]
+    worker.answer(*jobs)
+    replies = client.recv()
+    assert isinstance(replies, wire.Replies)
+    assert [r.request_id for r in replies.replies] == [b"a", b"b"]
+    for reply, inputs in zip(replies.replies, given, strict=True):
+        assert_add_reply(reply, inputs)
+
+
+def test_a_group_holding_a_pending_request_runs_that_request_once(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers, credit=4)
+    given = [add_inputs(2, seed=i) for i in range(2)]
+    client.request("add", given[0], request_id=b"p")
+    first = worker.job()
+    client.send(wire.Requests((group_request((b"p", b"q"), given),)))  # re-sent, regrouped
+    second = worker.job()
+    assert second.tensors.members == 1
+    assert np.array_equal(second.tensors.arrays()["x"], given[1]["x"])
+    worker.answer(first, second)
+    answered = client.recv()
+    if isinstance(answered, wire.Replies):
+        replies = list(answered.replies)
+    else:
+        replies = [answered, client.recv()]  # p was sent alone: its own REPLY
+    assert sorted(r.request_id for r in replies if isinstance(r, wire.Reply)) == [b"p", b"q"]
+    assert broker.metrics.resent.value() == 1
+    assert broker.metrics.requests.value(model="add") == 2
+
+
+def test_a_worker_answering_a_group_with_other_members_fails_each_request(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    worker = fake(broker, workers)
+    client.send(wire.Requests((group_request((b"a", b"b"), [INPUTS, INPUTS]),)))
+    job = worker.job()
+    z = wire.Tensors.of({"z": np.zeros((2, 8), np.float32)})  # one member, not two
+    worker.send(wire.Results((wire.Result(job.job_id, z, {}),)))
+    errors = [client.recv(), client.recv()]
+    assert {e.request_id for e in errors if isinstance(e, wire.ErrorReply)} == {b"a", b"b"}
+    assert all(isinstance(e, wire.ErrorReply) and e.code == "INFERENCE_FAILED" for e in errors)

@@ -58,8 +58,9 @@ CASES: list[tuple[str, list[bytes], str] | tuple[str, list[bytes], str, bytes]] 
     ("wrong tag", [b"GET /\x01bad", b"{}"], "BAD_MESSAGE", b""),
     ("wrong version", [b"IPUS\x07\x01bad", b"{}"], "UNSUPPORTED_VERSION"),
     ("version 1 layout", [b"IPUS\x01", bytes([REQ]), b"bad", b"{}"], "UNSUPPORTED_VERSION", b""),
-    ("no command", [b"IPUS\x02", b"{}"], "BAD_MESSAGE", b""),
-    ("unknown command", [b"IPUS\x02\x7fbad", b"{}"], "BAD_MESSAGE"),
+    ("version 2", [b"IPUS\x02\x01bad", b"{}"], "UNSUPPORTED_VERSION"),
+    ("no command", [wire.TAG, b"{}"], "BAD_MESSAGE", b""),
+    ("unknown command", [wire.TAG + b"\x7fbad", b"{}"], "BAD_MESSAGE"),
     (
         "worker command",
         [wire.envelope(wire.Command.BYE, b"bad"), b'{"handed_back":[]}'],
@@ -210,3 +211,66 @@ def test_garbage_on_the_worker_socket_is_dropped_and_counted(fabric: BrokerProc)
         inputs = add_inputs(1)
         assert_add_reply(client.call("add", inputs), inputs)
     assert np.isfinite(after["ipuserve_broker_request_seconds_sum"])
+
+
+def group(header: dict[str, Any], *tensors: bytes) -> list[bytes]:
+    """A REQUESTS message whose ids "g1", "g2" stand for the ids b"g1", b"g2" (a group's
+    tensor frame holds every member's tensor, one after another)."""
+    raw = json.dumps(header).replace('"g1"', f'"{b"g1".hex()}"').replace('"g2"', f'"{b"g2".hex()}"')
+    return [wire.envelope(wire.Command.REQUESTS), raw.encode(), *tensors]
+
+
+GROUP_CASES = [
+    (
+        "member frame short",
+        group(
+            {"specs": [ADD_SPEC], "requests": [[["g1", "g2"], 0, None]]}, ROWS * 2, ROWS + bytes(8)
+        ),
+        "INVALID_INPUT",
+    ),
+    (
+        "members' shape wrong for the model",
+        group(
+            {
+                "specs": [{"model": "add", "tensors": [spec(shape=[2, 9]), Y32]}],
+                "requests": [[["g1", "g2"], 0, None]],
+            },
+            bytes(2 * 72),
+            ROWS * 2,
+        ),
+        "INVALID_INPUT",
+    ),
+    (
+        "group for an unknown model",
+        group(
+            {
+                "specs": [{"model": "mul", "tensors": [F32, Y32]}],
+                "requests": [[["g1", "g2"], 0, None]],
+            },
+            ROWS * 2,
+            ROWS * 2,
+        ),
+        "UNKNOWN_MODEL",
+    ),
+    (
+        "group lists an id twice",
+        group(
+            {"specs": [ADD_SPEC], "requests": [[["g1", "g2", "g1"], 0, None]]}, ROWS * 3, ROWS * 3
+        ),
+        "BAD_MESSAGE",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"), [c[1:] for c in GROUP_CASES], ids=[c[0] for c in GROUP_CASES]
+)
+def test_a_bad_group_gets_an_error_for_each_of_its_requests(
+    client: RawClient, frames: list[bytes], code: str
+) -> None:
+    client.send_frames(frames)
+    replies = [client.recv() for _ in range(2)]
+    assert all(isinstance(r, wire.ErrorReply) and r.code == code for r in replies), replies
+    assert {r.request_id for r in replies if isinstance(r, wire.ErrorReply)} == {b"g1", b"g2"}
+    inputs = add_inputs(3)
+    assert_add_reply(client.call("add", inputs), inputs)

@@ -54,6 +54,7 @@ class FakeBroker:
         self.requests: list[wire.Request] = []
         self.pings = 0
         self.batches = 0  # REQUESTS messages received
+        self.rows: list[wire.Request] = []  # REQUESTS rows as sent (a group is one row)
         self._outbox: deque[list[wire.Frame]] = deque()  # send_raw's, for the last client
         self._peer = b""
         self.duplicate_replies = 1  # how many times each reply is sent
@@ -125,9 +126,10 @@ class FakeBroker:
             return
         if isinstance(message, wire.Requests):
             self.batches += 1
+            self.rows += message.requests
             for failed in message.rejected:
                 self._send(sock, peer, wire.error_frames(failed.job_id, failed.exception()))
-            replies = [self._reply_to(request) for request in message.requests]
+            replies = [self._reply_to(one) for row in message.requests for one in row.members()]
         else:
             replies = [self._reply_to(message)]
         for reply in replies:

@@ -358,3 +358,46 @@ def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -
     with pytest.raises(errors.ClosedError):
         client.infer_async("add", inputs())
     client.close()  # idempotent
+
+
+def test_requests_of_one_layout_leave_as_groups_and_groups_are_answered(
+    broker: FakeBroker,
+) -> None:
+    """A run of requests with one model and tensor specs is one group row; a group
+    REPLIES row answers each of its requests."""
+    gate = threading.Event()
+    parked: list[wire.Request] = []
+
+    def handler(request: wire.Request) -> Any:  # answer the first (held), park the rest
+        if broker.requests[0] is request:
+            gate.wait(10)
+            return add_handler(request)
+        parked.append(request)
+        return None
+
+    broker.handler = handler
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        given = [inputs(400 + i) for i in range(3)]
+        other = {"a": np.ones((5, 3), np.float32), "b": np.ones((5, 3), np.float32)}
+        order = [given[0], given[1], other, given[2]]
+        fanned_out: Future[list[InferFuture]] = Future()
+        first = client.infer_async("add", inputs(399))
+        first.add_done_callback(
+            lambda _f: fanned_out.set_result([client.infer_async("add", g) for g in order])
+        )
+        gate.set()
+        futures = fanned_out.result(10)
+        client.models()  # the broker holds all of them once this is answered
+        rows = broker.rows
+        assert [len(r.group) for r in rows] == [2, 0, 0]  # the run of two, then the others
+        assert rows[0].group == (futures[0].request_id, futures[1].request_id)
+        grouped = [m for m in parked if m.request_id in rows[0].group]
+        answer = wire.Tensors.group(
+            [wire.Tensors.of({"y": expected(g)}) for g in (given[0], given[1])]
+        )
+        broker.send_raw(wire.Replies((wire.Reply(b"", answer, {}, rows[0].group),)).encode())
+        for request in parked:
+            if request not in grouped:
+                broker.send_raw(add_handler(request).encode())
+        for future, g in zip(futures, order, strict=True):
+            np.testing.assert_array_equal(future.result(10)["y"], expected(g))

@@ -288,3 +288,54 @@ def test_the_drain_timeout_hands_back_jobs_still_running(
     assert bye.handed_back == (b"stuck",)
     model.gate.set()
     assert node.stop() == 0
+
+
+def group_of(count: int, rows: int = 2) -> list[dict[str, np.ndarray[Any, Any]]]:
+    rng = np.random.default_rng(count)
+    return [
+        {name: rng.standard_normal((rows, 8), dtype=np.float32) for name in ("x", "y")}
+        for _ in range(count)
+    ]
+
+
+def send_group(broker: FakeBroker, identity: bytes, job_id: bytes, given: list[Any]) -> None:
+    tensors = wire.Tensors.group([wire.Tensors.of(inputs) for inputs in given])
+    broker.send(identity, wire.Jobs((wire.Job(job_id, "add", tensors, None),)))
+
+
+def test_a_group_job_runs_once_and_answers_each_member(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    model = GatedAdd()
+    start_node(model.backend())
+    identity = broker.welcome()
+    given = group_of(3)
+    send_group(broker, identity, b"g", given)
+    _identity, result = broker.expect(wire.Result)
+    assert (result.job_id, result.tensors.members) == (b"g", 3)
+    for member, inputs in zip(result.tensors.split(), given, strict=True):
+        np.testing.assert_allclose(member.arrays()["z"], inputs["x"] + 2 * inputs["y"])
+    model.wait_started(1)
+    assert not model.started.acquire(timeout=0), "the group ran as more than one call"
+
+
+def test_a_group_for_a_model_without_a_batching_dim_fails(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    fixed = wire.ModelSpec("add", ADD.inputs, ADD.outputs, 4, None)
+    start_node(FunctionBackend({fixed: add}))
+    identity, _hello = broker.expect(wire.Hello)
+    broker.send(identity, wire.Welcome("epoch1", 50, 60_000))
+    send_group(broker, identity, b"g", group_of(2, rows=4))
+    fail = expect_fail(broker, b"g", "INVALID_INPUT")
+    assert "cannot take a group" in fail.message
+
+
+def test_outputs_that_do_not_split_into_the_group_fail_it(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    start_node(FunctionBackend({ADD: lambda t: {"z": t["x"][:1]}}))
+    identity = broker.welcome()
+    send_group(broker, identity, b"g", group_of(3))
+    fail = expect_fail(broker, b"g", "INFERENCE_FAILED")
+    assert "does not split into 3 equal parts" in fail.message
