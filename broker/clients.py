@@ -6,6 +6,7 @@ import logging
 import time
 
 from ipuserve import protocol as wire
+from ipuserve.broker.grouping import samples_of
 from ipuserve.broker.scheduler import Scheduler
 from ipuserve.errors import IpuserveError, ProtocolError, UnknownModelError
 
@@ -55,9 +56,10 @@ class ClientHandlers:
                     self._refuse(client, request, error)
 
     def _jobs_of(self, client: bytes, row: wire.Request) -> list[wire.Request]:
-        """A group stays one job when its model takes groups and none of its requests is
-        pending already (a re-send may group them differently); otherwise its requests
-        go on one by one, each as if sent alone."""
+        """A group stays together when its model takes groups and none of its requests
+        is pending already (a re-send may group them differently), in jobs no bigger
+        than :mod:`ipuserve.broker.grouping` allows; otherwise its requests go on one by
+        one, each as if sent alone."""
         if not row.group:
             return [row]
         spec = self._registry.specs.get(row.model)
@@ -67,7 +69,8 @@ class ClientHandlers:
             or any(self._jobs.pending(client, member) for member in row.group)
         ):
             return row.members()
-        return [row]
+        sizer = self._scheduler.group_sizer
+        return row.parts(sizer.members_per_job(spec, samples_of(spec, row.tensors)))
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
         for member in request.group or (request.request_id,):

@@ -24,6 +24,7 @@ from typing import TypeAlias
 from ipuserve import protocol as wire
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.dispatch import Dispatcher
+from ipuserve.broker.grouping import GroupSizer, samples_of
 from ipuserve.broker.jobs import Deadlines, JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.outbox import Outbox
@@ -57,6 +58,7 @@ class Scheduler:
         self.deadlines = Deadlines()
         self.outbox = outbox
         self.metrics = metrics
+        self.group_sizer = GroupSizer()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
         self._outgoing: dict[Worker, list[JobEntry]] = {}
@@ -151,6 +153,10 @@ class Scheduler:
             )
             self.reject(job, error)
             return
+        spec = self.registry.specs.get(job.model)
+        device_us = result.timing.get("device_us")
+        if spec is not None and device_us is not None:
+            self.group_sizer.observe(job.model, device_us, requests * samples_of(spec, job.tensors))
         timing = dict(result.timing)
         timing["broker_queue_us"] = (job.dispatched - job.received) * 1e6
         reply = wire.Reply(job.request_id, result.tensors, timing, job.group)

@@ -70,7 +70,7 @@ class ClientConfig:
     batch_payload_bytes: int = 64 << 10
     #: a batch leaves once it holds this many requests, without waiting for the turn
     #: to end: the next stage starts on it while this one prepares the rest
-    batch_requests: int = 16
+    batch_requests: int = 32
     routing_id: bytes | None = None
 
     def __post_init__(self) -> None:

@@ -51,6 +51,8 @@ class Pending:
     parse: Callable[[wire.Message, Pending], Any]
     started_ns: int = field(default_factory=time.perf_counter_ns)
     deadline_ns: int | None = None
+    #: sent once already: a re-send carries what is left of the timeout
+    sent: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None:
@@ -70,9 +72,11 @@ class Pending:
         return self.message_at(now_ns).encode()
 
     def message_at(self, now_ns: int) -> Message:
-        """The message to (re)send now; a request's timeout is what is left of it."""
+        """The message to send now: as built the first time (the broker's deadline is then
+        at most one turn of the I/O thread later than ours), and on a re-send with
+        what is left of the timeout."""
         message = self.message
-        resent = now_ns - self.started_ns > 1_000_000  # fresh: the timeout it was built with
+        resent, self.sent = self.sent, True
         if resent and isinstance(message, wire.Request) and self.deadline_ns is not None:
             left_ms = max((self.deadline_ns - now_ns) / 1e6, 0.001)
             message = dataclasses.replace(message, timeout_ms=round(left_ms, 3))

@@ -230,8 +230,10 @@ class Tensors:
             raise ValueError("a group's members must be single and share their specs")
         if len(members) == 1:
             return members[0]
+        # every frame kind (bytes, arrays, zmq.Frame, memoryview) has the buffer protocol
         frames = tuple(
-            b"".join([_buffer(m.frames[i]) for m in members]) for i in range(len(specs))
+            b"".join([m.frames[i] for m in members])  # type: ignore[misc]
+            for i in range(len(specs))
         )
         return cls(specs, frames, len(members))
 
@@ -267,20 +269,27 @@ class Tensors:
             for spec, frame in zip(self.specs, self.frames, strict=True)
         }
 
+    def slice(self, start: int, stop: int) -> Tensors:
+        """Members ``start`` to ``stop`` of a group, as views (one member: a single one)."""
+        stacks = [
+            _view(spec, frame, self.members)
+            for spec, frame in zip(self.specs, self.frames, strict=True)
+        ]
+        if stop - start == 1:
+            return Tensors(self.specs, tuple(stack[start] for stack in stacks))
+        return Tensors(self.specs, tuple(stack[start:stop] for stack in stacks), stop - start)
+
     def split(self) -> list[Tensors]:
-        """Each member's tensors, in order, as views of the group's frames."""
+        """Each member's tensors, in order, as views of the group's frames (read-only ones,
+        for received frames)."""
         if self.members == 1:
             return [self]
-        buffers = [_buffer(frame) for frame in self.frames]
+        stacks = [
+            _view(spec, frame, self.members)
+            for spec, frame in zip(self.specs, self.frames, strict=True)
+        ]
         return [
-            Tensors(
-                self.specs,
-                tuple(
-                    buffer[i * spec.nbytes : (i + 1) * spec.nbytes]
-                    for spec, buffer in zip(self.specs, buffers, strict=True)
-                ),
-            )
-            for i in range(self.members)
+            Tensors(self.specs, tuple(stack[i] for stack in stacks)) for i in range(self.members)
         ]
 
     def stacked(self, dim: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -350,16 +359,10 @@ def _view(spec: TensorSpec, frame: Frame, members: int = 1) -> np.ndarray[Any, A
     shape = spec.shape if members == 1 else (members, *spec.shape)
     if isinstance(frame, np.ndarray):
         return frame if frame.shape == shape else frame.reshape(shape)
-    array = np.frombuffer(_buffer(frame), dtype=DTYPES[spec.dtype]).reshape(shape)
+    buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
+    array = np.frombuffer(buffer, dtype=DTYPES[spec.dtype]).reshape(shape)
     array.flags.writeable = False
     return array
-
-
-def _buffer(frame: Frame) -> memoryview:
-    """A frame's bytes, without a copy (a received frame's memory, an array's data)."""
-    if isinstance(frame, zmq.Frame):
-        return frame.buffer
-    return memoryview(frame).cast("B")  # type: ignore[arg-type]
 
 
 #: (id(model), id(given)) -> (model, given) for input specs that passed: decoding hands
@@ -435,13 +438,20 @@ class Request:
 
     def members(self) -> list[Request]:
         """The group as single requests (a single request: itself)."""
-        if not self.group:
+        return self.parts(1)
+
+    def parts(self, size: int) -> list[Request]:
+        """The group as groups of at most ``size`` requests (a part of one: a single
+        request), their tensors views of this group's frames."""
+        if not self.group or len(self.group) <= size:
             return [self]
-        parts = self.tensors.split()
-        return [
-            Request(ident, self.model, part, self.timeout_ms)
-            for ident, part in zip(self.group, parts, strict=True)
-        ]
+        parts = []
+        for start in range(0, len(self.group), size):
+            ids = self.group[start : start + size]
+            tensors = self.tensors.slice(start, start + len(ids))
+            group = ids if len(ids) > 1 else ()
+            parts.append(Request(ids[0], self.model, tensors, self.timeout_ms, group))
+        return parts
 
     def encode(self) -> list[Frame]:
         timeout = "" if self.timeout_ms is None else f',"timeout_ms":{_json(self.timeout_ms)}'

@@ -723,3 +723,25 @@ def test_groupable_models_have_the_batching_dim_in_every_tensor() -> None:
     assert p.ModelSpec("m", (x,), (x,), 4, 0).groupable
     assert not p.ModelSpec("m", (x,), (x,), 4, None).groupable
     assert not p.ModelSpec("m", (x,), (scalar,), 4, 0).groupable
+
+
+def test_a_group_cut_into_parts_keeps_each_request_with_its_tensors() -> None:
+    given = members(5, seed=9)
+    ids = tuple(b"p%d" % i for i in range(5))
+    group = p.Request(b"p0", "m", p.Tensors.group(given), 7.0, ids)
+    received_group = p.decode(received(p.Requests((group,)).encode()))
+    assert isinstance(received_group, p.Requests)
+    parts = received_group.requests[0].parts(2)
+    assert [(part.group, part.tensors.members) for part in parts] == [
+        (ids[0:2], 2),
+        (ids[2:4], 2),
+        ((), 1),
+    ]
+    assert parts[2].request_id == b"p4" and parts[2].timeout_ms == 7.0
+    again = p.decode(received(p.Requests(tuple(parts)).encode()))  # parts travel on as such
+    assert isinstance(again, p.Requests)
+    singles = [one for part in again.requests for one in part.members()]
+    assert [one.request_id for one in singles] == list(ids)
+    for one, want in zip(singles, given, strict=True):
+        for name, array in want.arrays().items():
+            np.testing.assert_array_equal(one.tensors.arrays()[name], array)

@@ -424,7 +424,7 @@ def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
     worker = fake(broker, workers, credit=2)
-    given = [add_inputs(2, seed=i) for i in range(3)]
+    given = [add_inputs(1, seed=i) for i in range(3)]  # 3 samples: within one batch of 4
     ids = (b"g0", b"g1", b"g2")
     client.send(wire.Requests((group_request(ids, given),)))
     job = worker.job()
@@ -493,3 +493,32 @@ def test_a_worker_answering_a_group_with_other_members_fails_each_request(
     errors = [client.recv(), client.recv()]
     assert {e.request_id for e in errors if isinstance(e, wire.ErrorReply)} == {b"a", b"b"}
     assert all(isinstance(e, wire.ErrorReply) and e.code == "INFERENCE_FAILED" for e in errors)
+
+
+def test_a_group_bigger_than_a_batch_is_cut_until_the_device_proves_cheap(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """Unknown device time: jobs of one batch (4 samples: 2 requests of 2). Once the
+    worker reports a tiny device_us, the next group of 6 stays one job."""
+    worker = fake(broker, workers, credit=8)
+    given = [add_inputs(2, seed=i) for i in range(6)]
+    ids = tuple(b"a%d" % i for i in range(6))
+    client.send(wire.Requests((group_request(ids, given),)))
+    jobs = [worker.job() for _ in range(3)]
+    assert [job.tensors.members for job in jobs] == [2, 2, 2]
+    worker.answer(*jobs)  # device_us 1.0 per job of 4 samples
+    replies = client.recv()
+    assert isinstance(replies, wire.Replies)
+    answered = [r for row in replies.replies for r in row.members()]
+    assert [r.request_id for r in answered] == list(ids)
+    for reply, inputs in zip(answered, given, strict=True):
+        assert_add_reply(reply, inputs)
+    again = tuple(b"b%d" % i for i in range(6))
+    client.send(wire.Requests((group_request(again, given),)))
+    job = worker.job()
+    assert job.tensors.members == 6
+    worker.answer(job)
+    replies = client.recv()
+    assert isinstance(replies, wire.Replies)
+    (row,) = replies.replies
+    assert row.group == again

@@ -343,6 +343,8 @@ def test_a_silent_broker_gets_the_pending_requests_again(broker: FakeBroker) -> 
         assert client.stats.resent >= 1
         assert client.stats.epoch_changes == 0
         assert len({r.request_id for r in broker.requests}) == 1
+        first, again = broker.requests[0].timeout_ms, broker.requests[-1].timeout_ms
+        assert first == 20_000 and again is not None and again < first  # what is left of it
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -> None:

@@ -1,0 +1,49 @@
+"""How big a group job may be: one batch, or more while the device time is small."""
+
+from __future__ import annotations
+
+from ipuserve import protocol as wire
+from ipuserve.broker.grouping import DEVICE_BUDGET_US, GroupSizer, samples_of
+
+X = wire.TensorSpec("x", "float32", (16, 8))
+MLP = wire.ModelSpec("mlp", (X,), (X,), batch_size=16, batching_dim=0)
+
+
+def test_until_a_model_reports_device_time_a_job_holds_one_batch() -> None:
+    sizer = GroupSizer()
+    assert sizer.members_per_job(MLP, member_samples=1) == 16
+    assert sizer.members_per_job(MLP, member_samples=4) == 4
+    assert sizer.members_per_job(MLP, member_samples=16) == 1
+    assert sizer.members_per_job(MLP, member_samples=40) == 1  # never below one request
+
+
+def test_a_cheap_device_lets_a_job_hold_the_budget_of_device_time() -> None:
+    sizer = GroupSizer()
+    sizer.observe("mlp", device_us=16.0, samples=16)  # 1 us per sample
+    assert sizer.members_per_job(MLP, member_samples=1) == int(DEVICE_BUDGET_US)
+    assert sizer.members_per_job(MLP, member_samples=4) == int(DEVICE_BUDGET_US / 4)
+
+
+def test_an_expensive_device_keeps_jobs_at_one_batch() -> None:
+    sizer = GroupSizer()
+    sizer.observe("mlp", device_us=5000.0, samples=16)  # 5 ms per batch
+    assert sizer.members_per_job(MLP, member_samples=16) == 1
+    assert sizer.members_per_job(MLP, member_samples=1) == 16
+
+
+def test_the_estimate_follows_the_device_as_a_moving_average() -> None:
+    sizer = GroupSizer()
+    sizer.observe("mlp", device_us=16.0, samples=16)
+    for _ in range(40):
+        sizer.observe("mlp", device_us=8000.0, samples=16)  # the model got slow
+    assert sizer.members_per_job(MLP, member_samples=1) == 16
+    sizer.observe("mlp", device_us=-1.0, samples=16)  # nonsense is ignored
+    sizer.observe("mlp", device_us=10.0, samples=0)
+    assert sizer.members_per_job(MLP, member_samples=1) == 16
+
+
+def test_samples_of_a_member_are_its_size_along_the_batching_dim() -> None:
+    tensors = wire.Tensors((wire.TensorSpec("x", "float32", (3, 8)),), (bytes(96),))
+    assert samples_of(MLP, tensors) == 3
+    fixed = wire.ModelSpec("f", (X,), (X,), batch_size=16, batching_dim=None)
+    assert samples_of(fixed, tensors) == 16
