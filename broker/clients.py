@@ -70,7 +70,9 @@ class ClientHandlers:
         ):
             return row.members()
         sizer = self._scheduler.group_sizer
-        return row.parts(sizer.members_per_job(spec, samples_of(spec, row.tensors)))
+        size = sizer.members_per_job(spec, samples_of(spec, row.tensors))
+        fits = self._max_payload_bytes // max(1, row.tensors.nbytes)  # frames within the limit
+        return row.parts(max(1, min(size, fits)))
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
         for member in request.group or (request.request_id,):

@@ -234,7 +234,8 @@ class IoLoop:
     def _send_batch(self, batch: list[Pending]) -> None:
         now = time.perf_counter_ns()
         requests = [m for p in batch if isinstance(m := p.message_at(now), wire.Request)]
-        message = wire.Requests(tuple(_grouped(requests)))
+        limit = self.stats.max_payload_bytes or wire.FRAME_SLACK_BYTES
+        message = wire.Requests(tuple(_grouped(requests, limit)))
         for frames in wire.encode_batch(message):  # the broker decodes with the defaults
             try:
                 _send_frames(self._sock, frames)
@@ -392,17 +393,26 @@ class IoLoop:
         return -1 if not waits else max(int(min(waits)) + 1, 0)
 
 
-def _grouped(requests: list[wire.Request]) -> Iterator[wire.Request]:
+def _grouped(requests: list[wire.Request], max_bytes: int) -> Iterator[wire.Request]:
     """Runs of requests for the same model with the same tensor specs, as groups: the
     broker and the worker handle a group as one job, so its requests cost them little
-    more than one. A group's timeout is its members' latest (this thread still times
-    out each request at its own deadline)."""
+    more than one. A group's tensors stay within ``max_bytes`` (the broker's payload
+    limit): each of its frames holds every member's tensor, and a frame past the limit
+    would be refused by ZeroMQ. A group's timeout is its members' latest (this thread
+    still times out each request at its own deadline)."""
     run: list[wire.Request] = []
+    size = 0
     for request in requests:
-        if run and (request.model != run[0].model or request.tensors.specs != run[0].tensors.specs):
+        nbytes = request.tensors.nbytes
+        if run and (
+            request.model != run[0].model
+            or request.tensors.specs != run[0].tensors.specs
+            or size + nbytes > max_bytes
+        ):
             yield _group(run)
-            run = []
+            run, size = [], 0
         run.append(request)
+        size += nbytes
     if run:
         yield _group(run)
 

@@ -408,9 +408,11 @@ class WorkerNode:
                 tensors = wire.Tensors.unstacked(outcome.outputs, held.members, dim)
         except IpuserveError as exc:
             raise InferenceError(f"unsendable outputs: {exc}") from exc
-        if self._session is not None and tensors.nbytes > self._session.max_payload_bytes:
+        nbytes = tensors.nbytes * tensors.members  # a group's frames hold every member's
+        if self._session is not None and nbytes > self._session.max_payload_bytes:
+            what = "request" if tensors.members == 1 else f"group of {tensors.members} requests"
             raise PayloadTooLargeError(
-                f"the outputs of this request take {tensors.nbytes} bytes; the broker's "
+                f"the outputs of this {what} take {nbytes} bytes; the broker's "
                 f"limit is {self._session.max_payload_bytes} (--max-payload-bytes)"
             )
         return tensors

@@ -522,3 +522,21 @@ def test_a_group_bigger_than_a_batch_is_cut_until_the_device_proves_cheap(
     assert isinstance(replies, wire.Replies)
     (row,) = replies.replies
     assert row.group == again
+
+
+def test_a_group_job_stays_within_the_payload_limit(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    broker = start_broker_thread(max_payload_bytes=130)  # a member takes 64 bytes
+    worker = fake(broker, workers, credit=4)
+    given = [add_inputs(1, seed=i) for i in range(3)]
+    with RawClient(broker.frontend_endpoint) as client:
+        client.send(wire.Requests((group_request((b"a", b"b", b"c"), given),)))
+        jobs = [worker.job(), worker.job()]
+        assert [job.tensors.members for job in jobs] == [2, 1]
+        worker.answer(*jobs)
+        replies = client.recv()
+        assert isinstance(replies, wire.Replies)
+        answered = [r for row in replies.replies for r in row.members()]
+        for reply, inputs in zip(answered, given, strict=True):
+            assert_add_reply(reply, inputs)

@@ -8,12 +8,15 @@ PONG and refuses such a request itself -- even as its very first request.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 import pytest
 
 from ipuserve import errors, protocol
 from ipuserve.client.client import Client
+from ipuserve.client.io_loop import ClientConfig
 from tests.helpers import (
     BrokerProc,
     Processes,
@@ -66,3 +69,25 @@ def test_without_a_timeout_an_oversized_request_still_fails(served: BrokerProc) 
         future = client.infer_async("add", huge_inputs(protocol.max_frame_bytes(LIMIT) * 2))
         error = future.exception(timeout=30)  # a backstop: the failure comes at the first PONG
         assert isinstance(error, errors.PayloadTooLargeError)
+
+
+def test_a_group_of_requests_stays_within_the_limit(served: BrokerProc) -> None:
+    """64 requests of 60 KiB made in one turn: together they would make frames of
+    about 2 MiB, which the broker's ZeroMQ would refuse (and drop the client); the
+    client groups at most the limit's worth of them."""
+    rows = 960  # x and y: 30 KiB each, 60 KiB a request (within the limit, batched)
+    given = [
+        {k: np.full((rows, 8), seed + i, np.float32) for i, k in enumerate("xy")}
+        for seed in range(64)
+    ]
+    config = ClientConfig(batch_requests=64)
+    with Client(served.frontend, timeout=30, config=config) as client:
+        client.infer("add", add_inputs(rows=1))  # the limit is known from here on
+        fanned_out: Future[list[Future[Any]]] = Future()
+        first = client.infer_async("add", add_inputs(rows=1))
+        first.add_done_callback(  # on the I/O thread: all 64 in one turn, one batch
+            lambda _f: fanned_out.set_result([client.infer_async("add", g) for g in given])
+        )
+        for future, inputs in zip(fanned_out.result(30), given, strict=True):
+            np.testing.assert_allclose(future.result(30)["z"], add_expected(inputs), rtol=1e-6)
+        assert client.stats.batched >= 64 and client.stats.resent == 0

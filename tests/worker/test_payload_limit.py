@@ -27,3 +27,17 @@ def test_outputs_beyond_the_brokers_limit_fail_with_payload_too_large(
     fail = expect_fail(broker, b"big", "PAYLOAD_TOO_LARGE")
     assert "160 bytes" in fail.message and f"limit is {limit}" in fail.message
     expect_result(broker, b"ok", broker.job(identity, b"ok", small))
+
+
+def test_a_groups_outputs_beyond_the_limit_fail_the_group(
+    broker: FakeBroker,  # noqa: F811
+    start_node: StartNode,  # noqa: F811
+) -> None:
+    start_node(GatedAdd().backend())
+    identity, _hello = broker.expect(wire.Hello)
+    broker.send(identity, wire.Welcome("epoch1", 50, 60_000, max_payload_bytes=129))
+    member = wire.Tensors.of(add_inputs(rows=2))  # z: 64 bytes each; 3 of them 192
+    group = wire.Tensors.group([member, member, member])
+    broker.send(identity, wire.Jobs((wire.Job(b"g", "add", group, None),)))
+    fail = expect_fail(broker, b"g", "PAYLOAD_TOO_LARGE")
+    assert "group of 3 requests take 192 bytes" in fail.message
