@@ -90,6 +90,9 @@ def broker(
     """Balance requests from clients across workers until SIGTERM."""
     from ipuserve.broker.config import BrokerConfig
     from ipuserve.broker.loop import Broker
+    from ipuserve.malloc import retain_freed_memory
+
+    retain_freed_memory()
 
     try:
         config = BrokerConfig(

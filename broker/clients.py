@@ -75,8 +75,8 @@ class ClientHandlers:
         return row.parts(max(1, min(size, fits)))
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
-        for member in request.group or (request.request_id,):
-            self._scheduler.refuse(client, member, error)
+        for request_id in request.ids:
+            self._scheduler.refuse(client, request_id, error)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
         if self._jobs.pending(client, request.request_id):

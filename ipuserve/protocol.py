@@ -436,6 +436,11 @@ class Request:
     #: holds one member per id. Empty for a single request.
     group: tuple[bytes, ...] = ()
 
+    @property
+    def ids(self) -> tuple[bytes, ...]:
+        """The ids of the requests this row stands for: a group's, or its one."""
+        return self.group or (self.request_id,)
+
     def members(self) -> list[Request]:
         """The group as single requests (a single request: itself)."""
         return self.parts(1)

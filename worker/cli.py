@@ -159,8 +159,10 @@ def _runner_backend(model_paths: list[str], **options: Any) -> Any:
 
 def serve(backend: Any, config: WorkerConfig) -> int:
     """Run a WorkerNode on this (main) thread until SIGTERM/SIGINT drains it; the exit code."""
+    from ipuserve.malloc import retain_freed_memory
     from ipuserve.worker.node import WorkerNode
 
+    retain_freed_memory()
     node = WorkerNode(backend, config)
 
     def stop(signum: int, _frame: object) -> None:
