@@ -18,6 +18,10 @@ timing) and their tensor frames follow job by job; a single job is a batch of on
 A client may batch too: REQUESTS carries the requests it has ready at once (laid
 out as JOBS), and the broker then answers those requests' results in REPLIES
 (laid out as RESULTS); a client that sends single REQUESTs gets single REPLYs.
+A row of REQUESTS may be a *group*: several requests of one model and tensor layout
+whose tensors share one frame each (members one after another); the broker and
+worker carry it as one job (a JOBS/RESULTS row with a member count) and the broker
+answers it in one REPLIES row (docs/protocol.md §2.3).
 
 :func:`decode` validates all of it before anything uses it and raises
 :class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
