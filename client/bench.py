@@ -113,7 +113,8 @@ def bench(
     spec = model_spec(client, model)
     chosen = dict(inputs) if inputs is not None else random_inputs(spec, batch, load.seed)
     samples = samples_in(spec, chosen)
-    before = client.stats.resent, client.stats.dropped_replies, client.stats.expired
+    stats = client.stats
+    before = stats.resent, stats.dropped_replies, stats.expired, stats.grouped
     recording = run_load(client_submit(client, model, chosen, samples), load, progress)
     summary = _head(model, load, samples, chosen) | summarize(recording)
     summary["client"] = {
@@ -121,6 +122,7 @@ def bench(
         "resent": client.stats.resent - before[0],
         "dropped_replies": client.stats.dropped_replies - before[1],
         "expired": client.stats.expired - before[2],
+        "grouped": client.stats.grouped - before[3],
     }
     return summary
 

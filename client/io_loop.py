@@ -88,6 +88,8 @@ class ClientStats:
     sent: int = 0
     #: of those, sent inside REQUESTS messages (several requests per message)
     batched: int = 0
+    #: of those, sent as members of groups (one job for several requests)
+    grouped: int = 0
     resent: int = 0
     replies: int = 0
     dropped_replies: int = 0
@@ -236,6 +238,7 @@ class IoLoop:
         requests = [m for p in batch if isinstance(m := p.message_at(now), wire.Request)]
         limit = self.stats.max_payload_bytes or wire.FRAME_SLACK_BYTES
         message = wire.Requests(tuple(_grouped(requests, limit)))
+        self.stats.grouped += sum(len(row.group) for row in message.requests)
         for frames in wire.encode_batch(message):  # the broker decodes with the defaults
             try:
                 _send_frames(self._sock, frames)

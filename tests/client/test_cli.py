@@ -89,6 +89,7 @@ def test_a_short_bench_prints_json_whose_counts_add_up(served: BrokerProc, load:
     assert summary["requests"] == 60
     assert summary["ok"] + sum(summary["errors"].values()) == summary["requests"]
     assert summary["client"]["sent"] >= summary["requests"]
+    assert 0 <= summary["client"]["grouped"] <= summary["client"]["sent"]
     assert summary["samples_per_request"] == 2
     assert summary["request_bytes"] == 2 * 2 * 8 * 4
     assert set(summary["split_us"]) == {

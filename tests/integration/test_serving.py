@@ -198,6 +198,7 @@ def test_kill_9_of_a_worker_under_load(procs: Processes, models: dict[str, Model
     assert metric(samples, "ipuserve_broker_replies_total") == 3000
     assert metric(samples, "ipuserve_broker_errors_total") == 0
     assert (stats.sent, stats.replies, stats.dropped_replies) == (3000, 3000, 0)
+    assert stats.grouped > 0  # groups were in flight when the worker died (~90 % here)
 
 
 def test_broker_restart_under_load(procs: Processes, models: dict[str, Model]) -> None:
@@ -217,9 +218,11 @@ def test_broker_restart_under_load(procs: Processes, models: dict[str, Model]) -
     with Client(broker.frontend, timeout=RESULT_TIMEOUT_S) as client:
         outcomes = drive(client, plan, window=16, progress=answered)
         epoch_changes = client.stats.epoch_changes
+        grouped = client.stats.grouped
     restarter.join(RESULT_TIMEOUT_S)
     assert restarted and restarted[0].epoch != broker.epoch
     assert epoch_changes >= 1  # the client noticed the new broker and re-sent
+    assert grouped > 0  # groups were in flight across the restart (~90 % here)
     assert len(outcomes) == 3000
     assert_all_correct(outcomes)
 
