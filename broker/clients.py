@@ -6,7 +6,6 @@ import logging
 import time
 
 from ipuserve import protocol as wire
-from ipuserve.broker.grouping import samples_of
 from ipuserve.broker.scheduler import Scheduler
 from ipuserve.errors import IpuserveError, ProtocolError, UnknownModelError
 
@@ -70,12 +69,12 @@ class ClientHandlers:
         ):
             return row.members()
         sizer = self._scheduler.group_sizer
-        size = sizer.members_per_job(spec, samples_of(spec, row.tensors))
+        size = sizer.members_per_job(spec, spec.samples(t.shape for t in row.tensors.specs))
         fits = self._max_payload_bytes // max(1, row.tensors.nbytes)  # frames within the limit
         return row.parts(max(1, min(size, fits)))
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
-        for request_id in request.ids:
+        for request_id in request.request_ids:
             self._scheduler.refuse(client, request_id, error)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:

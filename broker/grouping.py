@@ -44,12 +44,3 @@ class GroupSizer:
             return one_batch
         affordable = DEVICE_BUDGET_US / max(per_sample * member_samples, 1e-3)
         return max(one_batch, int(affordable))
-
-
-def samples_of(spec: wire.ModelSpec, tensors: wire.Tensors) -> int:
-    """Samples in one member of ``tensors`` (its size along the batching dimension)."""
-    dim = spec.batching_dim
-    for tensor in tensors.specs:
-        if dim is not None and len(tensor.shape) > dim:
-            return tensor.shape[dim]
-    return spec.batch_size

@@ -24,7 +24,7 @@ from typing import TypeAlias
 from ipuserve import protocol as wire
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.dispatch import Dispatcher
-from ipuserve.broker.grouping import GroupSizer, samples_of
+from ipuserve.broker.grouping import GroupSizer
 from ipuserve.broker.jobs import Deadlines, JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.outbox import Outbox
@@ -156,7 +156,8 @@ class Scheduler:
         spec = self.registry.specs.get(job.model)
         device_us = result.timing.get("device_us")
         if spec is not None and device_us is not None:
-            self.group_sizer.observe(job.model, device_us, requests * samples_of(spec, job.tensors))
+            samples = requests * spec.samples(t.shape for t in job.tensors.specs)
+            self.group_sizer.observe(job.model, device_us, samples)
         timing = dict(result.timing)
         timing["broker_queue_us"] = (job.dispatched - job.received) * 1e6
         reply = wire.Reply(job.request_id, result.tensors, timing, job.group)

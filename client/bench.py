@@ -73,10 +73,7 @@ def samples_in(spec: wire.ModelSpec | None, inputs: Mapping[str, Any]) -> int:
     """Samples one request carries: its size along the batching dimension, else the batch."""
     if spec is None or not inputs:
         return 1
-    if spec.batching_dim is None:
-        return spec.batch_size
-    first = next(iter(inputs.values()))
-    return int(np.shape(first)[spec.batching_dim])
+    return spec.samples(np.shape(array) for array in inputs.values())
 
 
 def client_submit(client: Client, model: str, inputs: Mapping[str, Any], samples: int) -> Submit:

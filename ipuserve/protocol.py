@@ -193,6 +193,16 @@ class ModelSpec:
             "batching_dim": self.batching_dim,
         }
 
+    def samples(self, shapes: Iterable[Sequence[int]]) -> int:
+        """Samples a request whose tensors have ``shapes`` carries: the size along the
+        batching dimension of the first that has it, else the compiled batch."""
+        dim = self.batching_dim
+        if dim is not None:
+            for shape in shapes:
+                if len(shape) > dim:
+                    return int(shape[dim])
+        return self.batch_size
+
     @property
     def groupable(self) -> bool:
         """Whether requests may travel as a group (one job, joined along the batching
@@ -275,10 +285,7 @@ class Tensors:
 
     def slice(self, start: int, stop: int) -> Tensors:
         """Members ``start`` to ``stop`` of a group, as views (one member: a single one)."""
-        stacks = [
-            _view(spec, frame, self.members)
-            for spec, frame in zip(self.specs, self.frames, strict=True)
-        ]
+        stacks = self._stacks()
         if stop - start == 1:
             return Tensors(self.specs, tuple(stack[start] for stack in stacks))
         return Tensors(self.specs, tuple(stack[start:stop] for stack in stacks), stop - start)
@@ -288,12 +295,16 @@ class Tensors:
         for received frames)."""
         if self.members == 1:
             return [self]
-        stacks = [
-            _view(spec, frame, self.members)
-            for spec, frame in zip(self.specs, self.frames, strict=True)
-        ]
+        stacks = self._stacks()
         return [
             Tensors(self.specs, tuple(stack[i] for stack in stacks)) for i in range(self.members)
+        ]
+
+    def _stacks(self) -> list[np.ndarray[Any, Any]]:
+        """Each frame as an array of shape ``(members, *spec.shape)``."""
+        return [
+            _view(spec, frame, self.members)
+            for spec, frame in zip(self.specs, self.frames, strict=True)
         ]
 
     def stacked(self, dim: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -441,7 +452,7 @@ class Request:
     group: tuple[bytes, ...] = ()
 
     @property
-    def ids(self) -> tuple[bytes, ...]:
+    def request_ids(self) -> tuple[bytes, ...]:
         """The ids of the requests this row stands for: a group's, or its one."""
         return self.group or (self.request_id,)
 
@@ -1065,7 +1076,7 @@ def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
     rows = [row for key in _ROW_KEYS for row in _as_list(header.get(key))]
     firsts = [row[0] for row in rows if isinstance(row, list) and row]
     ids = [i for first in firsts for i in (first if isinstance(first, list) else [first])]
-    found = (job_id for value in ids if (job_id := _peek_id_text(value)) is not None)
+    found = (job_id for value in ids if (job_id := _hex_id(value)) is not None)
     return list(dict.fromkeys(found))  # each id once, in order
 
 
@@ -1082,16 +1093,6 @@ def _peek_command(frame: Frame) -> Command | None:
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _peek_id_text(value: Any) -> bytes | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        job_id = bytes.fromhex(value)
-    except ValueError:
-        return None
-    return job_id if len(job_id) <= MAX_ID_BYTES else None
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:

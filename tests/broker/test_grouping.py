@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ipuserve import protocol as wire
-from ipuserve.broker.grouping import DEVICE_BUDGET_US, GroupSizer, samples_of
+from ipuserve.broker.grouping import DEVICE_BUDGET_US, GroupSizer
 
 X = wire.TensorSpec("x", "float32", (16, 8))
 MLP = wire.ModelSpec("mlp", (X,), (X,), batch_size=16, batching_dim=0)
@@ -42,8 +42,9 @@ def test_the_estimate_follows_the_device_as_a_moving_average() -> None:
     assert sizer.members_per_job(MLP, member_samples=1) == 16
 
 
-def test_samples_of_a_member_are_its_size_along_the_batching_dim() -> None:
-    tensors = wire.Tensors((wire.TensorSpec("x", "float32", (3, 8)),), (bytes(96),))
-    assert samples_of(MLP, tensors) == 3
+def test_a_requests_samples_are_its_size_along_the_batching_dim() -> None:
+    assert MLP.samples([(3, 8)]) == 3
+    assert MLP.samples([(), (5, 8)]) == 5  # the first tensor that has the dimension
+    assert MLP.samples([()]) == 16  # none has it: the compiled batch
     fixed = wire.ModelSpec("f", (X,), (X,), batch_size=16, batching_dim=None)
-    assert samples_of(fixed, tensors) == 16
+    assert fixed.samples([(3, 8)]) == 16
