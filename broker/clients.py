@@ -116,7 +116,7 @@ class ClientHandlers:
                 spec,
                 len(queues[name]) if name in queues else 0,
                 tuple(
-                    wire.WorkerLoad(w.worker_id, w.credit, len(w.in_flight))
+                    wire.WorkerLoad(w.worker_id, w.credit, len(w.in_flight), w.requests_in_flight)
                     for w in self._registry.serving.get(name, ())
                 ),
             )

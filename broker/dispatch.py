@@ -16,24 +16,32 @@ from ipuserve.errors import OverloadedError
 
 class ModelQueue:
     """A FIFO of queued jobs. Jobs answered while queued (expired, or answered by a
-    late result) stay in the deque as DONE and are skipped; ``len`` counts live ones."""
+    late result) stay in the deque as DONE and are skipped.
 
-    __slots__ = ("_jobs", "_live", "limit", "model")
+    ``len`` and ``limit`` count the clients' requests, not jobs: a group job holds
+    several, and the limit is what an operator sets in requests (``--queue-limit``).
+    A queue holding none admits any one job, so a limit smaller than a group does
+    not refuse that group forever.
+    """
+
+    __slots__ = ("_jobs", "_requests", "limit", "model")
 
     def __init__(self, model: str, limit: int) -> None:
         self.model = model
         self.limit = limit
         self._jobs: deque[JobEntry] = deque()
-        self._live = 0
+        self._requests = 0
 
     def __len__(self) -> int:
-        return self._live
+        """Queued requests (every member of a group job counts)."""
+        return self._requests
 
     def push(self, job: JobEntry) -> None:
-        if self._live >= self.limit:
+        requests = len(job.request_ids)
+        if self._requests and self._requests + requests > self.limit:
             raise OverloadedError(
-                f"model {self.model!r} has {self._live} queued requests (the limit); "
-                "try again later"
+                f"model {self.model!r} has {self._requests} queued requests and a limit of "
+                f"{self.limit}; {requests} more request(s) do not fit; try again later"
             )
         self._append(job, front=False)
 
@@ -45,7 +53,7 @@ class ModelQueue:
         job.state = State.QUEUED
         job.worker = None
         (self._jobs.appendleft if front else self._jobs.append)(job)
-        self._live += 1
+        self._requests += len(job.request_ids)
 
     def head(self) -> JobEntry | None:
         while self._jobs and self._jobs[0].state is not State.QUEUED:
@@ -56,12 +64,12 @@ class ModelQueue:
         job = self.head()
         if job is not None:
             self._jobs.popleft()
-            self._live -= 1
+            self._requests -= len(job.request_ids)
         return job
 
-    def forget(self) -> None:
-        """One queued job was answered another way (the caller marked it DONE)."""
-        self._live -= 1
+    def forget(self, job: JobEntry) -> None:
+        """A queued job was answered another way (the caller marks it DONE)."""
+        self._requests -= len(job.request_ids)
 
     def live_jobs(self) -> list[JobEntry]:
         return [job for job in self._jobs if job.state is State.QUEUED]
@@ -94,7 +102,7 @@ class Dispatcher:
         self.queue(job.model).push_front(job)
 
     def forget(self, job: JobEntry) -> None:
-        self.queues[job.model].forget()
+        self.queues[job.model].forget(job)
 
     def next_for(self, worker: Worker) -> JobEntry | None:
         """The oldest queued job among the models ``worker`` serves."""

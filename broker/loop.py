@@ -209,7 +209,9 @@ class Broker:
 
     def _update_gauges(self) -> None:
         self.metrics.workers.set(len(self.registry.workers))
-        self.metrics.in_flight.set(sum(len(w.in_flight) for w in self.registry.workers.values()))
+        workers = self.registry.workers.values()
+        self.metrics.in_flight.set(sum(len(w.in_flight) for w in workers))
+        self.metrics.requests_in_flight.set(sum(w.requests_in_flight for w in workers))
         for model, queue in self.scheduler.dispatcher.queues.items():
             self.metrics.queued.set(len(queue), model=model)
 

@@ -22,7 +22,14 @@ class BrokerMetrics(Registry):
         self.workers_lost = Family(p + "workers_lost_total", "Workers dropped, by reason.")
         self.workers = Family(p + "workers", "Registered workers.", "gauge")
         self.queued = Family(p + "queued", "Queued requests, by model.", "gauge")
-        self.in_flight = Family(p + "in_flight", "Jobs held by workers.", "gauge")
+        self.in_flight = Family(
+            p + "in_flight", "Jobs held by workers (what their credit counts).", "gauge"
+        )
+        self.requests_in_flight = Family(
+            p + "requests_in_flight",
+            "Requests held by workers (a group job holds several).",
+            "gauge",
+        )
         self.queue_seconds = Histogram(p + "queue_seconds", "Admission to dispatch.")
         self.worker_seconds = Histogram(p + "worker_seconds", "Dispatch to result.")
         self.request_seconds = Histogram(p + "request_seconds", "Admission to reply.")

@@ -29,6 +29,12 @@ class Worker:
         return self.credit - len(self.in_flight)
 
     @property
+    def requests_in_flight(self) -> int:
+        """The clients' requests in ``in_flight`` (a group job holds several); credit
+        counts jobs, operators count requests."""
+        return sum(len(job.request_ids) for job in self.in_flight.values())
+
+    @property
     def load(self) -> float:
         return len(self.in_flight) / self.credit if self.credit else float("inf")
 

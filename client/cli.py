@@ -90,7 +90,11 @@ def infer(
     help="Give up after this long.",
 )
 def models(broker: str, as_json: bool, timeout_s: float) -> None:
-    """List the broker's models, their workers, credit, in-flight and queue depth."""
+    """List the broker's models, their workers, credit, in-flight and queue depth.
+
+    Credit and in-flight jobs count jobs (a group of requests is one job); queued and
+    in-flight requests count the clients' requests.
+    """
     with _typed_errors(), Client(broker, timeout=timeout_s) as client:
         found = client.models()
     if as_json:
@@ -99,19 +103,24 @@ def models(broker: str, as_json: bool, timeout_s: float) -> None:
     click.echo(models_table(found))
 
 
-_ROW = "{:20} {:>5} {:>6}  {:28} {:>6} {:>9}"
+_ROW = "{:20} {:>5} {:>6}  {:28} {:>6} {:>5} {:>8}"
 
 
 def models_table(found: list[wire.ModelInfo]) -> str:
-    """One row per (model, worker), then the model's inputs."""
-    header = _ROW.format("model", "batch", "queued", "worker", "credit", "in flight")
+    """One row per (model, worker), then the model's inputs. ``jobs`` is what the credit
+    bounds; ``requests`` what those jobs hold (more when clients send groups)."""
+    header = _ROW.format("model", "batch", "queued", "worker", "credit", "jobs", "requests")
     lines = [header, "-" * len(header)]
     for info in found:
         first = (info.spec.name, info.spec.batch_size, info.queued)
         for i, w in enumerate(info.workers or (wire.WorkerLoad("-", 0, 0),)):
             lines.append(
                 _ROW.format(
-                    *(first if i == 0 else ("", "", "")), w.worker_id, w.credit, w.in_flight
+                    *(first if i == 0 else ("", "", "")),
+                    w.worker_id,
+                    w.credit,
+                    w.in_flight,
+                    w.requests,
                 )
             )
         tensors = ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in info.spec.inputs)

@@ -534,22 +534,33 @@ class ListModels:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
+    """One worker of a model: ``credit`` and ``in_flight`` count jobs (a group is one),
+    ``requests`` the clients' requests those jobs hold."""
+
     worker_id: str
     credit: int
     in_flight: int
+    requests: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "credit": self.credit,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """A model as the broker lists it; ``queued`` counts requests."""
+
     spec: ModelSpec
     queued: int
     workers: tuple[WorkerLoad, ...]
 
     def to_json(self) -> dict[str, Any]:
-        workers = [
-            {"worker_id": w.worker_id, "credit": w.credit, "in_flight": w.in_flight}
-            for w in self.workers
-        ]
+        workers = [w.to_json() for w in self.workers]
         return {"spec": self.spec.to_json(), "queued": self.queued, "workers": workers}
 
 
@@ -1480,7 +1491,10 @@ def _model_specs(value: Any, limits: Limits) -> tuple[ModelSpec, ...]:
 
 def _worker_load(value: Any, limits: Limits) -> WorkerLoad:
     fields = _check_fields(_as_object(value), _LOAD_SCHEMA, "worker", limits)
-    return WorkerLoad(fields["worker_id"], fields["credit"], fields["in_flight"])
+    in_flight = fields["in_flight"]
+    return WorkerLoad(
+        fields["worker_id"], fields["credit"], in_flight, fields.get("requests", in_flight)
+    )
 
 
 def _model_info(value: Any, limits: Limits) -> ModelInfo:
@@ -1796,7 +1810,12 @@ _MODEL_SCHEMA = {
     "batch_size": _Field(_positive),
     "batching_dim": _Field(_optional(_count)),
 }
-_LOAD_SCHEMA = {"worker_id": _Field(_name), "credit": _Field(_count), "in_flight": _Field(_count)}
+_LOAD_SCHEMA = {
+    "worker_id": _Field(_name),
+    "credit": _Field(_count),
+    "in_flight": _Field(_count),
+    "requests": _Field(_count, required=False),  # older brokers of v3 leave it out
+}
 _INFO_SCHEMA = {
     "spec": _Field(_model_spec),
     "queued": _Field(_count),

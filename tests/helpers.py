@@ -45,6 +45,14 @@ REPLY_TIMEOUT = 20.0
 # ---------------------------------------------------------------- processes
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll an observable state change (never a fixed sleep standing in for one)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.0005)
+
+
 class Proc:
     """A child process whose merged stdout/stderr is collected line by line."""
 

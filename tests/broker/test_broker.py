@@ -11,7 +11,7 @@ from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
 from tests.broker.conftest import StartBroker
 from tests.broker.fakes import ADD, FakeWorker, result_for
-from tests.helpers import RawClient, add_inputs, assert_add_reply
+from tests.helpers import RawClient, add_inputs, assert_add_reply, wait_until
 
 INPUTS = add_inputs(2)
 
@@ -540,3 +540,43 @@ def test_a_group_job_stays_within_the_payload_limit(
         answered = [r for row in replies.replies for r in row.members()]
         for reply, inputs in zip(answered, given, strict=True):
             assert_add_reply(reply, inputs)
+
+
+def test_queue_limit_and_listing_count_a_groups_requests(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    """Credit counts jobs; the queue limit, ``queued`` and ``requests`` count requests."""
+    broker = start_broker_thread(queue_limit=4)
+    worker = fake(broker, workers, credit=1)
+    given = [add_inputs(1, seed=i) for i in range(3)]
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("add", INPUTS, request_id=b"alone")
+        running = worker.job()
+        client.send(wire.Requests((group_request((b"a", b"b", b"c"), given),)))
+        client.send(wire.Requests((group_request((b"x", b"y"), given[:2]),)))  # 3 + 2 > 4
+        refused = [client.recv(), client.recv()]
+        assert {e.request_id for e in refused if isinstance(e, wire.ErrorReply)} == {b"x", b"y"}
+        assert all(
+            isinstance(e, wire.ErrorReply)
+            and e.code == "OVERLOADED"
+            and "3 queued requests and a limit of 4" in e.message
+            for e in refused
+        )
+        (info,) = client.models()
+        assert info.queued == 3
+        assert [(w.credit, w.in_flight, w.requests) for w in info.workers] == [(1, 1, 1)]
+        worker.answer(running)
+        assert isinstance(client.recv(), wire.Reply)
+        group = worker.job()
+        (info,) = client.models()
+        assert info.queued == 0
+        assert [(w.credit, w.in_flight, w.requests) for w in info.workers] == [(1, 1, 3)]
+        metrics = broker.metrics  # gauges: set on the broker's next heartbeat tick
+        wait_until(lambda: metrics.requests_in_flight.value() == 3)
+        assert metrics.in_flight.value() == 1
+        worker.answer(group)
+        replies = client.recv()
+    assert isinstance(replies, wire.Replies)
+    answered = [r for row in replies.replies for r in row.members()]
+    for reply, inputs in zip(answered, given, strict=True):
+        assert_add_reply(reply, inputs)

@@ -15,8 +15,12 @@ from tests.broker.fakes import ADD
 TABLE = JobTable()
 
 
-def job(model: str = "add", at: float = 0.0, timeout_ms: float | None = None) -> JobEntry:
-    return TABLE.create(b"client", b"%f" % at, model, Tensors(), at, timeout_ms)
+def job(
+    model: str = "add", at: float = 0.0, timeout_ms: float | None = None, members: int = 0
+) -> JobEntry:
+    """A job; with ``members``, a group job of that many requests."""
+    group = tuple(b"%f-%d" % (at, i) for i in range(members))
+    return TABLE.create(b"client", b"%f" % at, model, Tensors(), at, timeout_ms, group=group)
 
 
 def test_a_queue_is_bounded_but_requeued_jobs_always_fit() -> None:
@@ -35,8 +39,43 @@ def test_jobs_answered_while_queued_are_skipped_and_not_counted() -> None:
     queue.push(first)
     queue.push(second)
     first.state = State.DONE
-    queue.forget()
+    queue.forget(first)
     assert len(queue) == 1 and queue.pop() is second and queue.pop() is None
+
+
+def test_a_queue_counts_and_limits_requests_not_jobs() -> None:
+    queue = ModelQueue("add", limit=10)
+    group = job(at=1, members=6)
+    queue.push(group)
+    assert len(queue) == 6
+    with pytest.raises(OverloadedError, match="6 queued requests and a limit of 10; 5 more"):
+        queue.push(job(at=2, members=5))
+    queue.push(job(at=3, members=4))
+    assert len(queue) == 10
+    with pytest.raises(OverloadedError):
+        queue.push(job(at=4))
+    assert queue.pop() is group and len(queue) == 4
+    late = queue.head()
+    assert late is not None
+    late.state = State.DONE
+    queue.forget(late)
+    assert len(queue) == 0 and queue.pop() is None
+
+
+def test_an_empty_queue_admits_a_group_bigger_than_its_limit() -> None:
+    queue = ModelQueue("add", limit=2)
+    queue.push(job(members=5))  # else a limit under the group size would refuse it forever
+    assert len(queue) == 5
+    with pytest.raises(OverloadedError):
+        queue.push(job(at=1))
+
+
+def test_a_worker_counts_the_requests_its_jobs_hold() -> None:
+    worker = Registry().add(b"w", Hello("w", (ADD,), 4), 0.0)
+    worker.in_flight[b"1"] = job(at=1, members=3)
+    worker.in_flight[b"2"] = job(at=2)
+    assert len(worker.in_flight) == 2 and worker.requests_in_flight == 4
+    assert worker.spare == 2  # credit counts jobs
 
 
 def test_choose_picks_the_least_loaded_worker_with_spare_credit() -> None:

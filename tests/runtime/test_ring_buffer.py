@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 
 from ipuserve.errors import RuntimeUsageError
 from ipuserve.runtime.ring_buffer import SpscRingBuffer
+from tests.helpers import wait_until
 
 
 class Background:
@@ -37,14 +37,6 @@ class Background:
         if self._error is not None:
             raise self._error
         return self._value
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll an observable state change (never a fixed sleep standing in for one)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.0005)
 
 
 def waiting(rb: SpscRingBuffer[Any], count: int = 1) -> Callable[[], bool]:
