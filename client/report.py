@@ -56,6 +56,25 @@ def run_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(levels: list[dict[str, Any]]) -> str:
+    """One row per load level of a sweep: throughput, latency percentiles, errors."""
+    closed = levels[0].get("mode") == "closed"
+    header = (
+        f"{'in flight' if closed else 'rate/s':>10} {'req/s':>10} {'samples/s':>10} "
+        f"{'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'p99.9 us':>9} {'ok':>8}  errors"
+    )
+    lines = [f"mode        {levels[0].get('mode', '?')}", header, "-" * len(header)]
+    for level in levels:
+        tp, lat = level["throughput"], level["latency_us"]
+        lines.append(
+            f"{level['in_flight'] if closed else level['rate']:>10g} "
+            f"{tp['req_per_s']:10.1f} {tp['samples_per_s']:10.1f} "
+            + " ".join(f"{lat[key]:9.0f}" for key in ("p50", "p90", "p99", "p99.9"))
+            + f" {level['ok']:8d}  {_errors(level)}"
+        )
+    return "\n".join(lines)
+
+
 def _load(summary: dict[str, Any]) -> str:
     if summary.get("mode") == "open":
         return f"rate {summary.get('rate')} req/s"

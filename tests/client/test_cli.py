@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,39 @@ def labelled(text: str) -> dict[str, float]:
     """'p50 12  p90 30' -> {'p50': 12.0, 'p90': 30.0}."""
     words = text.split()
     return {key: float(value) for key, value in zip(words[::2], words[1::2], strict=True)}
+
+
+def test_a_concurrency_sweep_prints_a_row_per_level_and_plots_them(
+    served: BrokerProc, tmp_path: Path
+) -> None:
+    plot, saved = tmp_path / "curve.svg", tmp_path / "sweep.json"
+    printed = invoke(
+        "bench", "--broker", served.frontend, "--model", "add", "--warmup-s", "0",
+        "--requests", "40", "--concurrency", "1,4", "--plot", str(plot), "--output", str(saved),
+    )  # fmt: skip
+    levels = json.loads(saved.read_text())["sweep"]
+    assert [level["in_flight"] for level in levels] == [1, 4]
+    assert all(level["requests"] == level["ok"] == 40 for level in levels)
+    rows = printed.splitlines()[3:]
+    for row, level in zip(rows, levels, strict=True):
+        cells = row.split()
+        assert int(cells[0]) == level["in_flight"]
+        assert float(cells[1]) == level["throughput"]["req_per_s"]
+        assert float(cells[3]) == round(level["latency_us"]["p50"])
+    root = ET.fromstring(plot.read_text())
+    lines = root.findall(".//{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2  # p50 and p99
+    assert all(len(line.attrib["points"].split()) == 2 for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "0,4"], "every value must be > 0"),
+        (["--rate", "10,fast"], "not a number or a comma-separated list"),
+        (["--suite", "fabric", "--plot", "x.svg"], "--plot draws a --concurrency or --rate"),
+    ],
+)
+def test_bench_refuses_bad_levels_before_it_starts(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["bench", "--broker", "tcp://127.0.0.1:1", *args])
+    assert result.exit_code == 2 and message in result.output
