@@ -59,8 +59,8 @@ def line_chart(
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{width / 2:.1f}" y="22" text-anchor="middle" font-size="15">'
         f"{escape(title)}</text>",
-        *_x_axis(x_scale, x.label, height, width),
-        *_y_axis(y_scale, y.label, height, width),
+        *_x_axis(x_scale, x.label, height),
+        *_y_axis(y_scale, y.label, right=x_scale.end),
     ]
     for index, line in enumerate(shown):
         parts.extend(_line(line, _colour(line, index), x_scale, y_scale))
@@ -141,7 +141,7 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def _x_axis(scale: _Scale, label: str, height: int, width: int) -> list[str]:
+def _x_axis(scale: _Scale, label: str, height: int) -> list[str]:
     base = height - _MARGIN["bottom"]
     out = [
         f'<line x1="{scale.start:.1f}" y1="{base}" x2="{scale.end:.1f}" y2="{base}" '
@@ -163,7 +163,7 @@ def _x_axis(scale: _Scale, label: str, height: int, width: int) -> list[str]:
     return out
 
 
-def _y_axis(scale: _Scale, label: str, height: int, width: int) -> list[str]:
+def _y_axis(scale: _Scale, label: str, right: float) -> list[str]:
     left = _MARGIN["left"]
     out = [
         f'<line x1="{left}" y1="{scale.start:.1f}" x2="{left}" y2="{scale.end:.1f}" '
@@ -172,8 +172,7 @@ def _y_axis(scale: _Scale, label: str, height: int, width: int) -> list[str]:
     for tick in scale.ticks():
         at = scale(tick)
         out.append(
-            f'<line x1="{left}" y1="{at:.1f}" x2="{width - _MARGIN["right"]}" y2="{at:.1f}" '
-            'stroke="#e0e0e0"/>'
+            f'<line x1="{left}" y1="{at:.1f}" x2="{right:.1f}" y2="{at:.1f}" stroke="#e0e0e0"/>'
         )
         out.append(
             f'<text x="{left - 6}" y="{at + 4:.1f}" text-anchor="end">{_number(tick)}</text>'
