@@ -1,12 +1,19 @@
-"""The README's promises that can drift: the configuration reference and the two commands."""
+"""The README's promises that can drift: the configuration reference, the two commands and
+the runtime example."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
 
 from ipuserve.cli import main
 from ipuserve.config_reference import render
+from ipuserve.runtime.popef import examples
+from ipuserve.runtime.popef.container import write_model
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 CI = Path(__file__).resolve().parent.parent / ".ci" / "run"
@@ -29,3 +36,27 @@ def test_ci_runs_the_readmes_test_command() -> None:
     demo, tests = commands[:2]
     assert demo.endswith("ipuserve demo") and tests.endswith("pytest")
     assert tests in CI.read_text()
+
+
+def test_the_readmes_runtime_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snippet under "The runtime API", on the mlp.popef the README's tour writes:
+    its outputs match the model's numpy reference and its statistics are not empty."""
+    (snippet,) = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+        if "import ipuserve.runtime as model_runtime" in block
+    ]
+    model = examples.build("mlp")
+    write_model(model, tmp_path / "mlp.popef")
+    monkeypatch.chdir(tmp_path)
+    names: dict[str, Any] = {}
+    exec(compile(snippet, "README.md", "exec"), names)
+    try:
+        given = {"input": np.ones((5, 784), np.float32)}
+        want = examples.reference("mlp", given, examples.tensor_arrays(model))
+        np.testing.assert_allclose(names["future"]["probs"].numpy(), want["probs"], rtol=1e-5)
+        assert names["stats"], "the statistics the snippet prints are empty"
+    finally:
+        names["runner"].close()
