@@ -404,9 +404,11 @@ def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     names = [spec.name for spec in given]
     missing = [name for name in expected if name not in names]
     if missing:
+        unknown = [name for name in names if name not in expected]
+        extra = f"; not inputs of this model: {', '.join(unknown)}" if unknown else ""
         raise InvalidInputError(
             f"model {model.name!r} needs inputs {', '.join(expected)}; "
-            f"missing: {', '.join(missing)}"
+            f"missing: {', '.join(missing)}{extra}"
         )
     batches: dict[str, int] = {}
     for spec in given:

@@ -585,6 +585,11 @@ def test_check_inputs_accepts_any_batch_along_the_batching_dim() -> None:
     ("given", "model", "message"),
     [
         (specs(a=("float32", (2, 3))), SPEC, "missing: b"),
+        (  # a misspelt name: both halves of the mistake are named
+            specs(a=("float32", (2, 3)), bb=("int64", (2,))),
+            SPEC,
+            "missing: b; not inputs of this model: bb",
+        ),
         (specs(a=("float32", (2, 3)), b=("int64", (2,)), c=("int64", (2,))), SPEC, "no input 'c'"),
         (specs(a=("float64", (2, 3)), b=("int64", (2,))), SPEC, "must be float32, got float64"),
         (specs(a=("float32", (2, 4)), b=("int64", (2,))), SPEC, "must have shape (4, 3)"),
