@@ -14,6 +14,7 @@ for traffic and the runtime only to compute the numpy references.
 from __future__ import annotations
 
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -55,6 +56,7 @@ class Sent:
 
 def run_demo(config: DemoConfig, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Run the demo; the exit code (0 only if every request got a correct result)."""
+    own_workdir = config.workdir is None
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix="ipuserve-demo-"))
     say = _printer(out)
     say(f"ipuserve demo: working in {workdir} (process logs end up there)")
@@ -78,7 +80,13 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, err: TextIO = sys.std
         sent, elapsed, crashes = _drive(frontend, config, references, progress)
         say("stopping the broker and workers")
     _report(sent, elapsed, say)
-    return _verdict(config.requests, sent, crashes, elapsed, say)
+    code = _verdict(config.requests, sent, crashes, elapsed, say)
+    if own_workdir:  # a folder we made: gone after a clean run, kept to read after a failure
+        if code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            say(f"the process logs are kept in {workdir}")
+    return code
 
 
 def _write_models(workdir: Path, say: Callable[[str], None]) -> dict[str, Path]:

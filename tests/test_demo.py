@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,14 @@ def test_children_ignore_an_ipuserve_folder_in_the_working_directory(tmp_path: P
     )
     assert done.returncode == 0, done.stderr
     assert "ipuserve" in done.stdout
+
+
+def test_a_clean_run_removes_the_folder_it_made_for_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes it
+    out = io.StringIO()
+    code = demo_module.run_demo(demo_module.DemoConfig(requests=40, clients=4), out, io.StringIO())
+    assert code == 0, out.getvalue()
+    assert "working in " + str(tmp_path) in out.getvalue()
+    assert list(tmp_path.glob("ipuserve-demo-*")) == []
