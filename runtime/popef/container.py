@@ -146,6 +146,7 @@ def _write_zip(target: Path, blobs: Sequence[tuple[dict[str, Any], bytes]]) -> N
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp's 0600 would hide the model from others
         with os.fdopen(handle, "wb") as raw_file, zipfile.ZipFile(raw_file, "w") as archive:
             archive.writestr(INDEX_MEMBER, json.dumps(index, indent=1), zipfile.ZIP_DEFLATED)
             for entry, raw in blobs:
@@ -158,6 +159,13 @@ def _write_zip(target: Path, blobs: Sequence[tuple[dict[str, Any], bytes]]) -> N
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: put it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # -- reading --------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,17 @@ def test_round_trip(tmp_path: Path, name: str, split: bool) -> None:
 def test_default_mlp_round_trips(tmp_path: Path) -> None:
     built = examples.build("mlp")
     assert_same_model(load_model(write_model(built, tmp_path / "mlp.popef")), built)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_written_model_has_the_mode_the_umask_gives(tmp_path: Path, umask: int) -> None:
+    """Like any file the user creates (mkstemp alone would make every model 0600)."""
+    previous = os.umask(umask)
+    try:
+        (path,) = write_model(examples.build("simple"), tmp_path / "simple.popef")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
 
 
 def test_split_files_hold_what_they_should(tmp_path: Path) -> None:
