@@ -7,7 +7,7 @@ import signal
 
 import click
 
-from ipuserve.clikit import option
+from ipuserve.clikit import Endpoint, option
 from ipuserve.errors import ConfigError
 from ipuserve.protocol import DEFAULT_LIMITS
 
@@ -15,8 +15,18 @@ log = logging.getLogger(__name__)
 
 
 @click.command("broker")
-@option("--frontend", default="tcp://*:5555", help="Endpoint clients connect to.")
-@option("--backend", default="tcp://*:5556", help="Endpoint workers connect to.")
+@option(
+    "--frontend",
+    default="tcp://*:5555",
+    type=Endpoint(bind=True),
+    help="Endpoint clients connect to.",
+)
+@option(
+    "--backend",
+    default="tcp://*:5556",
+    type=Endpoint(bind=True, port=5556),
+    help="Endpoint workers connect to.",
+)
 @option(
     "--heartbeat-ms",
     default=1000,

@@ -4,6 +4,8 @@ Every option gets an environment variable automatically: the root group sets
 ``auto_envvar_prefix="IPUSERVE"``, so ``ipuserve worker --broker`` reads
 ``IPUSERVE_WORKER_BROKER``. :func:`option` makes ``--help`` show both the
 default and that variable, so the configuration reference is the help text.
+Every endpoint option takes :class:`Endpoint`, so a mistyped endpoint is a one-line
+usage error instead of ZeroMQ's ``Invalid argument`` traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import functools
 from typing import Any
 
 import click
+
+from ipuserve.endpoints import endpoint_problem
 
 option = functools.partial(click.option, show_default=True, show_envvar=True)
 
@@ -25,3 +29,19 @@ def parse_duration_ms(_ctx: Any, _param: Any, value: float | None) -> float | No
     if value is not None and value < 0:
         raise click.BadParameter("must be >= 0 milliseconds")
     return value
+
+
+class Endpoint(click.ParamType):  # type: ignore[type-arg]
+    """A ZeroMQ endpoint option (:func:`endpoint_problem`): a usage error, not a traceback."""
+
+    name = "ENDPOINT"
+
+    def __init__(self, *, bind: bool = False, port: int = 5555) -> None:
+        self.bind = bind
+        self.port = port
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        problem = endpoint_problem(str(value), bind=self.bind, port=self.port)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return str(value)

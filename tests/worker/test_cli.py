@@ -95,9 +95,15 @@ def test_broker_rejects_inconsistent_settings() -> None:
 
 
 def test_broker_reports_an_endpoint_it_cannot_bind() -> None:
-    result = CliRunner().invoke(main, ["broker", "--frontend", "bogus://x"])
+    """A well-formed address this host does not have (TEST-NET-3): ZeroMQ refuses the bind."""
+    result = CliRunner().invoke(main, ["broker", "--frontend", "tcp://203.0.113.1:5555"])
     assert result.exit_code == 1
-    assert "cannot bind bogus://x" in result.output
+    assert "cannot bind tcp://203.0.113.1:5555" in result.output
+
+
+def test_broker_refuses_an_address_that_is_no_endpoint() -> None:
+    result = CliRunner().invoke(main, ["broker", "--frontend", "bogus://x"])
+    assert result.exit_code == 2 and "is not a ZeroMQ endpoint" in result.output
 
 
 # ---------------------------------------------------------------- a real `ipuserve worker`
