@@ -7,25 +7,39 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from ipuserve.clikit import option, parse_duration_ms
+from ipuserve.clikit import Endpoint, option, parse_duration_ms
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
 log = logging.getLogger(__name__)
 
 
+class ModelFiles(click.Path):
+    """A model file; a list of them in the env var is split on whitespace, as the help
+    says (click splits a Path list on os.pathsep)."""
+
+    def split_envvar_value(self, rv: str) -> Sequence[str]:
+        return rv.split()
+
+
 @click.command("worker")
-@option("--broker", required=True, help="The broker's backend endpoint, e.g. tcp://HOST:5556.")
+@option(
+    "--broker",
+    required=True,
+    type=Endpoint(port=5556),
+    help="The broker's backend endpoint, e.g. tcp://HOST:5556.",
+)
 @option(
     "--model",
     "models",
     multiple=True,
     required=True,
-    type=click.Path(dir_okay=False),
+    type=ModelFiles(dir_okay=False),
     help="Model file(s) making one model (repeat the option; the env var takes a "
     "space-separated list).",
 )
@@ -35,7 +49,9 @@ log = logging.getLogger(__name__)
     "--batching-dim",
     default=None,
     type=click.IntRange(min=0),
-    help="Dimension along which requests of any size are packed into the compiled batch.",
+    help="Dimension along which requests of any size are packed into the compiled batch; "
+    "it must hold the compiled batch size in every input and output [default: 0 if it "
+    "does, else the one dimension that does].",
 )
 @option(
     "--batch-timeout-ms",

@@ -41,6 +41,11 @@ from ipuserve.worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
+#: A worker still without a WELCOME this long after it began (re)joining its broker
+#: says so at WARNING, then again every JOIN_WARNING_EVERY_S while it keeps retrying.
+JOIN_WARNING_AFTER_S = 3.0
+JOIN_WARNING_EVERY_S = 30.0
+
 
 class Exit(enum.Enum):
     """Why the loop left a connection."""
@@ -99,6 +104,10 @@ class WorkerNode:
         #: outcomes of this turn of the loop, sent together by _flush
         self._results: list[wire.Result] = []
         self._failures: list[wire.Fail] = []
+        #: while joining: when it began, when to warn next, what answered HELLO instead
+        self._joining_since = 0.0
+        self._join_warning_at = 0.0
+        self._join_answer: str | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -144,6 +153,9 @@ class WorkerNode:
     def _connect(self) -> bool:
         """HELLO until WELCOME, backing off between attempts; False if asked to stop."""
         delay = self._config.reconnect_min_ms / 1000
+        self._joining_since = time.monotonic()
+        self._join_warning_at = self._joining_since + JOIN_WARNING_AFTER_S
+        self._join_answer = None
         while not self._stopping:
             if self._handshake():
                 return True
@@ -159,20 +171,57 @@ class WorkerNode:
         deadline = time.monotonic() + self._config.handshake_timeout_ms / 1000
         poller = self._poller(sock)
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            events = dict(poller.poll(int(left * 1000) + 1))
+            events = dict(poller.poll(self._join_poll_ms(left)))
             if self._mailbox.fd in events:
                 self._unsent.extend(self._finish(self._mailbox.take()))
             if sock in events and self._welcomed(sock):
                 return True
+            self._warn_if_not_joined()
         sock.close(linger=0)
         return False
+
+    def _join_poll_ms(self, left: float) -> int:
+        """A poll timeout for ``left`` seconds that wakes in time for the next warning."""
+        until_warning = max(0.0, self._join_warning_at - time.monotonic())
+        return int(min(left, until_warning) * 1000) + 1
+
+    def _warn_if_not_joined(self) -> None:
+        """WARNING (now and then) that the broker has not let us in: silence would look
+        like a working worker that gets no traffic."""
+        now = time.monotonic()
+        if now < self._join_warning_at:
+            return
+        self._join_warning_at = now + JOIN_WARNING_EVERY_S
+        broker = self._config.broker
+        if self._join_answer is not None:
+            hint = (
+                f"it answered HELLO with {self._join_answer}: that is no broker's backend, "
+                "likely its frontend (client) endpoint; point --broker at the broker's "
+                "backend (worker) endpoint, e.g. tcp://HOST:5556"
+            )
+        else:
+            hint = (
+                "check that the broker is running and that this is its backend (worker) "
+                "endpoint, e.g. tcp://HOST:5556, not its frontend (client) one"
+            )
+        log.warning(
+            "worker %s has not joined the broker at %s after %.0f s (no WELCOME to its "
+            "HELLO); still retrying: %s",
+            self._config.worker_id,
+            broker,
+            now - self._joining_since,
+            hint,
+        )
 
     def _welcomed(self, sock: zmq.Socket[Any]) -> bool:
         try:
             message = wire.decode(wire.recv(sock), self._limits)
         except IpuserveError as exc:
             log.warning("malformed message during the handshake: %s", exc)
+            self._join_answer = f"a malformed message ({exc})"
             return False
+        if isinstance(message, wire.ErrorReply):  # what a frontend says to a HELLO
+            self._join_answer = f"ERROR {message.code} ({message.message})"
         if not isinstance(message, wire.Welcome):
             return False
         self._start_session(sock, message)
@@ -237,8 +286,9 @@ class WorkerNode:
         poller = zmq.Poller()
         poller.register(self._mailbox.fd, zmq.POLLIN)
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            if poller.poll(int(left * 1000) + 1):
+            if poller.poll(self._join_poll_ms(left)):
                 self._unsent.extend(self._finish(self._mailbox.take()))
+            self._warn_if_not_joined()
 
     def _close_session(self, linger: int) -> None:
         if self._session is not None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ipuserve.errors import (
     ClosedError,
+    ConfigError,
     InferenceError,
     InvalidInputError,
     IpuserveError,
@@ -46,8 +47,12 @@ from ipuserve.errors import (
 )
 from ipuserve.protocol import ModelSpec, TensorSpec
 from ipuserve.runtime import ModelRunner, ModelRunnerConfig, OutputFuture
+from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED
+from ipuserve.runtime.model_runner.io_plan import IoPlan, batch_dims
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
+from ipuserve.runtime.popef.types import Model
+from ipuserve.runtime.simulator.config import IPUS_ENV, SimulatorConfig
 from ipuserve.worker.backend import Done, Job, Refused, Result
 from ipuserve.worker.metrics import WorkerMetrics
 
@@ -76,17 +81,20 @@ class RunnerBackend:
     ) -> None:
         model = load_model(list(model_paths))
         batch = model.metadata.batchSize()
+        _check_inventory(model, replicas)
         multiplier = max(2, math.ceil(MIN_SLOTS_PER_REPLICA / batch))
+        dim = choose_batching_dim(model, batching_dim)
         config = ModelRunnerConfig(
             replication_factor=replicas,
-            batching_dim=0 if batching_dim is None else batching_dim,
+            batching_dim=BATCHING_DIM_DISABLED if dim is None else dim,
             is_batch_size_timeout_enabled=True,
             batch_size_timeout_ns=round(batch_timeout_ms * 1e6),
             flush_on_waiting_outputs=True,
             ring_buffer_size_multiplier=multiplier,
         )
         self._runner = ModelRunner(model, config=config)
-        self._batching_dim = config.batching_dim
+        #: None: no dynamic batching, each request is exactly one compiled batch
+        self._batching_dim = dim
         # One slot per replica stays free for the flush's padding item.
         self._slots = multiplier * batch - 1
         self._jobs = [0] * replicas
@@ -101,8 +109,8 @@ class RunnerBackend:
             batching_dim=self._batching_dim,
         )
         #: jobs can be merged when every tensor has the batching dimension to join on
-        self._mergeable = all(
-            len(t.shape) > self._batching_dim for t in (*self._spec.inputs, *self._spec.outputs)
+        self._mergeable = dim is not None and all(
+            len(t.shape) > dim for t in (*self._spec.inputs, *self._spec.outputs)
         )
         self.metrics = WorkerMetrics(self._spec.name)
         self.metrics.watch(self._runner)
@@ -128,7 +136,7 @@ class RunnerBackend:
     def submit(self, job: Job, done: Done) -> None:
         if job.model != self._spec.name:
             raise UnknownModelError(f"this worker serves {self._spec.name!r}, not {job.model!r}")
-        self._execute([job], [_samples(job, self._batching_dim)], dict(job.inputs), done)
+        self._execute([job], [self._samples_in(job)], dict(job.inputs), done)
 
     def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
         refused: list[Refused] = []
@@ -148,13 +156,13 @@ class RunnerBackend:
         group: list[Job] = []
         samples = 0
         for job in jobs:
-            n = _samples(job, self._batching_dim)
             if not self._merges(job):
                 if group:
                     yield group
                     group, samples = [], 0
                 yield [job]
                 continue
+            n = self._samples_in(job)
             if group and samples + n > MERGE_MAX_SAMPLES:
                 yield group
                 group, samples = [], 0
@@ -162,6 +170,9 @@ class RunnerBackend:
             samples += n
         if group:
             yield group
+
+    def _samples_in(self, job: Job) -> int:
+        return self._spec.samples(array.shape for array in job.inputs.values())
 
     def _merges(self, job: Job) -> bool:
         return (
@@ -171,13 +182,13 @@ class RunnerBackend:
         )
 
     def _submit_merged(self, jobs: list[Job], done: Done) -> None:
-        dim = self._batching_dim
+        dim = self._batching_dim or 0  # merged only when there is one
         names = list(jobs[0].inputs)
         try:
             inputs = {n: np.concatenate([job.inputs[n] for job in jobs], axis=dim) for n in names}
         except (KeyError, ValueError) as exc:  # validated against one spec: cannot happen
             raise InvalidInputError(f"jobs of one batch do not fit together: {exc}") from exc
-        self._execute(jobs, [_samples(job, dim) for job in jobs], inputs, done)
+        self._execute(jobs, [self._samples_in(job) for job in jobs], inputs, done)
 
     def _execute(
         self, jobs: list[Job], samples: list[int], inputs: dict[str, np.ndarray], done: Done
@@ -236,7 +247,7 @@ class RunnerBackend:
             return
         outputs = {name: np.asarray(array) for name, array in future.result().items()}
         timing = _timing(future, started)
-        parts = _split(outputs, samples, self._batching_dim) if len(jobs) > 1 else [outputs]
+        parts = _split(outputs, samples, self._batching_dim or 0) if len(jobs) > 1 else [outputs]
         for job, part in zip(jobs, parts, strict=True):
             self.metrics.finished(
                 "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
@@ -244,15 +255,107 @@ class RunnerBackend:
             done(job, Result(part, timing))
 
 
+def choose_batching_dim(model: Model, requested: int | None) -> int | None:
+    """The dimension to batch requests along: ``requested`` (``--batching-dim``) if the
+    model's execute inputs and outputs all hold the compiled batch size along it;
+    without one, dimension 0 if they do there, else the only dimension where they do,
+    else None -- no dynamic batching: each request carries exactly the compiled shapes.
+    Batching along any other dimension would run wrong maths silently (samples packed
+    into rows the model treats differently), so a wrong ``requested`` or a choice of
+    several is a ConfigError."""
+    batch = model.metadata.batchSize()
+    plan = IoPlan(model, ModelRunnerConfig())
+    tensors = [
+        (anchor.name(), tuple(anchor.tensorInfo().shape()))
+        for anchor in (*plan.execute_inputs, *plan.execute_outputs)
+    ]
+    shaped = [(name, shape) for name, shape in tensors if shape]
+    if not shaped:  # scalars only: nothing to batch along
+        return 0 if requested is None else requested
+    dims = batch_dims((shape for _, shape in shaped), batch)
+    name = model.metadata.modelName()
+    if requested is not None:
+        if requested in dims:
+            return requested
+        tensor, shape = next(
+            (t, s) for t, s in shaped if len(s) <= requested or s[requested] != batch
+        )
+        holds = (
+            f"has no dimension {requested}"
+            if len(shape) <= requested
+            else f"holds {shape[requested]} along dimension {requested}"
+        )
+        hint = "" if dims else "; leave --batching-dim out to serve it without dynamic batching"
+        raise ConfigError(
+            f"--batching-dim {requested} is not where model {name!r} holds its compiled "
+            f"batch size {batch}: its tensor {tensor!r} of shape {list(shape)} {holds}; "
+            f"{_where(dims, batch, shaped)}{hint}"
+        )
+    if 0 in dims:
+        return 0
+    if len(dims) == 1:
+        log.info(
+            "model %r holds its batch of %d along dimension %d of every input and output: "
+            "batching requests along it (--batching-dim %d)",
+            name,
+            batch,
+            dims[0],
+            dims[0],
+        )
+        return dims[0]
+    if not dims:
+        log.warning(
+            "model %r: %s; serving it without dynamic batching (every request must carry "
+            "exactly the compiled shapes)",
+            name,
+            _where(dims, batch, shaped),
+        )
+        return None
+    raise ConfigError(
+        f"cannot tell which dimension of model {name!r} holds its batch of {batch}: "
+        f"{_where(dims, batch, shaped)}"
+    )
+
+
+def _where(dims: list[int], batch: int, shaped: list[tuple[str, tuple[int, ...]]]) -> str:
+    """Which --batching-dim would work, for an error message."""
+    if len(dims) == 1:
+        return (
+            f"dimension {dims[0]} holds {batch} in every input and output: "
+            f"pass --batching-dim {dims[0]}"
+        )
+    if dims:
+        listed = " and ".join(map(str, dims))
+        return (
+            f"dimensions {listed} all hold {batch} in every input and output: pass "
+            "--batching-dim with the one that holds the batch"
+        )
+    each = "; ".join(
+        f"{name} {list(shape)}: "
+        + (", ".join(str(d) for d, n in enumerate(shape) if n == batch) or "none")
+        for name, shape in shaped
+    )
+    return f"no dimension holds {batch} in every input and output (dimensions holding it: {each})"
+
+
+def _check_inventory(model: Model, replicas: int) -> None:
+    """Refuse up front what the simulated host can never hold: else the runner fails on
+    the first replica it cannot place, blaming IPUs in use."""
+    host = SimulatorConfig.from_env().num_ipus
+    each = model.metadata.numIpus()
+    if replicas * each <= host:
+        return
+    fits = host // each if each else 0
+    fewer = f"use --replicas {fits} or fewer, or " if fits else ""
+    raise ConfigError(
+        f"{replicas} replicas of model {model.metadata.modelName()!r} need "
+        f"{replicas * each} IPUs ({each} each), but this host's simulated inventory has "
+        f"{host}: {fewer}give the worker more IPUs with --ipus (or {IPUS_ENV})"
+    )
+
+
 def _spec(desc: DataDesc) -> TensorSpec:
     return TensorSpec(desc.name, desc.data_type.value, tuple(desc.shape))
-
-
-def _samples(job: Job, batching_dim: int) -> int:
-    for array in job.inputs.values():
-        if array.ndim > batching_dim:
-            return int(array.shape[batching_dim])
-    return 1
 
 
 def _split(

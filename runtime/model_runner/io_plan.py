@@ -9,7 +9,7 @@ model unrunnable, so they are refused up front.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ class IoPlan:
         inputs = [self._slot(a, config) for a in self.execute_inputs]
         outputs = [self._slot(a, config) for a in self.execute_outputs]
         if config.dynamic_batching:
-            self._check_batch_extents([*inputs, *outputs])
+            self._check_batch_extents([*inputs, *outputs], meta.batchSize())
         self.validator = RequestValidator(inputs, outputs, set(self.frozen))
 
     # -- descriptions -------------------------------------------------------------
@@ -109,15 +109,33 @@ class IoPlan:
             anchor.name(), shape, info.numpyDType(), dim if shape else 0, config.dynamic_batching
         )
 
-    def _check_batch_extents(self, slots: list[TensorSlot]) -> None:
-        """Samples of one request travel through every queue: all must batch alike."""
-        extents = {s.name: s.batch for s in slots if s.shape}
+    def _check_batch_extents(self, slots: list[TensorSlot], batch: int) -> None:
+        """Samples of one request travel through every queue: all must batch alike, and
+        along the dimension that holds the compiled batch -- packing samples along any
+        other one would mix rows the model computes differently (spec 3.6: batching_dim
+        is "the dimension that contains the value for the batch size")."""
+        shaped = [s for s in slots if s.shape]
+        extents = {s.name: s.batch for s in shaped}
         if len(set(extents.values())) > 1:
             listed = ", ".join(f"{name} has {extent}" for name, extent in extents.items())
             raise ConfigError(
                 f"ModelRunnerConfig.batching_dim={self.batch_dim}: the execute inputs and "
                 f"outputs disagree on the compiled batch along that dimension ({listed}); "
                 "set batching_dim to the dimension that holds the batch"
+            )
+        wrong = next((s for s in shaped if s.batch != batch), None)
+        if wrong is not None:
+            dims = batch_dims((s.shape for s in shaped), batch)
+            where = (
+                f"the batch is along dimension {' or '.join(map(str, dims))} of every "
+                "execute input and output: set batching_dim to it"
+                if dims
+                else "no dimension holds it in every execute input and output"
+            )
+            raise ConfigError(
+                f"ModelRunnerConfig.batching_dim={self.batch_dim}: the model was compiled for "
+                f"batches of {batch}, but tensor {wrong.name!r} of shape {list(wrong.shape)} "
+                f"has {wrong.batch} along dimension {self.batch_dim}; {where}"
             )
 
     def _frozen(self, config: ModelRunnerConfig) -> dict[str, np.ndarray]:
@@ -146,3 +164,13 @@ class IoPlan:
                     f"anchor {anchor.name()!r} is read by the load program but the model has no "
                     "tensor data for it; provide it in ModelRunnerConfig.frozen_inputs"
                 )
+
+
+def batch_dims(shapes: Iterable[Sequence[int]], batch: int) -> list[int]:
+    """The dimensions along which every one of ``shapes`` holds ``batch`` (scalars aside):
+    where ``batching_dim`` may point for a model compiled for batches of ``batch``."""
+    shaped = [tuple(shape) for shape in shapes if len(shape)]
+    if not shaped:
+        return []
+    rank = min(len(shape) for shape in shaped)
+    return [dim for dim in range(rank) if all(shape[dim] == batch for shape in shaped)]
