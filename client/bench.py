@@ -10,14 +10,16 @@ The JSON summary (``ipuserve bench --json``)::
 
     {"model": str, "mode": "closed"|"open", "in_flight": int, "rate": float|null,
      "samples_per_request": int, "request_bytes": int,
-     "requests": int, "ok": int, "errors": {code: int}, "skipped": int,
+     "requests": int, "ok": int, "errors": {code: int}, "error_messages": {code: str},
+     "skipped": int,
      "duration_s": float,
      "throughput": {"req_per_s", "samples_per_s", "mb_per_s"},
      "latency_us": {"p50", "p90", "p99", "p99.9", "mean", "max"},
      "split_us": {"broker_queue", "worker_queue", "device", "worker_other", "wire", "total"},
      "client": {"sent", "resent", "dropped_replies", "expired"}}
 
-``requests == ok + sum(errors)``; ``mb_per_s`` counts input plus output bytes.
+``requests == ok + sum(errors)``; ``error_messages`` holds the first message of
+each error code; ``mb_per_s`` counts input plus output bytes.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _outcome(future: Future[Arrays], samples: int, sent: int) -> Outcome:
     error = future.exception()
     if error is not None:
         code = error.code if isinstance(error, IpuserveError) else type(error).__name__
-        return Outcome(error=code)
+        return Outcome(error=code, message=str(error))
     received = sum(a.nbytes for a in future.result().values())
     timing = future.timing if isinstance(future, InferFuture) else None
     return Outcome(None, timing, samples, sent + received)

@@ -12,6 +12,14 @@ it sweeps them one after the other, like perf_analyzer's ``--concurrency-range``
 one row per load level, and with ``--plot`` the latency/throughput curve as SVG.
 The last form starts everything itself on loopback and compares the fabric with the
 pyzmq relay baseline (:mod:`ipuserve.client.suite`).
+
+Options that would be ignored are usage errors instead: ``--concurrency`` with
+``--rate``, ``--arrivals`` without ``--rate``, ``--batch`` with ``--input``, the
+load options with ``--suite`` and the suite's without it. Only options given on
+the command line count (click's parameter source): a value from an ``IPUSERVE_BENCH_*``
+variable is a default, and ``--concurrency`` on the command line beats a rate from
+the environment. A run in which no request succeeded exits non-zero with the first
+error message.
 """
 
 from __future__ import annotations
@@ -22,14 +30,22 @@ from typing import Any
 
 import click
 import numpy as np
+from click.core import ParameterSource
 
 from ipuserve.client.bench import bench as run_bench
 from ipuserve.client.client import Client
 from ipuserve.client.loadgen import LoadConfig
-from ipuserve.client.report import ProgressLine, run_table, suite_table, sweep_table
+from ipuserve.client.report import (
+    ProgressLine,
+    first_errors,
+    run_table,
+    suite_table,
+    sweep_table,
+)
 from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
-from ipuserve.clikit import option
-from ipuserve.errors import IpuserveError
+from ipuserve.clikit import Endpoint, fail, option
+from ipuserve.errors import ConfigError, IpuserveError, TensorError
+from ipuserve.npy_io import parse_input_spec, read_inputs
 
 
 def _positive_int(**kwargs: Any) -> Any:
@@ -56,23 +72,51 @@ class _Levels(click.ParamType):  # type: ignore[type-arg]
         return levels
 
 
+def parse_npy_inputs(
+    _ctx: Any, _param: Any, values: tuple[str, ...]
+) -> dict[str, np.ndarray[Any, Any]]:
+    """NAME=FILE.npy option values -> arrays (click callback for --input).
+
+    Read as ``ipuserve tools real-data`` reads them (:mod:`ipuserve.npy_io`):
+    plain ``.npy`` arrays only, never unpickling; an ``.npz``, a text file, a missing
+    file or a name given twice is a one-line usage error naming the file.
+    """
+    if not values:
+        return {}
+    try:
+        read = read_inputs(parse_input_spec(value) for value in values)
+    except (ConfigError, TensorError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    return {name: item.array for name, item in read.items()}
+
+
 @click.command()
-@option("--broker", help="The broker's frontend endpoint (not with --suite).")
+@option("--broker", type=Endpoint(), help="The broker's frontend endpoint (not with --suite).")
 @option("--model", help="Model to load (not with --suite).")
-@option("--input", "input_files", multiple=True, help="NAME=FILE.npy; default: random inputs.")
-@option("--batch", type=_positive_int(), help="Samples per request along the batching dim.")
+@option(
+    "--input",
+    "input_files",
+    multiple=True,
+    callback=parse_npy_inputs,
+    help="NAME=FILE.npy; default: random inputs.",
+)
+@option(
+    "--batch",
+    type=_positive_int(),
+    help="Random inputs: samples per request along the batching dim.",
+)
 @option(
     "--concurrency",
     type=_Levels(int),
     default="1",
-    help="Closed loop: requests in flight; several (1,4,16) sweep them.",
+    help="Closed loop (not with --rate): requests in flight; several (1,4,16) sweep them.",
 )
 @option("--rate", type=_Levels(float), help="Open loop: requests/s; several sweep them.")
 @option(
     "--arrivals",
     type=click.Choice(["poisson", "fixed"]),
     default="poisson",
-    help="Open loop: arrival process.",
+    help="Open loop (with --rate): arrival process.",
 )
 @option("--warmup-s", type=click.FloatRange(min=0), default=1.0, help="Not measured.")
 @option(
@@ -101,22 +145,105 @@ class _Levels(click.ParamType):  # type: ignore[type-arg]
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write latency (p50, p99) against throughput as SVG, a point per level.",
 )
-def bench(**opts: Any) -> None:
+@click.pass_context
+def bench(ctx: click.Context, /, **opts: Any) -> None:
     """Measure throughput and latency (split into broker queue, worker queue, device, wire)."""
+    failure = None
     if opts["suite"]:
         if opts["plot"] is not None:
             raise click.UsageError("--plot draws a --concurrency or --rate sweep, not --suite")
+        _refuse_load_options_with_suite(ctx)
         result = _suite(opts)
         text = suite_table(result)
     else:
+        _check_load_options(ctx, opts)
         levels = _single(opts)
         result = levels[0] if len(levels) == 1 else {"sweep": levels}
         text = run_table(levels[0]) if len(levels) == 1 else sweep_table(levels)
         if opts["plot"] is not None:
-            opts["plot"].write_text(latency_throughput_svg(levels))
+            _write(opts["plot"], latency_throughput_svg(levels))
+        failure = nothing_succeeded(levels)
     if opts["output"] is not None:
-        opts["output"].write_text(json.dumps(result, indent=2) + "\n")
+        _write(opts["output"], json.dumps(result, indent=2) + "\n")
     click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)
+    if failure is not None:
+        raise click.ClickException(failure)
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+
+
+#: what --suite fabric decides itself, and what only it uses
+_LOAD_OPTIONS = (
+    "broker",
+    "model",
+    "input_files",
+    "batch",
+    "concurrency",
+    "rate",
+    "arrivals",
+    "warmup_s",
+    "duration_s",
+    "requests",
+    "timeout_s",
+)
+_SUITE_OPTIONS = ("runs", "quick", "workers")
+
+
+def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among ``names`` given on the command line (not defaults or variables)."""
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    return [
+        flags[name]
+        for name in names
+        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ]
+
+
+def _refuse_load_options_with_suite(ctx: click.Context) -> None:
+    given = _given(ctx, _LOAD_OPTIONS)
+    if given:
+        raise click.UsageError(
+            "--suite fabric starts its own broker, workers and load; it does not take "
+            + ", ".join(given)
+        )
+
+
+def _check_load_options(ctx: click.Context, opts: dict[str, Any]) -> None:
+    """Refuse what a run against a deployment would silently ignore."""
+    suite_only = _given(ctx, _SUITE_OPTIONS)
+    if suite_only:
+        raise click.UsageError(f"{', '.join(suite_only)}: only for --suite fabric")
+    if len(_given(ctx, ("concurrency", "rate"))) == 2:
+        raise click.UsageError(
+            "--concurrency (closed loop) and --rate (open loop) exclude each other; give one"
+        )
+    if _given(ctx, ("concurrency",)):
+        opts["rate"] = None  # beats a rate from the environment
+    if _given(ctx, ("arrivals",)) and not opts["rate"]:
+        raise click.UsageError("--arrivals shapes the open loop's arrivals; it needs --rate")
+    if _given(ctx, ("batch",)) and opts["input_files"]:
+        raise click.UsageError(
+            "--batch sizes the random inputs; with --input the files' shapes are sent as given"
+        )
+
+
+def nothing_succeeded(levels: list[dict[str, Any]]) -> str | None:
+    """Why a run (every level of a sweep) had no successful request; None if one succeeded."""
+    if any(level["ok"] for level in levels):
+        return None
+    counts: dict[str, int] = {}
+    for level in levels:
+        for code, n in level["errors"].items():
+            counts[code] = counts.get(code, 0) + n
+    if not counts:
+        return "no request finished inside the measurement window (see --duration-s)"
+    code = max(counts, key=lambda c: counts[c])
+    return f"no request succeeded: [{code}] {first_errors(levels)[code]}"
 
 
 def latency_throughput_svg(levels: list[dict[str, Any]]) -> str:
@@ -143,22 +270,6 @@ def latency_throughput_svg(levels: list[dict[str, Any]]) -> str:
     )
 
 
-def parse_npy_inputs(
-    _ctx: Any, _param: Any, values: tuple[str, ...]
-) -> dict[str, np.ndarray[Any, Any]]:
-    """NAME=FILE.npy option values -> arrays (click callback for --input)."""
-    arrays = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep or not name or not path:
-            raise click.BadParameter(f"{value!r} is not NAME=FILE.npy")
-        try:
-            arrays[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise click.BadParameter(f"cannot read {path}: {exc}") from exc
-    return arrays
-
-
 def _loads(opts: dict[str, Any]) -> list[LoadConfig]:
     """One LoadConfig per level: every --rate (open loop), else every --concurrency."""
     common = {
@@ -176,7 +287,7 @@ def _single(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Run each load level in turn, on one client; their summaries in order."""
     if not opts["broker"] or not opts["model"]:
         raise click.UsageError("--broker and --model are required (or use --suite fabric)")
-    inputs = parse_npy_inputs(None, None, opts["input_files"]) if opts["input_files"] else None
+    inputs = opts["input_files"] or None
     loads = _loads(opts)
     results = []
     try:

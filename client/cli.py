@@ -19,7 +19,7 @@ import numpy as np
 from ipuserve import protocol as wire
 from ipuserve.client.bench_cli import bench, parse_npy_inputs
 from ipuserve.client.client import Client
-from ipuserve.clikit import option
+from ipuserve.clikit import Endpoint, fail, option
 from ipuserve.errors import IpuserveError
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
@@ -47,7 +47,7 @@ def describe(array: np.ndarray[Any, Any]) -> str:
 
 
 @click.command()
-@option("--broker", required=True, help=BROKER_HELP)
+@option("--broker", required=True, type=Endpoint(), help=BROKER_HELP)
 @option("--model", required=True, help="Model name, as `ipuserve models` lists it.")
 @option(
     "--input",
@@ -57,7 +57,11 @@ def describe(array: np.ndarray[Any, Any]) -> str:
     callback=parse_npy_inputs,
     help="NAME=FILE.npy, once per input tensor.",
 )
-@option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Save outputs (.npz).")
+@option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Save the outputs to this file, as given, in numpy's .npz format.",
+)
 @option(
     "--timeout-s",
     type=click.FloatRange(min=0, min_open=True),
@@ -76,12 +80,22 @@ def infer(
     if future.timing is not None:
         click.echo(f"took {future.timing.total_us / 1e3:.3f} ms", err=True)
     if output is not None:
-        np.savez(output, **outputs)  # type: ignore[arg-type]
+        save_npz(output, outputs)
         click.echo(f"saved {', '.join(outputs)} to {output}", err=True)
 
 
+def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
+    """``arrays`` as an .npz at exactly ``path`` (np.savez given a name would add ``.npz``);
+    a path that cannot be written is a one-line error."""
+    try:
+        with open(path, "wb") as file:
+            np.savez(file, **arrays)  # type: ignore[arg-type]
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+
+
 @click.command()
-@option("--broker", required=True, help=BROKER_HELP)
+@option("--broker", required=True, type=Endpoint(), help=BROKER_HELP)
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @option(
     "--timeout-s",

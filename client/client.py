@@ -19,6 +19,12 @@ bench chains requests). Errors the broker or a worker report are raised as the
 class they reported (:mod:`ipuserve.errors`); a request whose timeout passes
 with no reply fails with :class:`DeadlineExceeded`, and the timeout travels with
 the request so the fabric stops working on it too.
+
+Mistakes a caller can make are refused at once, before anything is sent: an
+address that is not a ZeroMQ endpoint (:class:`ConfigError`), inputs that are not
+a mapping of input name -> ``numpy.ndarray`` (:class:`InvalidInputError`; convert
+lists with ``np.asarray(value, dtype=...)`` in the model's dtype, which
+``ipuserve models`` shows).
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, TypeVar
 
+import numpy as np
 import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
-from ipuserve.errors import DeadlineExceeded, RuntimeUsageError
+from ipuserve.endpoints import endpoint_problem
+from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
 
 _DEFAULT: Any = object()
 T = TypeVar("T")
@@ -50,7 +58,8 @@ class Client:
     ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
     timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
     socket identity; by default it is random and unique per client, which lets
-    the broker recognise re-sent requests after a reconnect.
+    the broker recognise re-sent requests after a reconnect. An ``address`` that is
+    not a ZeroMQ endpoint to connect to raises :class:`ConfigError`.
     """
 
     def __init__(
@@ -61,12 +70,17 @@ class Client:
         config: ClientConfig | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
+        problem = endpoint_problem(address)
+        if problem is not None:
+            raise ConfigError(problem)
         self.address = address
         self.config = config or ClientConfig()
         self.timeout = timeout
         self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
         self._ids = itertools.count(1)
-        self._io = IoLoop(self._connect(context or zmq.Context.instance()), self.config)
+        self._io = IoLoop(
+            self._connect(context or zmq.Context.instance()), self.config, endpoint=address
+        )
         self._io.thread.start()
 
     def _connect(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
@@ -76,7 +90,11 @@ class Client:
         sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.config.reconnect_max_s * 1000))
-        sock.connect(self.address)
+        try:
+            sock.connect(self.address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ConfigError(f"cannot connect to {self.address!r}: {exc.strerror}") from None
         return sock
 
     # ------------------------------------------------------------------ requests
@@ -87,8 +105,10 @@ class Client:
         """Send one request; the future holds ``{output name: read-only array}``.
 
         Raises at once what is known locally: :class:`ClosedError` after
-        :meth:`close`, :class:`InvalidInputError` for a dtype the wire does not carry.
+        :meth:`close`; :class:`InvalidInputError` when ``inputs`` is not a mapping of
+        name -> ``numpy.ndarray`` or holds a dtype the wire does not carry.
         """
+        _check_inputs(inputs)
         timeout = self.timeout if timeout is _DEFAULT else timeout
         request_id = next(self._ids).to_bytes(8, "little")
         tensors = wire.Tensors.of(inputs)
@@ -104,7 +124,7 @@ class Client:
         """Send one request and wait for its outputs (raises the reported error class)."""
         timeout = self.timeout if timeout is _DEFAULT else timeout
         self._refuse_blocking_on_io_thread("infer")
-        return _wait(self.infer_async(model, inputs, timeout=timeout), timeout)
+        return _wait(self.infer_async(model, inputs, timeout=timeout), timeout, self._io)
 
     def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
         """The broker's models: their specs, queue depth, and each worker's credit/in-flight."""
@@ -113,7 +133,7 @@ class Client:
         future: Future[list[wire.ModelInfo]] = Future()
         message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
         self._io.submit(Pending(message, future, timeout, parse_models))
-        return _wait(future, timeout)
+        return _wait(future, timeout, self._io)
 
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
         """A blocking call from a done-callback would wait for the thread it blocks."""
@@ -146,9 +166,29 @@ class Client:
         return f"Client({self.address!r}, timeout={self.timeout})"
 
 
-def _wait(future: Future[T], timeout: float | None) -> T:
+def _check_inputs(inputs: Any) -> None:
+    """A clear error for inputs the wire would misread (a bare array, a list of floats)."""
+    if not isinstance(inputs, Mapping):
+        raise InvalidInputError(
+            f"inputs must be a dict of input name -> numpy array, not {_type_name(inputs)}"
+        )
+    for name, value in inputs.items():
+        if not isinstance(value, np.ndarray):
+            raise InvalidInputError(
+                f"input {name!r} is {_type_name(value)}, not a numpy array; convert it with "
+                "numpy.asarray(value, dtype=...) in the model's dtype (`ipuserve models` "
+                "lists it)"
+            )
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return f"a {kind.__module__}.{kind.__qualname__}".replace("a builtins.", "a ")
+
+
+def _wait(future: Future[T], timeout: float | None, io: IoLoop) -> T:
     """The future's result; the I/O thread fails it at its deadline, the grace is a backstop."""
     try:
         return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)
     except FutureTimeout:
-        raise DeadlineExceeded(f"no reply within {timeout} s") from None
+        raise DeadlineExceeded(f"no reply within {timeout} s{io.silence_hint()}") from None

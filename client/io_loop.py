@@ -25,6 +25,12 @@ requests are pending; PONG carries the broker's epoch. A new epoch (the broker
 restarted and lost its queue) or silence past ``liveness_s`` re-sends every
 pending request with its original id; the broker drops duplicates it still
 holds, and replies for ids no longer pending are dropped here and counted.
+Until anything at all has arrived (a PONG answers the PING sent at connect), the
+warning about silence and every DEADLINE_EXCEEDED say that nothing has answered
+at the endpoint since the client started: the usual cause is a wrong endpoint
+or port or no broker at all. A broker's backend (worker) port does answer, with
+worker-protocol messages: those fail every pending request at once with
+UnavailableError saying to connect to the frontend (client) port instead.
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ from ipuserve.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+#: what a broker's backend sends its workers: a client that receives one has been
+#: pointed at the backend (worker) port
+_TO_WORKERS = frozenset(
+    {wire.Command.WELCOME, wire.Command.JOBS, wire.Command.HEARTBEAT, wire.Command.RECONNECT}
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,8 +116,9 @@ class ClientStats:
 class IoLoop:
     """Owns the socket, the pending table, the deadlines and the broker's liveness."""
 
-    def __init__(self, sock: zmq.Socket[Any], config: ClientConfig) -> None:
+    def __init__(self, sock: zmq.Socket[Any], config: ClientConfig, *, endpoint: str = "") -> None:
         self.config = config
+        self.endpoint = endpoint
         self.stats = ClientStats()
         self._sock = sock
         self._waker = Waker()
@@ -120,6 +133,11 @@ class IoLoop:
         self._deadlines: list[tuple[int, int, bytes]] = []
         self._seq = itertools.count()
         self._last_heard = time.monotonic()
+        #: anything at all arrived from the socket since the client started
+        self._heard_anything = False
+        self._hinted = False
+        #: the peer spoke the worker protocol: this is a broker's backend port
+        self._backend_port = False
         self._next_ping = 0.0
         self.thread = threading.Thread(target=self._run, name="ipuserve-client-io", daemon=True)
 
@@ -150,6 +168,21 @@ class IoLoop:
             self.thread.join()
         if not self.thread.is_alive():
             self._waker.close()
+
+    def silence_hint(self) -> str:
+        """``": nothing has answered at ENDPOINT ..."`` while nothing ever has (and what is
+        wrong when the backend port answered), else ``""``."""
+        if self._backend_port:
+            return (
+                f": {self.endpoint or 'the endpoint'} answers as a broker's backend (worker) "
+                "port; clients connect to its frontend (client) port"
+            )
+        if self._heard_anything:
+            return ""
+        return (
+            f": nothing has answered at {self.endpoint or 'the endpoint'} since the client "
+            "started; is the broker running, and is this its frontend (client) port?"
+        )
 
     # ------------------------------------------------------------ I/O thread
 
@@ -285,6 +318,7 @@ class IoLoop:
             if frames is None:
                 return
             self._last_heard = time.monotonic()
+            self._heard_anything = True
             self._on_frames(frames)
 
     def _on_frames(self, frames: list[zmq.Frame]) -> None:
@@ -305,10 +339,19 @@ class IoLoop:
                     self._on_answer(reply)
             for error in message.errors:
                 self._finish(error.job_id, lambda p, e=error: p.future.set_exception(e.exception()))
+        elif message.COMMAND in _TO_WORKERS:
+            self._on_backend_port()
         else:
             self._on_malformed(
                 frames, ProtocolError(f"a client never expects {message.COMMAND.name}")
             )
+
+    def _on_backend_port(self) -> None:
+        """Pointed at a broker's backend: nothing sent there will ever be answered."""
+        self._backend_port = True
+        error = UnavailableError(self.silence_hint().removeprefix(": "))
+        for request_id in list(self._pending):
+            self._finish(request_id, lambda p: p.future.set_exception(error))
 
     def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
         pending = self._pending.get(message.request_id)
@@ -362,14 +405,21 @@ class IoLoop:
         now = time.monotonic()
         if now - self._last_heard > self.config.liveness_s:
             log.warning(
-                "broker silent for %.1f s; re-sending %d",
+                "broker silent for %.1f s; re-sending %d%s",
                 now - self._last_heard,
                 len(self._pending),
+                self._first_silence_hint(),
             )
             self._last_heard = now
             self._resend_all()
         if now >= self._next_ping:
             self._ping(now)
+
+    def _first_silence_hint(self) -> str:
+        """The hint, once: later warnings repeat only the figures."""
+        hint = "" if self._hinted else self.silence_hint()
+        self._hinted = self._hinted or bool(hint)
+        return hint
 
     def _expire(self, now_ns: int) -> None:
         while self._deadlines and self._deadlines[0][0] <= now_ns:
@@ -382,6 +432,7 @@ class IoLoop:
             pending.future.set_exception(
                 DeadlineExceeded(
                     f"no reply within {pending.timeout_s} s (request {request_id.hex()})"
+                    + self.silence_hint()
                 )
             )
 

@@ -36,6 +36,8 @@ class Outcome:
     timing: Timing | None = None
     samples: int = 1
     nbytes: int = 0
+    #: the error's message, kept (the first of each code) for the summary
+    message: str | None = None
 
 
 OnDone = Callable[[Outcome], None]
@@ -109,7 +111,13 @@ class _Window:
 def _sample(outcome: Outcome, start_ns: int) -> Sample:
     now = time.perf_counter_ns()
     return Sample(
-        now, now - start_ns, outcome.error, outcome.timing, outcome.samples, outcome.nbytes
+        now,
+        now - start_ns,
+        outcome.error,
+        outcome.timing,
+        outcome.samples,
+        outcome.nbytes,
+        outcome.message,
     )
 
 

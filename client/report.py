@@ -53,7 +53,7 @@ def run_table(summary: dict[str, Any]) -> str:
         "latency us  " + "  ".join(f"{k} {v:.0f}" for k, v in lat.items()),
         "split us    " + "  ".join(f"{k} {split[k]:.0f}" for k in (*SPLIT_PARTS, "total")),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + error_lines([summary]))
 
 
 def sweep_table(levels: list[dict[str, Any]]) -> str:
@@ -72,7 +72,21 @@ def sweep_table(levels: list[dict[str, Any]]) -> str:
             + " ".join(f"{lat[key]:9.0f}" for key in ("p50", "p90", "p99", "p99.9"))
             + f" {level['ok']:8d}  {_errors(level)}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + error_lines(levels))
+
+
+def first_errors(summaries: list[dict[str, Any]]) -> dict[str, str]:
+    """The first message of each error code over one run or a sweep's levels."""
+    found: dict[str, str] = {}
+    for summary in summaries:
+        for code, message in summary.get("error_messages", {}).items():
+            found.setdefault(code, message)
+    return found
+
+
+def error_lines(summaries: list[dict[str, Any]]) -> list[str]:
+    """``error       CODE: first message``, one line per code (none without errors)."""
+    return [f"error       {code}: {message}" for code, message in first_errors(summaries).items()]
 
 
 def _load(summary: dict[str, Any]) -> str:

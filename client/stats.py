@@ -62,6 +62,8 @@ class Sample:
     timing: Timing | None = None
     samples: int = 1
     nbytes: int = 0
+    #: the error's message (``error`` is its code)
+    message: str | None = None
 
 
 @dataclass
@@ -81,15 +83,24 @@ class Recording:
 
 
 def summarize(recording: Recording) -> dict[str, Any]:
-    """The JSON-ready summary of a run: counts, throughput, latency, split."""
+    """The JSON-ready summary of a run: counts, throughput, latency, split.
+
+    ``errors`` counts the failed requests per error code; ``error_messages`` holds the
+    first message of each code, so a run that fails says why.
+    """
     kept = recording.measured()
     ok = [s for s in kept if s.error is None]
     seconds = max((recording.stop_ns - recording.start_ns) / 1e9, 1e-9)
     errors = Counter(s.error for s in kept if s.error is not None)
+    messages: dict[str, str] = {}
+    for s in kept:
+        if s.error is not None and s.error not in messages:
+            messages[s.error] = s.message or ""
     return {
         "requests": len(kept),
         "ok": len(ok),
         "errors": dict(sorted(errors.items())),
+        "error_messages": dict(sorted(messages.items())),
         "skipped": recording.skipped,
         "duration_s": round(seconds, 3),
         "throughput": throughput(ok, seconds),

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ipuserve.npy_io import NpyInput, output_paths
 from ipuserve.runtime import DeviceManager, ModelRunner
 from ipuserve.runtime.popef import examples, load_model
-from ipuserve.runtime.tools.npy_io import NpyInput, output_paths
 from ipuserve.runtime.tools.progress import Progress
 from ipuserve.runtime.tools.real_data import RealDataConfig, run_real_data
 

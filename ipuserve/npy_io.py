@@ -1,4 +1,5 @@
-"""The real-data tool's files: ``.npy`` inputs in, ``.npy`` outputs out, and their summaries.
+"""`.npy` files on the command line (`ipuserve infer`, `bench`, `tools real-data`): inputs
+in, outputs out, and their summaries.
 
 Every failure names the file and the tensor it was meant for, because the user
 of a command line has nothing else to go on: an unreadable or non-array file is
