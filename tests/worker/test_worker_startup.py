@@ -17,7 +17,14 @@ from ipuserve.cli import main
 from ipuserve.logs import LOG_LEVEL_ENV
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model
-from tests.helpers import Processes, RawClient, start_broker, wait_registered, write_example
+from tests.helpers import (
+    Processes,
+    RawClient,
+    runner_worker_argv,
+    start_broker,
+    wait_registered,
+    write_example,
+)
 
 # ---------------------------------------------------------------- IPUSERVE_WORKER_MODELS
 
@@ -128,19 +135,5 @@ def test_a_worker_pointed_at_the_brokers_frontend_is_told_so(
         found.string
     )
     # once pointed at the backend, the same model joins
-    fixed = processes.start(
-        "fixed",
-        [
-            sys.executable,
-            "-m",
-            "ipuserve",
-            "--log-level",
-            "INFO",
-            "worker",
-            "--broker",
-            broker.backend,
-            "--model",
-            model,
-        ],
-    )
+    fixed = processes.start("fixed", runner_worker_argv(model)(broker.backend))
     wait_registered(fixed, broker)
