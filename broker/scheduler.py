@@ -267,11 +267,14 @@ class Scheduler:
     def expire(self, now: float) -> None:
         for job in self.deadlines.expired(now):
             where = "in the queue" if job.state is State.QUEUED else "at a worker"
+            why = ""
+            if job.state is State.QUEUED and not self.registry.serving.get(job.model):
+                why = f"; no worker serves model {job.model!r} now (it waits for one to join)"
             self.reject(
                 job,
                 DeadlineExceeded(
                     f"no result within the request's timeout of {job.timeout_ms:g} ms "
-                    f"(waited {(now - job.received) * 1e3:.0f} ms {where})"
+                    f"(waited {(now - job.received) * 1e3:.0f} ms {where}){why}"
                 ),
             )
 

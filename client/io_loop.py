@@ -84,6 +84,10 @@ class ClientConfig:
     #: to end: the next stage starts on it while this one prepares the rest
     batch_requests: int = 32
     routing_id: bytes | None = None
+    #: past a request's timeout, how long a client whose broker answers waits for the
+    #: broker's own DEADLINE_EXCEEDED, which says where the request waited (queue or
+    #: worker, and whether any worker serves the model), before failing it itself
+    deadline_grace_s: float = 0.05
 
     def __post_init__(self) -> None:
         if not 0 < self.ping_interval_s < self.liveness_s:
@@ -427,6 +431,11 @@ class IoLoop:
             pending = self._pending.get(request_id)
             if pending is None or pending.deadline_ns is None or pending.deadline_ns > now_ns:
                 continue
+            if not pending.graced and self._broker_answers():
+                pending.graced = True
+                grace_ns = pending.deadline_ns + int(self.config.deadline_grace_s * 1e9)
+                heapq.heappush(self._deadlines, (grace_ns, next(self._seq), request_id))
+                continue
             del self._pending[request_id]
             self.stats.expired += 1
             pending.future.set_exception(
@@ -435,6 +444,15 @@ class IoLoop:
                     + self.silence_hint()
                 )
             )
+
+    def _broker_answers(self) -> bool:
+        """The broker spoke lately: its own answer to an expired request is on the way."""
+        return (
+            self.config.deadline_grace_s > 0
+            and self._heard_anything
+            and not self._backend_port
+            and time.monotonic() - self._last_heard < self.config.liveness_s
+        )
 
     def _poll_timeout_ms(self) -> int:
         if self._inbox or self._outgoing:

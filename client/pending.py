@@ -53,6 +53,9 @@ class Pending:
     deadline_ns: int | None = None
     #: sent once already: a re-send carries what is left of the timeout
     sent: bool = False
+    #: past its deadline already once: waiting ClientConfig.deadline_grace_s for the
+    #: broker's DEADLINE_EXCEEDED
+    graced: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None:

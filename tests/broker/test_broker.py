@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -9,6 +10,8 @@ import pytest
 
 from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
+from ipuserve.client import Client
+from ipuserve.errors import DeadlineExceeded
 from tests.broker.conftest import StartBroker
 from tests.broker.fakes import ADD, FakeWorker, result_for
 from tests.helpers import RawClient, add_inputs, assert_add_reply, wait_until
@@ -580,3 +583,20 @@ def test_queue_limit_and_listing_count_a_groups_requests(
     answered = [r for row in replies.replies for r in row.members()]
     for reply, inputs in zip(answered, given, strict=True):
         assert_add_reply(reply, inputs)
+
+
+def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
+    broker: Broker, workers: list[FakeWorker]
+) -> None:
+    """The broker's DEADLINE_EXCEEDED (where the request waited, and that nobody serves
+    the model) reaches the Client: it waits a moment past the timeout for it."""
+    worker = fake(broker, workers)
+    worker.send(wire.Bye())
+    with Client(broker.frontend_endpoint, timeout=10) as client:
+        wait_until(lambda: not client.models()[0].workers)  # listed, but nobody serves it
+        with pytest.raises(DeadlineExceeded) as failed:
+            client.infer("add", INPUTS, timeout=0.3)
+    assert re.search(
+        r"timeout of 300 ms \(waited \d+ ms in the queue\); no worker serves model 'add' now",
+        str(failed.value),
+    ), failed.value
