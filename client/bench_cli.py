@@ -148,7 +148,7 @@ def parse_npy_inputs(
 @click.pass_context
 def bench(ctx: click.Context, /, **opts: Any) -> None:
     """Measure throughput and latency (split into broker queue, worker queue, device, wire)."""
-    failure = None
+    failure, exit_code = None, 1
     if opts["suite"]:
         if opts["plot"] is not None:
             raise click.UsageError("--plot draws a --concurrency or --rate sweep, not --suite")
@@ -158,16 +158,25 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
     else:
         _check_load_options(ctx, opts)
         levels = _single(opts)
-        result = levels[0] if len(levels) == 1 else {"sweep": levels}
-        text = run_table(levels[0]) if len(levels) == 1 else sweep_table(levels)
+        sweep = len(_loads(opts)) > 1  # as asked, even when Ctrl-C cut it short
+        result = {"sweep": levels} if sweep else levels[0]
+        text = sweep_table(levels) if sweep else run_table(levels[0])
         if opts["plot"] is not None:
             _write(opts["plot"], latency_throughput_svg(levels))
         failure = nothing_succeeded(levels)
+        if levels[-1]["interrupted"]:
+            failure = (
+                f"interrupted (Ctrl-C): the figures above cover the first "
+                f"{levels[-1]['duration_s']} s of measuring"
+                + (f" of level {len(levels)}" if len(levels) > 1 else "")
+            )
+            exit_code = 130  # the shell's code for a run stopped by SIGINT
     if opts["output"] is not None:
         _write(opts["output"], json.dumps(result, indent=2) + "\n")
     click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)
     if failure is not None:
-        raise click.ClickException(failure)
+        click.echo(f"Error: {failure}", err=True)
+        raise SystemExit(exit_code)
 
 
 def _write(path: Path, text: str) -> None:
@@ -310,6 +319,8 @@ def _single(opts: dict[str, Any]) -> list[dict[str, Any]]:
                     )
                 finally:
                     progress.finish()
+                if results[-1]["interrupted"]:
+                    break  # Ctrl-C: report what was measured, run no further level
     except IpuserveError as exc:
         raise click.ClickException(f"[{exc.code}] {exc}") from exc
     return results

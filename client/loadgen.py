@@ -100,6 +100,13 @@ class _Window:
     def stopped(self) -> bool:
         return self.recording.stop_ns < 2**62
 
+    def interrupt(self) -> None:
+        """Ctrl-C: the window closes now; what finished inside it still counts."""
+        with self._lock:
+            self.recording.interrupted = True
+            if not self.stopped:
+                self.recording.stop_ns = max(time.perf_counter_ns(), self.recording.start_ns)
+
     def close_by_time(self) -> None:
         """Used when the stop is decided by the clock rather than by a completion."""
         with self._lock:
@@ -242,7 +249,18 @@ class OpenLoop:
 
 
 def _wait(window: _Window, progress: Progress | None, outstanding: Callable[[], int]) -> None:
-    """Block until the generator drained, reporting progress about four times a second."""
+    """Block until the generator drained, reporting progress about four times a second.
+
+    Ctrl-C closes the window at once and still drains what is in flight, so the caller
+    reports what was measured so far; a second Ctrl-C gives up on that too."""
+    try:
+        _drain(window, progress, outstanding)
+    except KeyboardInterrupt:
+        window.interrupt()
+        _drain(window, progress, outstanding)
+
+
+def _drain(window: _Window, progress: Progress | None, outstanding: Callable[[], int]) -> None:
     while not window.finished.wait(0.25):
         window.close_by_time()
         if progress is not None:

@@ -74,6 +74,8 @@ class Recording:
     start_ns: int = 0
     stop_ns: int = 0
     skipped: int = 0
+    #: stopped by Ctrl-C before its duration or request count
+    interrupted: bool = False
 
     def add(self, sample: Sample) -> None:
         self.samples.append(sample)
@@ -102,6 +104,7 @@ def summarize(recording: Recording) -> dict[str, Any]:
         "errors": dict(sorted(errors.items())),
         "error_messages": dict(sorted(messages.items())),
         "skipped": recording.skipped,
+        "interrupted": recording.interrupted,
         "duration_s": round(seconds, 3),
         "throughput": throughput(ok, seconds),
         "latency_us": latency_us([s.latency_ns for s in ok]),

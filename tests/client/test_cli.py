@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,9 +20,12 @@ from tests.helpers import (
     add_expected,
     add_inputs,
     fn_worker_argv,
+    metric,
     processes,  # noqa: F401  (a fixture)
+    scrape,
     start_broker,
     start_worker,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -177,3 +182,29 @@ def test_a_concurrency_sweep_prints_a_row_per_level_and_plots_them(
 def test_bench_refuses_bad_levels_before_it_starts(args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["bench", "--broker", "tcp://127.0.0.1:1", *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_ctrl_c_during_a_bench_prints_what_was_measured_and_runs_no_further_level(
+    processes: Processes,  # noqa: F811
+    served: BrokerProc,
+    tmp_path: Path,
+) -> None:
+    saved = tmp_path / "partial.json"
+    bench = processes.start(
+        "bench",
+        [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend, "--model",
+         "add", "--warmup-s", "0", "--duration-s", "120", "--concurrency", "2,4",
+         "--output", str(saved)],
+    )  # fmt: skip
+    bench.wait_for(r"level 1/2: 2 in flight")
+    url = served.metrics_url
+    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= 50, timeout=60)
+    bench.popen.send_signal(signal.SIGINT)
+    assert bench.wait(60) == 130
+    (level,) = json.loads(saved.read_text())["sweep"]
+    assert level["interrupted"] and level["in_flight"] == 2
+    assert level["ok"] > 0 and level["requests"] == level["ok"] + sum(level["errors"].values())
+    assert level["duration_s"] < 120
+    bench.wait_for(rf"^ +2 +{level['throughput']['req_per_s']}\b")  # the table's one row
+    bench.wait_for(r"Error: interrupted \(Ctrl-C\): the figures above cover the first")
+    assert not any("level 2/2" in line for line in bench.lines)
