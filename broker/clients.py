@@ -106,8 +106,13 @@ class ClientHandlers:
         if spec is not None:
             wire.check_inputs(spec, request.tensors.specs)
         elif self.grace_until is None or now >= self.grace_until:
-            known = ", ".join(sorted(self._registry.specs)) or "none"
-            raise UnknownModelError(f"no worker serves model {request.model!r} (models: {known})")
+            known = ", ".join(
+                name if self._registry.serving.get(name) else f"{name} (no worker now)"
+                for name in sorted(self._registry.specs)
+            )
+            raise UnknownModelError(
+                f"no worker serves model {request.model!r} (models: {known or 'none'})"
+            )
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
         queues = self._scheduler.dispatcher.queues

@@ -230,10 +230,12 @@ class Scheduler:
         self.registry.remove(worker)
         self.metrics.workers_lost.inc(reason=reason)
         log.warning(
-            "worker %s dropped (%s); re-queueing %d job(s)",
+            "worker %s dropped (%s); re-queueing the %d job(s) it did not answer "
+            "(%d of them handed back by the worker)",
             worker.worker_id,
             reason,
             len(worker.in_flight),
+            len(handed_back),
         )
         returned = set(handed_back)
         for job in reversed(list(worker.in_flight.values())):

@@ -11,7 +11,7 @@ import pytest
 from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
 from ipuserve.client import Client
-from ipuserve.errors import DeadlineExceeded
+from ipuserve.errors import DeadlineExceeded, UnknownModelError
 from tests.broker.conftest import StartBroker
 from tests.broker.fakes import ADD, FakeWorker, result_for
 from tests.helpers import RawClient, add_inputs, assert_add_reply, wait_until
@@ -596,6 +596,8 @@ def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
         wait_until(lambda: not client.models()[0].workers)  # listed, but nobody serves it
         with pytest.raises(DeadlineExceeded) as failed:
             client.infer("add", INPUTS, timeout=0.3)
+        with pytest.raises(UnknownModelError, match=r"\(models: add \(no worker now\)\)"):
+            client.infer("ad", INPUTS)  # a typo: the list says which model has no worker
     assert re.search(
         r"timeout of 300 ms \(waited \d+ ms in the queue\); no worker serves model 'add' now",
         str(failed.value),
