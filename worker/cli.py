@@ -179,7 +179,7 @@ def serve(backend: Any, config: WorkerConfig) -> int:
     from ipuserve.worker.node import WorkerNode
 
     retain_freed_memory()
-    node = WorkerNode(backend, config)
+    node = WorkerNode(backend, config, on_joined=lambda line: click.echo(line, err=True))
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("worker received %s: draining", signal.Signals(signum).name)

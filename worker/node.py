@@ -21,6 +21,7 @@ import enum
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +85,15 @@ class WorkerNode:
     """Serves one backend to one broker until stopped; :meth:`run` returns the exit code."""
 
     def __init__(
-        self, backend: Backend, config: WorkerConfig, context: zmq.Context[Any] | None = None
+        self,
+        backend: Backend,
+        config: WorkerConfig,
+        context: zmq.Context[Any] | None = None,
+        on_joined: Callable[[str], None] | None = None,
     ) -> None:
         self._backend = backend
+        #: told (a one-line description) each time the broker lets this worker in
+        self._on_joined = on_joined
         self._config = config
         self._context = context or zmq.Context.instance()
         self._models = {spec.name: spec for spec in backend.describe()}
@@ -140,7 +147,8 @@ class WorkerNode:
             if not self._connect():
                 break
             why = self._serve()
-            log.warning("worker %s leaves the broker: %s", self._config.worker_id, why.value)
+            level = logging.INFO if why is Exit.STOP else logging.WARNING  # asked, or not
+            log.log(level, "worker %s leaves the broker: %s", self._config.worker_id, why.value)
             if why is Exit.STOP:
                 self._drain()
                 return 0
@@ -248,6 +256,11 @@ class WorkerNode:
             welcome.epoch,
             self._credit,
         )
+        if self._on_joined is not None:
+            self._on_joined(
+                f"worker {self._config.worker_id} joined the broker at {self._config.broker}, "
+                f"serving {', '.join(self._models)} (credit {self._credit})"
+            )
         unsent, self._unsent = self._unsent, []
         for job, outcome in unsent:
             self._answer(job, outcome)
@@ -526,8 +539,11 @@ class WorkerNode:
         self._flush()
         handed_back = self._draining + list(self._jobs)
         self._send(wire.Bye(tuple(handed_back)))
-        log.warning(
-            "worker %s drained: handed back %d job(s)", self._config.worker_id, len(handed_back)
+        log.log(
+            logging.WARNING if handed_back else logging.INFO,
+            "worker %s drained: handed back %d job(s)",
+            self._config.worker_id,
+            len(handed_back),
         )
         self._close_session(linger=self._config.bye_linger_ms)
 

@@ -137,3 +137,20 @@ def test_a_worker_pointed_at_the_brokers_frontend_is_told_so(
     # once pointed at the backend, the same model joins
     fixed = processes.start("fixed", runner_worker_argv(model)(broker.backend))
     wait_registered(fixed, broker)
+
+
+@pytest.mark.slow
+def test_at_the_default_log_level_a_worker_says_it_joined_and_a_drain_is_one_line(
+    processes: Processes, tmp_path: Path
+) -> None:
+    model = write_example(tmp_path / "noop.popef", "noop", "--elements", "8")
+    broker = start_broker(processes)
+    worker = processes.start("worker", *plain_worker(broker.backend, model))
+    joined = worker.wait_for(
+        rf"worker \S+ joined the broker at {broker.backend}, serving noop \(credit "
+    )
+    worker.terminate()
+    assert worker.wait() == 0
+    worker.close()
+    after_join = worker.lines[worker.lines.index(joined.string) + 1 :]
+    assert len(after_join) == 1 and "received SIGTERM: draining" in after_join[0], after_join
