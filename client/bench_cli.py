@@ -43,7 +43,7 @@ from ipuserve.client.report import (
     sweep_table,
 )
 from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
-from ipuserve.clikit import Endpoint, fail, option
+from ipuserve.clikit import Endpoint, check_writable, fail, option
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
 
@@ -149,6 +149,11 @@ def parse_npy_inputs(
 def bench(ctx: click.Context, /, **opts: Any) -> None:
     """Measure throughput and latency (split into broker queue, worker queue, device, wire)."""
     failure, exit_code = None, 1
+    for path in (opts["output"], opts["plot"]):
+        if path is not None:
+            check_writable(path)  # before the run, which a late failure would waste
+    if opts["plot"] is not None and opts["plot"].suffix.lower() != ".svg":
+        raise click.UsageError(f"--plot writes SVG: give a .svg path, not {opts['plot']}")
     if opts["suite"]:
         if opts["plot"] is not None:
             raise click.UsageError("--plot draws a --concurrency or --rate sweep, not --suite")
@@ -161,19 +166,22 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
         sweep = len(_loads(opts)) > 1  # as asked, even when Ctrl-C cut it short
         result = {"sweep": levels} if sweep else levels[0]
         text = sweep_table(levels) if sweep else run_table(levels[0])
-        if opts["plot"] is not None:
-            _write(opts["plot"], latency_throughput_svg(levels))
         failure = nothing_succeeded(levels)
-        if levels[-1]["interrupted"]:
+        last = levels[-1]
+        if last["interrupted"]:
+            level = f" of level {len(levels)}" if len(levels) > 1 else ""
             failure = (
                 f"interrupted (Ctrl-C): the figures above cover the first "
-                f"{levels[-1]['duration_s']} s of measuring"
-                + (f" of level {len(levels)}" if len(levels) > 1 else "")
+                f"{last['duration_s']} s of measuring{level}"
+                if last["requests"]
+                else f"interrupted (Ctrl-C) before anything{level} was measured (warm-up)"
             )
             exit_code = 130  # the shell's code for a run stopped by SIGINT
+    click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)  # shown first
+    if opts["plot"] is not None and not opts["suite"]:
+        _write(opts["plot"], latency_throughput_svg(levels))
     if opts["output"] is not None:
         _write(opts["output"], json.dumps(result, indent=2) + "\n")
-    click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)
     if failure is not None:
         click.echo(f"Error: {failure}", err=True)
         raise SystemExit(exit_code)

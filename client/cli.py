@@ -19,7 +19,7 @@ import numpy as np
 from ipuserve import protocol as wire
 from ipuserve.client.bench_cli import bench, parse_npy_inputs
 from ipuserve.client.client import Client
-from ipuserve.clikit import Endpoint, fail, option
+from ipuserve.clikit import Endpoint, check_writable, fail, option
 from ipuserve.errors import IpuserveError
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
@@ -72,6 +72,8 @@ def infer(
     broker: str, model: str, inputs: dict[str, Any], output: Path | None, timeout_s: float
 ) -> None:
     """Send one request with tensors from .npy files and print (or save) the outputs."""
+    if output is not None:
+        check_writable(output)
     with _typed_errors(), Client(broker, timeout=timeout_s) as client:
         future = client.infer_async(model, inputs)
         outputs = future.result(timeout_s + 5)

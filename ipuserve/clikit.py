@@ -11,6 +11,8 @@ usage error instead of ZeroMQ's ``Invalid argument`` traceback.
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 from typing import Any
 
 import click
@@ -23,6 +25,16 @@ option = functools.partial(click.option, show_default=True, show_envvar=True)
 def fail(message: str) -> None:
     """Exit with a clear one-line error instead of a traceback."""
     raise click.ClickException(message)
+
+
+def check_writable(path: Path) -> None:
+    """Fail now, not after the work, when ``path`` could not be written: its folder is
+    missing or read-only."""
+    folder = path.parent
+    if not folder.is_dir():
+        fail(f"cannot write {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK):
+        fail(f"cannot write {path}: {folder} is not writable")
 
 
 def parse_duration_ms(_ctx: Any, _param: Any, value: float | None) -> float | None:

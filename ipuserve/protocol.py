@@ -405,10 +405,14 @@ def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     missing = [name for name in expected if name not in names]
     if missing:
         unknown = [name for name in names if name not in expected]
-        extra = f"; not inputs of this model: {', '.join(unknown)}" if unknown else ""
+        if unknown:  # most likely a misspelt name: name it first
+            raise InvalidInputError(
+                f"model {model.name!r} has no input {', '.join(map(repr, unknown))}; its "
+                f"inputs are {', '.join(expected)} (missing: {', '.join(missing)})"
+            )
         raise InvalidInputError(
             f"model {model.name!r} needs inputs {', '.join(expected)}; "
-            f"missing: {', '.join(missing)}{extra}"
+            f"missing: {', '.join(missing)}"
         )
     batches: dict[str, int] = {}
     for spec in given:

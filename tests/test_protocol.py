@@ -588,7 +588,7 @@ def test_check_inputs_accepts_any_batch_along_the_batching_dim() -> None:
         (  # a misspelt name: both halves of the mistake are named
             specs(a=("float32", (2, 3)), bb=("int64", (2,))),
             SPEC,
-            "missing: b; not inputs of this model: bb",
+            "model 'add' has no input 'bb'; its inputs are a, b (missing: b)",
         ),
         (specs(a=("float32", (2, 3)), b=("int64", (2,)), c=("int64", (2,))), SPEC, "no input 'c'"),
         (specs(a=("float64", (2, 3)), b=("int64", (2,))), SPEC, "must be float32, got float64"),

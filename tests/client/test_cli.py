@@ -208,3 +208,19 @@ def test_ctrl_c_during_a_bench_prints_what_was_measured_and_runs_no_further_leve
     bench.wait_for(rf"^ +2 +{level['throughput']['req_per_s']}\b")  # the table's one row
     bench.wait_for(r"Error: interrupted \(Ctrl-C\): the figures above cover the first")
     assert not any("level 2/2" in line for line in bench.lines)
+
+
+def test_ctrl_c_during_the_warm_up_says_nothing_was_measured(
+    processes: Processes,  # noqa: F811
+    served: BrokerProc,
+) -> None:
+    bench = processes.start(
+        "bench",
+        [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend, "--model",
+         "add", "--warmup-s", "120", "--duration-s", "1"],
+    )  # fmt: skip
+    url = served.metrics_url
+    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= 20, timeout=60)
+    bench.popen.send_signal(signal.SIGINT)
+    assert bench.wait(60) == 130
+    bench.wait_for(r"Error: interrupted \(Ctrl-C\) before anything was measured \(warm-up\)")

@@ -134,7 +134,27 @@ def test_infer_writes_its_output_to_exactly_the_path_given(
     bad = tmp_path / "missing" / "y.npz"
     result = run(*infer, "--output", str(bad))
     assert result.exit_code == 1
-    assert last_line(result) == f"Error: cannot write {bad}: No such file or directory"
+    assert result.output.splitlines() == [  # refused before the request, nothing printed
+        f"Error: cannot write {bad}: {bad.parent} is not a directory"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "message"),
+    [
+        ("--output", "missing/b.json", "cannot write {path}: {parent} is not a directory"),
+        ("--plot", "missing/c.svg", "cannot write {path}: {parent} is not a directory"),
+        ("--plot", "c.png", "--plot writes SVG: give a .svg path, not {path}"),
+    ],
+)
+def test_bench_refuses_a_file_it_could_not_write_before_it_runs(
+    tmp_path: Path, option: str, name: str, message: str
+) -> None:
+    """Nothing listens at the broker address: a bench that started would take 30 s."""
+    path = tmp_path / name
+    result = run("bench", "--broker", "tcp://127.0.0.1:1", "--model", "m", option, str(path))
+    assert result.exit_code in (1, 2)
+    assert message.format(path=path, parent=path.parent) in result.output
 
 
 # ------------------------------------------------------------------ 3. input files
