@@ -11,7 +11,8 @@ The JSON summary (``ipuserve bench --json``)::
     {"model": str, "mode": "closed"|"open", "in_flight": int, "rate": float|null,
      "samples_per_request": int, "request_bytes": int,
      "requests": int, "ok": int, "errors": {code: int}, "error_messages": {code: str},
-     "skipped": int,
+     "skipped": int, "interrupted": bool,
+     "after_window": {"ok": int, "errors": {code: int}},
      "duration_s": float,
      "throughput": {"req_per_s", "samples_per_s", "mb_per_s"},
      "latency_us": {"p50", "p90", "p99", "p99.9", "mean", "max"},
@@ -19,7 +20,9 @@ The JSON summary (``ipuserve bench --json``)::
      "client": {"sent", "resent", "dropped_replies", "expired"}}
 
 ``requests == ok + sum(errors)``; ``error_messages`` holds the first message of
-each error code; ``mb_per_s`` counts input plus output bytes.
+each error code; ``after_window`` counts what was still in flight when the
+measurement window closed (left out of the figures); ``mb_per_s`` counts input
+plus output bytes.
 """
 
 from __future__ import annotations

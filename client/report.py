@@ -85,8 +85,18 @@ def first_errors(summaries: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def error_lines(summaries: list[dict[str, Any]]) -> list[str]:
-    """``error       CODE: first message``, one line per code (none without errors)."""
-    return [f"error       {code}: {message}" for code, message in first_errors(summaries).items()]
+    """``error       CODE: first message``, one line per code (none without errors), after
+    a line for requests that failed after the measurement window, if any did."""
+    late: dict[str, int] = {}
+    for summary in summaries:
+        for code, n in summary.get("after_window", {}).get("errors", {}).items():
+            late[code] = late.get(code, 0) + n
+    lines = []
+    if late:
+        counts = ", ".join(f"{code} {n}" for code, n in late.items())
+        lines.append(f"after       the window closed, {sum(late.values())} failed: {counts}")
+    found = first_errors(summaries)
+    return lines + [f"error       {code}: {message}" for code, message in found.items()]
 
 
 def _load(summary: dict[str, Any]) -> str:

@@ -88,16 +88,20 @@ def summarize(recording: Recording) -> dict[str, Any]:
     """The JSON-ready summary of a run: counts, throughput, latency, split.
 
     ``errors`` counts the failed requests per error code; ``error_messages`` holds the
-    first message of each code, so a run that fails says why.
+    first message of each code, so a run that fails says why. ``after_window`` counts
+    the requests in flight when the window closed, which finish (or fail) later: they
+    are left out of the figures, but a failure among them must not go unseen.
     """
     kept = recording.measured()
     ok = [s for s in kept if s.error is None]
     seconds = max((recording.stop_ns - recording.start_ns) / 1e9, 1e-9)
     errors = Counter(s.error for s in kept if s.error is not None)
+    late = [s for s in recording.samples if s.done_ns > recording.stop_ns]
     messages: dict[str, str] = {}
-    for s in kept:
+    for s in (*kept, *late):
         if s.error is not None and s.error not in messages:
             messages[s.error] = s.message or ""
+    late_errors = Counter(s.error for s in late if s.error is not None)
     return {
         "requests": len(kept),
         "ok": len(ok),
@@ -105,6 +109,10 @@ def summarize(recording: Recording) -> dict[str, Any]:
         "error_messages": dict(sorted(messages.items())),
         "skipped": recording.skipped,
         "interrupted": recording.interrupted,
+        "after_window": {
+            "ok": sum(1 for s in late if s.error is None),
+            "errors": dict(sorted(late_errors.items())),
+        },
         "duration_s": round(seconds, 3),
         "throughput": throughput(ok, seconds),
         "latency_us": latency_us([s.latency_ns for s in ok]),

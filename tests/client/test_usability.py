@@ -18,6 +18,7 @@ from click.testing import CliRunner, Result
 from ipuserve.cli import main
 from ipuserve.client import Client, ClientConfig
 from ipuserve.client.fleet import free_port
+from ipuserve.client.report import error_lines
 from ipuserve.client.stats import Recording, Sample, summarize
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, UnavailableError
@@ -197,6 +198,24 @@ def test_the_summary_keeps_the_first_message_of_each_error_code() -> None:
         "INVALID_INPUT": "input 'x' must be float32",
         "OVERLOADED": "queue full",
     }
+
+
+def test_failures_after_the_window_are_counted_apart_and_shown() -> None:
+    """Requests in flight when the window closes stay out of the figures, but a worker
+    killed then must not leave a clean-looking report."""
+    recording = Recording(start_ns=0, stop_ns=100)
+    recording.add(Sample(50, 1))
+    recording.add(Sample(150, 1))  # finished after the window: fine, not in the figures
+    recording.add(Sample(30_000, 1, "DEADLINE_EXCEEDED", message="no reply within 30.0 s"))
+    summary = summarize(recording)
+    assert summary["requests"] == summary["ok"] == 1 and summary["errors"] == {}
+    assert summary["after_window"] == {"ok": 1, "errors": {"DEADLINE_EXCEEDED": 1}}
+    assert summary["error_messages"] == {"DEADLINE_EXCEEDED": "no reply within 30.0 s"}
+    lines = error_lines([summary])
+    assert lines == [
+        "after       the window closed, 1 failed: DEADLINE_EXCEEDED 1",
+        "error       DEADLINE_EXCEEDED: no reply within 30.0 s",
+    ]
 
 
 @pytest.mark.slow
