@@ -75,7 +75,11 @@ def demo(requests: int, clients: int, in_flight: int, workdir: Path | None) -> N
             DemoConfig(requests=requests, clients=clients, in_flight=in_flight, workdir=workdir)
         )
     except KeyboardInterrupt:
-        click.echo("\ninterrupted: the broker and workers were stopped", err=True)
+        click.echo(
+            "\ninterrupted: the broker and workers were stopped; their logs stay in the "
+            "working directory named above",
+            err=True,
+        )
         code = 130
     sys.exit(code)
 

@@ -28,7 +28,7 @@ def model() -> None:
 
 
 @model.command("example")
-@click.argument("name", type=click.Choice(list(examples.EXAMPLES)))
+@click.argument("name", metavar="NAME", type=click.Choice(list(examples.EXAMPLES)))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @option(
     "--weights-file",

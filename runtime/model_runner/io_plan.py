@@ -162,7 +162,9 @@ class IoPlan:
             if anchor.name() not in self.model.tensorData and anchor.name() not in self.frozen:
                 raise TensorError(
                     f"anchor {anchor.name()!r} is read by the load program but the model has no "
-                    "tensor data for it; provide it in ModelRunnerConfig.frozen_inputs"
+                    "tensor data for it: load the file that holds its tensor data (weights) "
+                    "together with the model (`ipuserve worker --model MODEL --model WEIGHTS`), "
+                    "or provide it in ModelRunnerConfig.frozen_inputs"
                 )
 
 

@@ -70,6 +70,19 @@ def test_model_files_in_the_env_var_are_split_on_whitespace(tmp_path: Path) -> N
     assert f"cannot serve {first}, {second}:" in result.output
 
 
+def test_a_model_given_without_its_weights_file_says_to_add_it(tmp_path: Path) -> None:
+    model, weights = tmp_path / "s.popef", tmp_path / "s-weights.popef"
+    write_example(model, "simple", "--weights-file", str(weights))
+    result = CliRunner().invoke(
+        main, ["worker", "--broker", "tcp://127.0.0.1:1", "--model", str(model)]
+    )
+    assert result.exit_code == 1, result.output
+    assert "anchor 'weights' is read by the load program but the model has no tensor data" in (
+        result.output
+    )
+    assert "`ipuserve worker --model MODEL --model WEIGHTS`" in result.output
+
+
 # ---------------------------------------------------------------- replicas and IPUs
 
 
