@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
     "[default: --liveness-ms].",
 )
 @option(
+    "--orphan-ms",
+    default=30_000,
+    type=click.IntRange(min=0),
+    help="A model whose last worker left waits this long for one to join; then its "
+    "requests get UNAVAILABLE at once.",
+)
+@option(
     "--queue-limit",
     default=1000,
     type=click.IntRange(min=1),
@@ -89,6 +96,7 @@ def broker(
     heartbeat_ms: int,
     liveness_ms: int,
     grace_ms: int | None,
+    orphan_ms: int,
     queue_limit: int,
     max_attempts: int,
     max_payload_bytes: int,
@@ -111,6 +119,7 @@ def broker(
             heartbeat_ms=heartbeat_ms,
             liveness_ms=liveness_ms,
             grace_ms=grace_ms,
+            orphan_ms=orphan_ms,
             queue_limit=queue_limit,
             max_attempts=max_attempts,
             max_payload_bytes=max_payload_bytes,

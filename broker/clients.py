@@ -105,6 +105,9 @@ class ClientHandlers:
         spec = self._registry.specs.get(request.model)
         if spec is not None:
             wire.check_inputs(spec, request.tensors.specs)
+            orphaned = self._scheduler.orphan_error(request.model, now)
+            if orphaned is not None:
+                raise orphaned
         elif self.grace_until is None or now >= self.grace_until:
             known = ", ".join(
                 name if self._registry.serving.get(name) else f"{name} (no worker now)"

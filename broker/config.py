@@ -16,7 +16,9 @@ class BrokerConfig:
     tried on at most ``max_attempts`` workers that die holding it. For one
     ``grace_ms`` after start (default: one liveness window) requests for models
     nobody serves yet are queued, because workers may be reconnecting after a
-    broker restart. ``queue_limit`` bounds each model's queue. Replies to a client
+    broker restart. Likewise a model whose last worker left waits ``orphan_ms`` for one
+    to (re)join; after that its requests are refused at once (UNAVAILABLE) instead of
+    each waiting out its timeout. ``queue_limit`` bounds each model's queue. Replies to a client
     first fill its ZeroMQ pipe (``client_hwm`` messages), then wait in a broker-side
     backlog (``client_backlog`` messages, retried in order); a client that stopped
     reading loses the replies beyond both (counted), and nobody else waits for it.
@@ -27,6 +29,7 @@ class BrokerConfig:
     heartbeat_ms: int = 1000
     liveness_ms: int = 3000
     grace_ms: int | None = None
+    orphan_ms: int = 30_000
     queue_limit: int = 1000
     max_attempts: int = 3
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
@@ -49,6 +52,8 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.liveness_ms < self.heartbeat_ms:
             raise ConfigError("liveness_ms must be at least heartbeat_ms")
+        if self.orphan_ms < 0:
+            raise ConfigError(f"orphan_ms must be >= 0, got {self.orphan_ms}")
         if self.grace_ms is not None and self.grace_ms < 0:
             raise ConfigError(f"grace_ms must be >= 0, got {self.grace_ms}")
         if self.max_payload_bytes < 1:

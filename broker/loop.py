@@ -190,7 +190,12 @@ class Broker:
     # ------------------------------------------------------------ timers
 
     def _timeout_ms(self) -> int:
-        due = [self._next_beat, self._clients.grace_until, self.scheduler.deadlines.next_due()]
+        due = [
+            self._next_beat,
+            self._clients.grace_until,
+            self.scheduler.deadlines.next_due(),
+            self.scheduler.next_orphan_due(),
+        ]
         if self._outbox.pending:  # retry the backlog of slow clients soon
             due.append(time.monotonic() + BACKLOG_RETRY_S)
         wake = min(t for t in due if t is not None)
@@ -198,6 +203,7 @@ class Broker:
 
     def _on_timers(self, now: float) -> None:
         self.scheduler.expire(now)
+        self.scheduler.fail_orphans(now)
         if now >= self._next_beat:
             self._workers.beat(now)
             self._update_gauges()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from ipuserve.broker.jobs import JobEntry
@@ -44,6 +45,8 @@ class Registry:
         self.workers: dict[bytes, Worker] = {}
         self.specs: dict[str, ModelSpec] = {}
         self.serving: dict[str, list[Worker]] = {}
+        #: models whose last worker left, and when (monotonic); gone once one joins
+        self.orphaned: dict[str, float] = {}
 
     def get(self, identity: bytes) -> Worker | None:
         return self.workers.get(identity)
@@ -58,6 +61,7 @@ class Registry:
         self.workers[identity] = worker
         for name in models:
             self.serving.setdefault(name, []).append(worker)
+            self.orphaned.pop(name, None)
         return worker
 
     def _accept(self, worker_id: str, spec: ModelSpec) -> bool:
@@ -79,3 +83,5 @@ class Registry:
             serving = self.serving.get(name, [])
             if worker in serving:
                 serving.remove(worker)
+                if not serving:
+                    self.orphaned[name] = time.monotonic()

@@ -33,6 +33,7 @@ from ipuserve.errors import (
     DeadlineExceeded,
     InferenceError,
     IpuserveError,
+    UnavailableError,
     UnknownModelError,
     WorkerFailedError,
 )
@@ -279,6 +280,36 @@ class Scheduler:
                     f"(waited {(now - job.received) * 1e3:.0f} ms {where}){why}"
                 ),
             )
+
+    def orphan_error(self, model: str, now: float) -> UnavailableError | None:
+        """UNAVAILABLE for ``model`` once its last worker left longer than ``orphan_ms``
+        ago (nobody is coming back, most likely), else None: requests may wait."""
+        since = self.registry.orphaned.get(model)
+        if since is None or now - since < self.config.orphan_ms / 1000:
+            return None
+        return UnavailableError(
+            f"no worker has served model {model!r} for {now - since:.0f} s (its last one "
+            "left); start one, or wait for it to rejoin"
+        )
+
+    def next_orphan_due(self) -> float | None:
+        """When the next model that still has queued requests runs out of patience."""
+        queues = self.dispatcher.queues
+        due = [
+            since + self.config.orphan_ms / 1000
+            for model, since in self.registry.orphaned.items()
+            if model in queues and len(queues[model])
+        ]
+        return min(due, default=None)
+
+    def fail_orphans(self, now: float) -> None:
+        """Refuse what is queued for models past ``orphan_ms`` without a worker."""
+        for model in list(self.registry.orphaned):
+            queue = self.dispatcher.queues.get(model)
+            error = self.orphan_error(model, now) if queue is not None and len(queue) else None
+            if error is not None and queue is not None:
+                for job in queue.live_jobs():
+                    self.reject(job, error)
 
     def model_registered(self, spec: wire.ModelSpec) -> None:
         """A model nobody served before: check what was queued for it during the grace."""

@@ -602,3 +602,32 @@ def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
         r"timeout of 300 ms \(waited \d+ ms in the queue\); no worker serves model 'add' now",
         str(failed.value),
     ), failed.value
+
+
+def test_a_model_left_without_workers_past_orphan_ms_is_refused_at_once(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    """Queued requests wait orphan_ms for a worker to rejoin, then fail UNAVAILABLE (not
+    each at its own deadline); later ones are refused at once until a worker joins."""
+    broker = start_broker_thread(orphan_ms=300)
+    worker = fake(broker, workers, worker_id="gone")
+    worker.send(wire.Bye())
+    with RawClient(broker.frontend_endpoint) as client:
+        wait_until(lambda: not client.models()[0].workers)
+        waiting = client.request("add", INPUTS, timeout_ms=60_000)
+        refused = client.recv(timeout=10)  # long before its 60 s deadline
+        assert isinstance(refused, wire.ErrorReply) and refused.request_id == waiting
+        assert refused.code == "UNAVAILABLE"
+        assert re.fullmatch(
+            r"no worker has served model 'add' for \d+ s \(its last one left\); start one, "
+            r"or wait for it to rejoin",
+            refused.message,
+        ), refused.message
+        again = client.call("add", INPUTS)  # past orphan_ms: refused on arrival
+        assert isinstance(again, wire.ErrorReply) and again.code == "UNAVAILABLE"
+        back = fake(broker, workers, worker_id="back")
+        request_id = client.request("add", INPUTS)
+        back.answer(back.job())
+        reply = client.recv()
+    assert isinstance(reply, wire.Reply) and reply.request_id == request_id
+    assert_add_reply(reply, INPUTS)
