@@ -301,10 +301,17 @@ class SpscRingBuffer(Generic[T]):
         return True
 
     def _wake(self) -> None:
-        """Hold the lock. Wake every sleeper; they re-check their condition."""
+        """Hold the lock. Wake every sleeper; they re-check their condition.
+
+        Idempotent per waiter: a KeyboardInterrupt in the main thread can land between
+        the releases and the clear(), leaving released waiters listed; releasing one
+        twice would raise "release unlocked lock" from the next wake (seen when Ctrl-C
+        stopped ``tools real-data``). Only wakers release waiters, under the lock, so
+        ``locked()`` then ``release()`` cannot race."""
         if self._waiters:
             for waiter in self._waiters:
-                waiter.release()
+                if waiter.locked():
+                    waiter.release()
             self._waiters.clear()
 
 

@@ -293,3 +293,17 @@ def test_introspection() -> None:
     assert rb.label() == "intro"
     assert rb.isValid()
     assert not rb.readAvailable()
+
+
+def test_a_wake_cut_short_by_ctrl_c_does_not_break_the_next_one() -> None:
+    """KeyboardInterrupt can land inside a wake, after it released its waiters and
+    before it forgot them; the next wake (close's invalidate) must not release them a
+    second time ("release unlocked lock" ended `tools real-data` on Ctrl-C)."""
+    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "interrupted")
+    released = threading.Lock()  # what the cut-short wake left behind: listed, unlocked
+    rb._waiters.append(released)
+    rb.invalidate()
+    assert rb._waiters == []
+    rb.reset()
+    rb.write(7)
+    assert rb.readLock() == 7
