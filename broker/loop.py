@@ -27,7 +27,7 @@ from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.scheduler import Scheduler
 from ipuserve.broker.workers import WorkerHandlers
-from ipuserve.errors import IpuserveError, UnavailableError
+from ipuserve.errors import BrokerShutdownError, IpuserveError
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Broker:
             self._shutdown()
 
     def _shutdown(self) -> None:
-        self.scheduler.shutdown(UnavailableError("the broker is shutting down"))
+        self.scheduler.shutdown(BrokerShutdownError("the broker is shutting down"))
         self._frontend.close(linger=self.config.shutdown_linger_ms)
         self._backend.close(linger=0)
         with self._wake_lock:

@@ -51,6 +51,7 @@ from ipuserve import protocol as wire
 from ipuserve.client.pending import EXPECTS, Pending
 from ipuserve.client.waker import Waker
 from ipuserve.errors import (
+    BrokerShutdownError,
     ClosedError,
     ConfigError,
     DeadlineExceeded,
@@ -107,6 +108,8 @@ class ClientStats:
     #: of those, sent as members of groups (one job for several requests)
     grouped: int = 0
     resent: int = 0
+    #: requests a stopping broker let go of, kept pending for the broker after it
+    held_over_shutdown: int = 0
     replies: int = 0
     dropped_replies: int = 0
     malformed: int = 0
@@ -142,6 +145,8 @@ class IoLoop:
         self._hinted = False
         #: the peer spoke the worker protocol: this is a broker's backend port
         self._backend_port = False
+        #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
+        self._broker_shut_down = False
         self._next_ping = 0.0
         self.thread = threading.Thread(target=self._run, name="ipuserve-client-io", daemon=True)
 
@@ -176,6 +181,11 @@ class IoLoop:
     def silence_hint(self) -> str:
         """``": nothing has answered at ENDPOINT ..."`` while nothing ever has (and what is
         wrong when the backend port answered), else ``""``."""
+        if self._broker_shut_down:
+            return (
+                f": the broker at {self.endpoint or 'the endpoint'} shut down and no broker "
+                "has answered since"
+            )
         if self._backend_port:
             return (
                 f": {self.endpoint or 'the endpoint'} answers as a broker's backend (worker) "
@@ -334,7 +344,7 @@ class IoLoop:
         if isinstance(message, wire.Pong):
             self._on_pong(message)
         elif isinstance(message, wire.ErrorReply):
-            self._finish(message.request_id, lambda p: p.future.set_exception(message.exception()))
+            self._on_error(message)
         elif isinstance(message, wire.Reply | wire.ModelsReply):
             self._on_answer(message)
         elif isinstance(message, wire.Replies):
@@ -342,13 +352,25 @@ class IoLoop:
                 for reply in row.members():
                     self._on_answer(reply)
             for error in message.errors:
-                self._finish(error.job_id, lambda p, e=error: p.future.set_exception(e.exception()))
+                self._on_error(error)
         elif message.COMMAND in _TO_WORKERS:
             self._on_backend_port()
         else:
             self._on_malformed(
                 frames, ProtocolError(f"a client never expects {message.COMMAND.name}")
             )
+
+    def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
+        """Fail the request with the error its peer reported, except that a broker's
+        BROKER_SHUTDOWN keeps it pending: a restarted broker gets it again (new epoch,
+        or silence, re-send everything pending), and its deadline still applies."""
+        request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
+        if error.code == BrokerShutdownError.code and request_id in self._pending:
+            self._broker_shut_down = True
+            self.stats.held_over_shutdown += 1
+            return
+        exception = error.exception()
+        self._finish(request_id, lambda p: p.future.set_exception(exception))
 
     def _on_backend_port(self) -> None:
         """Pointed at a broker's backend: nothing sent there will ever be answered."""
@@ -383,6 +405,7 @@ class IoLoop:
             settle(pending)  # runs the future's callbacks on this thread
 
     def _on_pong(self, pong: wire.Pong) -> None:
+        self._broker_shut_down = False  # a broker answers again
         known = self.stats.epoch
         self.stats.epoch = pong.epoch
         self.stats.max_payload_bytes = pong.max_payload_bytes

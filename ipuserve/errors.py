@@ -19,6 +19,7 @@ same in-process and across the network::
     │   ├── WorkerFailedError        workers died holding the request too often      WORKER_FAILED
     │   ├── InferenceError           the model raised while running                 INFERENCE_FAILED
     │   └── UnavailableError         broker unreachable / shutting down              UNAVAILABLE
+    │       └── BrokerShutdownError  a stopping broker let go; the Client re-sends   BROKER_SHUTDOWN
     ├── ModelFileError              a model (PopEF) file is unreadable or corrupt
     │   └── PackageHashError         executable and metadata hashes disagree
     ├── DeviceError                 a simulated IPU failed or cannot be had
@@ -99,6 +100,14 @@ class InferenceError(ServingError):
 
 class UnavailableError(ServingError):
     code = "UNAVAILABLE"
+
+
+class BrokerShutdownError(UnavailableError):
+    """The broker is stopping and let go of the request. The ``Client`` keeps such a
+    request pending and re-sends it when a broker answers again (a restart), failing
+    it only at its own deadline."""
+
+    code = "BROKER_SHUTDOWN"
 
 
 class ModelFileError(IpuserveError):

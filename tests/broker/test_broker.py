@@ -356,7 +356,7 @@ def test_a_worker_command_on_the_frontend_is_refused(client: RawClient) -> None:
     assert "HEARTBEAT is not a client command" in reply.message
 
 
-def test_stopping_the_broker_answers_what_it_holds_unavailable(
+def test_stopping_the_broker_answers_what_it_holds_broker_shutdown(
     start_broker_thread: StartBroker, workers: list[FakeWorker]
 ) -> None:
     broker = start_broker_thread()
@@ -367,7 +367,7 @@ def test_stopping_the_broker_answers_what_it_holds_unavailable(
         assert loads(client)[""] == (1, 0)
         broker.stop()
         codes = {client.recv().code, client.recv().code}  # type: ignore[union-attr]
-    assert codes == {"UNAVAILABLE"}
+    assert codes == {"BROKER_SHUTDOWN"}  # an UNAVAILABLE the Client re-sends after a restart
 
 
 def test_a_batch_of_requests_is_served_row_by_row_and_answered_in_one_replies(

@@ -24,6 +24,7 @@ from tests.helpers import (
     scrape,
     start_broker,
     start_worker,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -148,6 +149,43 @@ def test_pending_requests_survive_a_broker_restart_exactly_once(
             np.testing.assert_allclose(future.result(30)["z"], add_expected(g), rtol=1e-6)
         assert client.stats.epoch_changes == 1 and client.stats.resent >= 6
     assert results == Counter(range(6))
+
+
+def test_pending_requests_outlive_a_graceful_broker_restart(
+    processes: Processes,  # noqa: F811
+    broker: BrokerProc,
+) -> None:
+    """SIGTERM: the stopping broker answers what it holds BROKER_SHUTDOWN; the Client keeps
+    those requests and the restarted broker serves them."""
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "400"))
+    given = [add_inputs(rows=1, seed=i) for i in range(6)]
+    with Client(broker.frontend, timeout=30, config=FAST) as client:
+        futures = [client.infer_async("add", g) for g in given]
+        client.models()  # ordered after the requests: the broker holds them all now
+        broker.proc.terminate()
+        assert broker.proc.wait() == 0
+        wait_until(lambda: client.stats.held_over_shutdown == 6)
+        assert not any(future.done() for future in futures)
+        restart_broker(processes, broker)
+        for future, g in zip(futures, given, strict=True):
+            np.testing.assert_allclose(future.result(30)["z"], add_expected(g), rtol=1e-6)
+        assert client.stats.epoch_changes == 1
+
+
+def test_a_request_held_over_a_shutdown_with_no_broker_back_fails_at_its_deadline(
+    processes: Processes,  # noqa: F811
+    broker: BrokerProc,
+) -> None:
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "3000"))
+    with Client(broker.frontend, timeout=30, config=FAST) as client:
+        future = client.infer_async("add", add_inputs(), timeout=2.0)
+        client.models()
+        broker.proc.terminate()
+        with pytest.raises(errors.DeadlineExceeded) as failed:
+            future.result(30)
+    assert str(failed.value).endswith(
+        f": the broker at {broker.frontend} shut down and no broker has answered since"
+    )
 
 
 def test_close_fails_what_is_still_pending(processes: Processes, broker: BrokerProc) -> None:  # noqa: F811
