@@ -13,13 +13,9 @@ one row per load level, and with ``--plot`` the latency/throughput curve as SVG.
 The last form starts everything itself on loopback and compares the fabric with the
 pyzmq relay baseline (:mod:`ipuserve.client.suite`).
 
-Options that would be ignored are usage errors instead: ``--concurrency`` with
-``--rate``, ``--arrivals`` without ``--rate``, ``--batch`` with ``--input``, the
-load options with ``--suite`` and the suite's without it. Only options given on
-the command line count (click's parameter source): a value from an ``IPUSERVE_BENCH_*``
-variable is a default, and ``--concurrency`` on the command line beats a rate from
-the environment. A run in which no request succeeded exits non-zero with the first
-error message.
+Options that would be ignored are usage errors instead
+(:mod:`ipuserve.client.bench_options`). A run in which no request succeeded exits 1
+with the first error message; Ctrl-C reports what was measured and exits 130.
 """
 
 from __future__ import annotations
@@ -30,19 +26,19 @@ from typing import Any
 
 import click
 import numpy as np
-from click.core import ParameterSource
 
 from ipuserve.client.bench import bench as run_bench
+from ipuserve.client.bench_options import check_load_options, refuse_load_options_with_suite
 from ipuserve.client.client import Client
 from ipuserve.client.loadgen import LoadConfig
 from ipuserve.client.report import (
     ProgressLine,
     first_errors,
+    latency_throughput_svg,
     run_table,
     suite_table,
     sweep_table,
 )
-from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
 from ipuserve.clikit import Endpoint, check_writable, fail, option
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
@@ -157,11 +153,11 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
     if opts["suite"]:
         if opts["plot"] is not None:
             raise click.UsageError("--plot draws a --concurrency or --rate sweep, not --suite")
-        _refuse_load_options_with_suite(ctx)
+        refuse_load_options_with_suite(ctx)
         result = _suite(opts)
         text = suite_table(result)
     else:
-        _check_load_options(ctx, opts)
+        check_load_options(ctx, opts)
         levels = _single(opts)
         sweep = len(_loads(opts)) > 1  # as asked, even when Ctrl-C cut it short
         result = {"sweep": levels} if sweep else levels[0]
@@ -194,61 +190,6 @@ def _write(path: Path, text: str) -> None:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
-#: what --suite fabric decides itself, and what only it uses
-_LOAD_OPTIONS = (
-    "broker",
-    "model",
-    "input_files",
-    "batch",
-    "concurrency",
-    "rate",
-    "arrivals",
-    "warmup_s",
-    "duration_s",
-    "requests",
-    "timeout_s",
-)
-_SUITE_OPTIONS = ("runs", "quick", "workers")
-
-
-def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
-    """The options among ``names`` given on the command line (not defaults or variables)."""
-    flags = {param.name: param.opts[0] for param in ctx.command.params}
-    return [
-        flags[name]
-        for name in names
-        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
-    ]
-
-
-def _refuse_load_options_with_suite(ctx: click.Context) -> None:
-    given = _given(ctx, _LOAD_OPTIONS)
-    if given:
-        raise click.UsageError(
-            "--suite fabric starts its own broker, workers and load; it does not take "
-            + ", ".join(given)
-        )
-
-
-def _check_load_options(ctx: click.Context, opts: dict[str, Any]) -> None:
-    """Refuse what a run against a deployment would silently ignore."""
-    suite_only = _given(ctx, _SUITE_OPTIONS)
-    if suite_only:
-        raise click.UsageError(f"{', '.join(suite_only)}: only for --suite fabric")
-    if len(_given(ctx, ("concurrency", "rate"))) == 2:
-        raise click.UsageError(
-            "--concurrency (closed loop) and --rate (open loop) exclude each other; give one"
-        )
-    if _given(ctx, ("concurrency",)):
-        opts["rate"] = None  # beats a rate from the environment
-    if _given(ctx, ("arrivals",)) and not opts["rate"]:
-        raise click.UsageError("--arrivals shapes the open loop's arrivals; it needs --rate")
-    if _given(ctx, ("batch",)) and opts["input_files"]:
-        raise click.UsageError(
-            "--batch sizes the random inputs; with --input the files' shapes are sent as given"
-        )
-
-
 def nothing_succeeded(levels: list[dict[str, Any]]) -> str | None:
     """Why a run (every level of a sweep) had no successful request; None if one succeeded."""
     if any(level["ok"] for level in levels):
@@ -261,30 +202,6 @@ def nothing_succeeded(levels: list[dict[str, Any]]) -> str | None:
         return "no request finished inside the measurement window (see --duration-s)"
     code = max(counts, key=lambda c: counts[c])
     return f"no request succeeded: [{code}] {first_errors(levels)[code]}"
-
-
-def latency_throughput_svg(levels: list[dict[str, Any]]) -> str:
-    """p50 and p99 latency against throughput, a point per load level (labelled)."""
-    first = levels[0]
-    closed = first["mode"] == "closed"
-    labels = [f"{lv['in_flight']}" if closed else f"{lv['rate']:g}/s" for lv in levels]
-    series = [
-        Series(
-            name,
-            [(lv["throughput"]["req_per_s"], lv["latency_us"][key]) for lv in levels],
-            labels,
-            dashed=key == "p99",
-            colour=COLOURS[0],
-        )
-        for name, key in (("p50", "p50"), ("p99", "p99"))
-    ]
-    level = "requests in flight" if closed else "offered rate"
-    return line_chart(
-        series,
-        title=f"{first['model']}: latency against throughput (points: {level})",
-        x=Axis("throughput (requests/s)"),
-        y=Axis("latency (µs)", log=True),
-    )
 
 
 def _loads(opts: dict[str, Any]) -> list[LoadConfig]:

@@ -12,6 +12,7 @@ import time
 from typing import Any, TextIO
 
 from ipuserve.client.stats import SPLIT_PARTS, Recording
+from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
 
 
 class ProgressLine:
@@ -174,3 +175,27 @@ def cpu_lines(stages: list[dict[str, Any]]) -> list[str]:
             )
         lines.append(f"{stage['name']:64} {cells[0]:>27}   {cells[1]:>27}")
     return lines
+
+
+def latency_throughput_svg(levels: list[dict[str, Any]]) -> str:
+    """p50 and p99 latency against throughput, a point per load level (labelled)."""
+    first = levels[0]
+    closed = first["mode"] == "closed"
+    labels = [f"{lv['in_flight']}" if closed else f"{lv['rate']:g}/s" for lv in levels]
+    series = [
+        Series(
+            name,
+            [(lv["throughput"]["req_per_s"], lv["latency_us"][key]) for lv in levels],
+            labels,
+            dashed=key == "p99",
+            colour=COLOURS[0],
+        )
+        for name, key in (("p50", "p50"), ("p99", "p99"))
+    ]
+    level = "requests in flight" if closed else "offered rate"
+    return line_chart(
+        series,
+        title=f"{first['model']}: latency against throughput (points: {level})",
+        x=Axis("throughput (requests/s)"),
+        y=Axis("latency (µs)", log=True),
+    )

@@ -34,7 +34,6 @@ import numpy as np
 
 from ipuserve.errors import (
     ClosedError,
-    ConfigError,
     InferenceError,
     InvalidInputError,
     IpuserveError,
@@ -48,13 +47,11 @@ from ipuserve.errors import (
 from ipuserve.protocol import ModelSpec, TensorSpec
 from ipuserve.runtime import ModelRunner, ModelRunnerConfig, OutputFuture
 from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED
-from ipuserve.runtime.model_runner.io_plan import IoPlan, batch_dims
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
-from ipuserve.runtime.popef.types import Model
-from ipuserve.runtime.simulator.config import IPUS_ENV, SimulatorConfig
 from ipuserve.worker.backend import Done, Job, Refused, Result
 from ipuserve.worker.metrics import WorkerMetrics
+from ipuserve.worker.model_checks import check_inventory, choose_batching_dim
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +78,7 @@ class RunnerBackend:
     ) -> None:
         model = load_model(list(model_paths))
         batch = model.metadata.batchSize()
-        _check_inventory(model, replicas)
+        check_inventory(model, replicas)
         multiplier = max(2, math.ceil(MIN_SLOTS_PER_REPLICA / batch))
         dim = choose_batching_dim(model, batching_dim)
         config = ModelRunnerConfig(
@@ -253,105 +250,6 @@ class RunnerBackend:
                 "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
             )
             done(job, Result(part, timing))
-
-
-def choose_batching_dim(model: Model, requested: int | None) -> int | None:
-    """The dimension to batch requests along: ``requested`` (``--batching-dim``) if the
-    model's execute inputs and outputs all hold the compiled batch size along it;
-    without one, dimension 0 if they do there, else the only dimension where they do,
-    else None -- no dynamic batching: each request carries exactly the compiled shapes.
-    Batching along any other dimension would run wrong maths silently (samples packed
-    into rows the model treats differently), so a wrong ``requested`` or a choice of
-    several is a ConfigError."""
-    batch = model.metadata.batchSize()
-    plan = IoPlan(model, ModelRunnerConfig())
-    tensors = [
-        (anchor.name(), tuple(anchor.tensorInfo().shape()))
-        for anchor in (*plan.execute_inputs, *plan.execute_outputs)
-    ]
-    shaped = [(name, shape) for name, shape in tensors if shape]
-    if not shaped:  # scalars only: nothing to batch along
-        return 0 if requested is None else requested
-    dims = batch_dims((shape for _, shape in shaped), batch)
-    name = model.metadata.modelName()
-    if requested is not None:
-        if requested in dims:
-            return requested
-        tensor, shape = next(
-            (t, s) for t, s in shaped if len(s) <= requested or s[requested] != batch
-        )
-        holds = (
-            f"has no dimension {requested}"
-            if len(shape) <= requested
-            else f"holds {shape[requested]} along dimension {requested}"
-        )
-        hint = "" if dims else "; leave --batching-dim out to serve it without dynamic batching"
-        raise ConfigError(
-            f"--batching-dim {requested} is not where model {name!r} holds its compiled "
-            f"batch size {batch}: its tensor {tensor!r} of shape {list(shape)} {holds}; "
-            f"{_where(dims, batch, shaped)}{hint}"
-        )
-    if 0 in dims:
-        return 0
-    if len(dims) == 1:
-        log.info(
-            "model %r holds its batch of %d along dimension %d of every input and output: "
-            "batching requests along it (--batching-dim %d)",
-            name,
-            batch,
-            dims[0],
-            dims[0],
-        )
-        return dims[0]
-    if not dims:
-        log.warning(
-            "model %r: %s; serving it without dynamic batching (every request must carry "
-            "exactly the compiled shapes)",
-            name,
-            _where(dims, batch, shaped),
-        )
-        return None
-    raise ConfigError(
-        f"cannot tell which dimension of model {name!r} holds its batch of {batch}: "
-        f"{_where(dims, batch, shaped)}"
-    )
-
-
-def _where(dims: list[int], batch: int, shaped: list[tuple[str, tuple[int, ...]]]) -> str:
-    """Which --batching-dim would work, for an error message."""
-    if len(dims) == 1:
-        return (
-            f"dimension {dims[0]} holds {batch} in every input and output: "
-            f"pass --batching-dim {dims[0]}"
-        )
-    if dims:
-        listed = " and ".join(map(str, dims))
-        return (
-            f"dimensions {listed} all hold {batch} in every input and output: pass "
-            "--batching-dim with the one that holds the batch"
-        )
-    each = "; ".join(
-        f"{name} {list(shape)}: "
-        + (", ".join(str(d) for d, n in enumerate(shape) if n == batch) or "none")
-        for name, shape in shaped
-    )
-    return f"no dimension holds {batch} in every input and output (dimensions holding it: {each})"
-
-
-def _check_inventory(model: Model, replicas: int) -> None:
-    """Refuse up front what the simulated host can never hold: else the runner fails on
-    the first replica it cannot place, blaming IPUs in use."""
-    host = SimulatorConfig.from_env().num_ipus
-    each = model.metadata.numIpus()
-    if replicas * each <= host:
-        return
-    fits = host // each if each else 0
-    fewer = f"use --replicas {fits} or fewer, or " if fits else ""
-    raise ConfigError(
-        f"{replicas} replicas of model {model.metadata.modelName()!r} need "
-        f"{replicas * each} IPUs ({each} each), but this host's simulated inventory has "
-        f"{host}: {fewer}give the worker more IPUs with --ipus (or {IPUS_ENV})"
-    )
 
 
 def _spec(desc: DataDesc) -> TensorSpec:

@@ -18,7 +18,8 @@ from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.builder import GraphBuilder
 from ipuserve.runtime.popef.reader import load_model
 from ipuserve.worker.backend import Job, Result
-from ipuserve.worker.runner_backend import RunnerBackend, choose_batching_dim
+from ipuserve.worker.model_checks import choose_batching_dim
+from ipuserve.worker.runner_backend import RunnerBackend
 from tests.helpers import Processes, RawClient, runner_worker_argv, start_broker, write_example
 
 
