@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipuserve.client.stats import Recording, Sample, Timing
+from ipuserve.client.stats import WINDOW_OPEN_NS, Recording, Sample, Timing
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class _Window:
         self.recording = recording
         self.begin_ns = time.perf_counter_ns()
         self.recording.start_ns = self.begin_ns + int(config.warmup_s * 1e9)
-        self.recording.stop_ns = 2**62
+        self.recording.stop_ns = WINDOW_OPEN_NS
         self._measured = 0
         self._lock = threading.Lock()
         self.finished = threading.Event()
@@ -98,7 +98,7 @@ class _Window:
 
     @property
     def stopped(self) -> bool:
-        return self.recording.stop_ns < 2**62
+        return self.recording.window_closed
 
     def interrupt(self) -> None:
         """Ctrl-C: the window closes now; what finished inside it still counts."""

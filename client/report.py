@@ -14,16 +14,27 @@ from typing import Any, TextIO
 from ipuserve.client.stats import SPLIT_PARTS, Recording
 from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
 
+#: how long requests may stay in flight after the window before bench says it waits
+DRAIN_NOTICE_S = 2.0
+
 
 class ProgressLine:
-    """A one-line, self-overwriting progress report on stderr (only on a terminal)."""
+    """A one-line, self-overwriting progress report on stderr (only on a terminal).
+
+    Terminal or not, it says once when requests still in flight after the window keep
+    the run waiting (a worker that died with them: each ends at its timeout), so a
+    bench that looks finished is not silently stuck for --timeout-s."""
 
     def __init__(self, stream: TextIO | None = None, *, force: bool = False) -> None:
         self._stream = stream or sys.stderr
         self._enabled = force or self._stream.isatty()
         self._started = time.perf_counter_ns()
+        self._draining_since: int | None = None
+        self._told = False
 
     def __call__(self, recording: Recording, outstanding: int) -> None:
+        if recording.window_closed and outstanding:
+            self._notice_drain(outstanding)
         if not self._enabled:
             return
         done = len(recording.samples)
@@ -35,6 +46,19 @@ class ProgressLine:
             f"in flight {outstanding:5d}  ~{done / max(elapsed, 1e-9):8.0f} req/s"
         )
         self._stream.flush()
+
+    def _notice_drain(self, outstanding: int) -> None:
+        now = time.perf_counter_ns()
+        if self._draining_since is None:
+            self._draining_since = now
+        elif not self._told and now - self._draining_since >= DRAIN_NOTICE_S * 1e9:
+            self._told = True
+            self._stream.write(
+                ("\n" if self._enabled else "")
+                + f"waiting for {outstanding} request(s) still in flight after the measurement "
+                "window (each ends by its --timeout-s at the latest)\n"
+            )
+            self._stream.flush()
 
     def finish(self) -> None:
         if self._enabled:

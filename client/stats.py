@@ -66,6 +66,10 @@ class Sample:
     message: str | None = None
 
 
+#: ``Recording.stop_ns`` while the measurement window is still open
+WINDOW_OPEN_NS = 2**62
+
+
 @dataclass
 class Recording:
     """Samples of one run plus the measurement window (``perf_counter_ns`` clock)."""
@@ -79,6 +83,10 @@ class Recording:
 
     def add(self, sample: Sample) -> None:
         self.samples.append(sample)
+
+    @property
+    def window_closed(self) -> bool:
+        return self.stop_ns < WINDOW_OPEN_NS
 
     def measured(self) -> list[Sample]:
         return [s for s in self.samples if self.start_ns <= s.done_ns <= self.stop_ns]

@@ -224,3 +224,24 @@ def test_ctrl_c_during_the_warm_up_says_nothing_was_measured(
     bench.popen.send_signal(signal.SIGINT)
     assert bench.wait(60) == 130
     bench.wait_for(r"Error: interrupted \(Ctrl-C\) before anything was measured \(warm-up\)")
+
+
+def test_a_bench_kept_waiting_after_its_window_says_so(
+    processes: Processes,  # noqa: F811
+) -> None:
+    """A request in flight when the window closes and answered long after (a worker slower
+    than the window; or dead, when each ends at its timeout): stderr says why it waits."""
+    broker = start_broker(processes)
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "5000"))
+    bench = processes.start(
+        "bench",
+        [sys.executable, "-m", "ipuserve", "bench", "--broker", broker.frontend, "--model",
+         "add", "--warmup-s", "0", "--duration-s", "0.3"],
+    )  # fmt: skip
+    bench.wait_for(
+        r"^waiting for 1 request\(s\) still in flight after the measurement window \(each "
+        r"ends by its --timeout-s at the latest\)$",
+        timeout=60,
+    )
+    assert bench.wait(60) == 1  # nothing finished inside the window: said, not hidden
+    bench.wait_for(r"Error: no request finished inside the measurement window")
