@@ -304,10 +304,10 @@ class Scheduler:
 
     def fail_orphans(self, now: float) -> None:
         """Refuse what is queued for models past ``orphan_ms`` without a worker."""
-        for model in list(self.registry.orphaned):
+        for model in self.registry.orphaned:
             queue = self.dispatcher.queues.get(model)
-            error = self.orphan_error(model, now) if queue is not None and len(queue) else None
-            if error is not None and queue is not None:
+            error = self.orphan_error(model, now) if queue else None
+            if queue and error is not None:
                 for job in queue.live_jobs():
                     self.reject(job, error)
 

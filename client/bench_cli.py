@@ -21,6 +21,7 @@ with the first error message; Ctrl-C reports what was measured and exits 130.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from ipuserve.client.report import (
     suite_table,
     sweep_table,
 )
-from ipuserve.clikit import Endpoint, check_writable, fail, option
+from ipuserve.clikit import Endpoint, check_writable, option, writing
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
 
@@ -158,8 +159,9 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
         text = suite_table(result)
     else:
         check_load_options(ctx, opts)
-        levels = _single(opts)
-        sweep = len(_loads(opts)) > 1  # as asked, even when Ctrl-C cut it short
+        loads = _loads(opts)
+        levels = _single(opts, loads)
+        sweep = len(loads) > 1  # as asked, even when Ctrl-C cut it short
         result = {"sweep": levels} if sweep else levels[0]
         text = sweep_table(levels) if sweep else run_table(levels[0])
         failure = nothing_succeeded(levels)
@@ -184,23 +186,18 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
+    with writing(path) as file:
+        file.write(text)
 
 
 def nothing_succeeded(levels: list[dict[str, Any]]) -> str | None:
     """Why a run (every level of a sweep) had no successful request; None if one succeeded."""
     if any(level["ok"] for level in levels):
         return None
-    counts: dict[str, int] = {}
-    for level in levels:
-        for code, n in level["errors"].items():
-            counts[code] = counts.get(code, 0) + n
+    counts: Counter[str] = sum((Counter(level["errors"]) for level in levels), Counter())
     if not counts:
         return "no request finished inside the measurement window (see --duration-s)"
-    code = max(counts, key=lambda c: counts[c])
+    ((code, _n),) = counts.most_common(1)
     return f"no request succeeded: [{code}] {first_errors(levels)[code]}"
 
 
@@ -217,12 +214,11 @@ def _loads(opts: dict[str, Any]) -> list[LoadConfig]:
     return [LoadConfig(in_flight=int(n), **common) for n in opts["concurrency"]]
 
 
-def _single(opts: dict[str, Any]) -> list[dict[str, Any]]:
+def _single(opts: dict[str, Any], loads: list[LoadConfig]) -> list[dict[str, Any]]:
     """Run each load level in turn, on one client; their summaries in order."""
     if not opts["broker"] or not opts["model"]:
         raise click.UsageError("--broker and --model are required (or use --suite fabric)")
     inputs = opts["input_files"] or None
-    loads = _loads(opts)
     results = []
     try:
         with Client(opts["broker"], timeout=opts["timeout_s"]) as client:

@@ -19,7 +19,7 @@ import numpy as np
 from ipuserve import protocol as wire
 from ipuserve.client.bench_cli import bench, parse_npy_inputs
 from ipuserve.client.client import Client
-from ipuserve.clikit import Endpoint, check_writable, fail, option
+from ipuserve.clikit import Endpoint, check_writable, option, writing
 from ipuserve.errors import IpuserveError
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
@@ -89,11 +89,8 @@ def infer(
 def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
     """``arrays`` as an .npz at exactly ``path`` (np.savez given a name would add ``.npz``);
     a path that cannot be written is a one-line error."""
-    try:
-        with open(path, "wb") as file:
-            np.savez(file, **arrays)  # type: ignore[arg-type]
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
+    with writing(path, "wb") as file:
+        np.savez(file, **arrays)  # type: ignore[arg-type]
 
 
 @click.command()

@@ -181,21 +181,19 @@ class IoLoop:
     def silence_hint(self) -> str:
         """``": nothing has answered at ENDPOINT ..."`` while nothing ever has (and what is
         wrong when the backend port answered), else ``""``."""
+        where = self.endpoint or "the endpoint"
         if self._broker_shut_down:
-            return (
-                f": the broker at {self.endpoint or 'the endpoint'} shut down and no broker "
-                "has answered since"
-            )
+            return f": the broker at {where} shut down and no broker has answered since"
         if self._backend_port:
             return (
-                f": {self.endpoint or 'the endpoint'} answers as a broker's backend (worker) "
-                "port; clients connect to its frontend (client) port"
+                f": {where} answers as a broker's backend (worker) port; clients connect to "
+                "its frontend (client) port"
             )
         if self._heard_anything:
             return ""
         return (
-            f": nothing has answered at {self.endpoint or 'the endpoint'} since the client "
-            "started; is the broker running, and is this its frontend (client) port?"
+            f": nothing has answered at {where} since the client started; is the broker "
+            "running, and is this its frontend (client) port?"
         )
 
     # ------------------------------------------------------------ I/O thread

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from typing import Any, TextIO
 
 from ipuserve.client.stats import SPLIT_PARTS, Recording
@@ -112,10 +113,9 @@ def first_errors(summaries: list[dict[str, Any]]) -> dict[str, str]:
 def error_lines(summaries: list[dict[str, Any]]) -> list[str]:
     """``error       CODE: first message``, one line per code (none without errors), after
     a line for requests that failed after the measurement window, if any did."""
-    late: dict[str, int] = {}
-    for summary in summaries:
-        for code, n in summary.get("after_window", {}).get("errors", {}).items():
-            late[code] = late.get(code, 0) + n
+    late: Counter[str] = sum(
+        (Counter(s.get("after_window", {}).get("errors", {})) for s in summaries), Counter()
+    )
     lines = []
     if late:
         counts = ", ".join(f"{code} {n}" for code, n in late.items())

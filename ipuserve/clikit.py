@@ -10,10 +10,12 @@ usage error instead of ZeroMQ's ``Invalid argument`` traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -25,6 +27,16 @@ option = functools.partial(click.option, show_default=True, show_envvar=True)
 def fail(message: str) -> None:
     """Exit with a clear one-line error instead of a traceback."""
     raise click.ClickException(message)
+
+
+@contextlib.contextmanager
+def writing(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """``path`` opened for writing; an OSError on the way is a one-line error."""
+    try:
+        with open(path, mode) as file:
+            yield file
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def check_writable(path: Path) -> None:

@@ -423,6 +423,15 @@ def group_request(ids: tuple[bytes, ...], given: list[dict[str, np.ndarray]]) ->
     return wire.Request(ids[0], "add", tensors, 5_000.0, ids)
 
 
+def assert_replies(replies: wire.Message, given: list[dict[str, np.ndarray]]) -> list[wire.Reply]:
+    """A REPLIES message whose members, in order, match numpy for ``given``; the members."""
+    assert isinstance(replies, wire.Replies)
+    answered = [r for row in replies.replies for r in row.members()]
+    for reply, inputs in zip(answered, given, strict=True):
+        assert_add_reply(reply, inputs)
+    return answered
+
+
 def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
@@ -510,12 +519,8 @@ def test_a_group_bigger_than_a_batch_is_cut_until_the_device_proves_cheap(
     jobs = [worker.job() for _ in range(3)]
     assert [job.tensors.members for job in jobs] == [2, 2, 2]
     worker.answer(*jobs)  # device_us 1.0 per job of 4 samples
-    replies = client.recv()
-    assert isinstance(replies, wire.Replies)
-    answered = [r for row in replies.replies for r in row.members()]
+    answered = assert_replies(client.recv(), given)
     assert [r.request_id for r in answered] == list(ids)
-    for reply, inputs in zip(answered, given, strict=True):
-        assert_add_reply(reply, inputs)
     again = tuple(b"b%d" % i for i in range(6))
     client.send(wire.Requests((group_request(again, given),)))
     job = worker.job()
@@ -538,11 +543,7 @@ def test_a_group_job_stays_within_the_payload_limit(
         jobs = [worker.job(), worker.job()]
         assert [job.tensors.members for job in jobs] == [2, 1]
         worker.answer(*jobs)
-        replies = client.recv()
-        assert isinstance(replies, wire.Replies)
-        answered = [r for row in replies.replies for r in row.members()]
-        for reply, inputs in zip(answered, given, strict=True):
-            assert_add_reply(reply, inputs)
+        assert_replies(client.recv(), given)
 
 
 def test_queue_limit_and_listing_count_a_groups_requests(
@@ -578,11 +579,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
         wait_until(lambda: metrics.requests_in_flight.value() == 3)
         assert metrics.in_flight.value() == 1
         worker.answer(group)
-        replies = client.recv()
-    assert isinstance(replies, wire.Replies)
-    answered = [r for row in replies.replies for r in row.members()]
-    for reply, inputs in zip(answered, given, strict=True):
-        assert_add_reply(reply, inputs)
+        assert_replies(client.recv(), given)
 
 
 def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
