@@ -111,9 +111,19 @@ def models(broker: str, as_json: bool, timeout_s: float) -> None:
     with _typed_errors(), Client(broker, timeout=timeout_s) as client:
         found = client.models()
     if as_json:
-        click.echo(json.dumps([info.to_json() for info in found], indent=2))
+        click.echo(json.dumps(models_json(found), indent=2))
         return
     click.echo(models_table(found))
+
+
+def models_json(found: list[wire.ModelInfo]) -> list[dict[str, Any]]:
+    """The MODELS_REPLY as JSON, with each worker's job count also under ``jobs``, the
+    table's name for it (``in_flight`` is the wire's, kept for scripts that read it)."""
+    listed = [info.to_json() for info in found]
+    for info in listed:
+        for load in info["workers"]:
+            load["jobs"] = load["in_flight"]
+    return listed
 
 
 _ROW = "{:20} {:>5} {:>6}  {:28} {:>6} {:>5} {:>8}"

@@ -33,8 +33,8 @@ from ipuserve.runtime.simulator.faults import FaultState
 from ipuserve.runtime.simulator.inventory import (
     DeviceSlot,
     IpuLocks,
+    describe_holders,
     device_slots,
-    holders,
     try_lock,
     valid_sizes,
 )
@@ -366,13 +366,13 @@ class DeviceManager:
     def _required(self, device: Device | None, what: str, wait: DeviceWaitConfig) -> Device:
         if device is not None:
             return device
-        busy = sorted(holders(self.config.locks, self.config.num_ipus))
+        busy = describe_holders(self.config.locks, self.config.num_ipus)
         waited = (
             "without waiting"
             if wait.strategy is DeviceWaitStrategy.NO_WAIT
             else f"after waiting {wait.timeout.total_seconds():g} s"
         )
         raise DeviceUnavailableError(
-            f"no free {what} {waited} ({wait.strategy.name}); IPUs in use on this host: "
-            f"{busy} of {self.config.num_ipus} (lock dir {self.config.locks})"
+            f"no free {what} {waited} ({wait.strategy.name}); IPUs in use on this host "
+            f"(of {self.config.num_ipus}): {busy}; lock dir {self.config.locks}"
         )

@@ -73,13 +73,28 @@ class IpuLocks:
 
 
 def _lock(path: Path) -> int:
+    """Lock one IPU's file and write our pid in it: the lock is what holds the IPU;
+    the pid only lets "in use" messages say by whom."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
         os.close(fd)
         raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # a read-only or full lock dir still locks; only the diagnostics lose
     return fd
+
+
+def _holder_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def try_lock(lock_dir: Path, slot: DeviceSlot) -> IpuLocks | None:
@@ -98,3 +113,15 @@ def holders(lock_dir: Path, num_ipus: int) -> Iterator[int]:
             yield ipu
         else:
             locks.release()
+
+
+def describe_holders(lock_dir: Path, num_ipus: int) -> str:
+    """The IPUs in use and who holds them, e.g. ``0 (pid 4242), 1 (this process)``, so
+    a worker short of IPUs does not seem to blame the ones its own replicas took."""
+    me = os.getpid()
+    parts = []
+    for ipu in holders(lock_dir, num_ipus):
+        pid = _holder_pid(lock_dir / f"ipu{ipu}.lock")
+        who = "this process" if pid == me else (f"pid {pid}" if pid is not None else "unknown")
+        parts.append(f"{ipu} ({who})")
+    return ", ".join(parts) or "none"

@@ -78,7 +78,9 @@ def test_infer_rejects_an_input_that_is_not_name_equals_file() -> None:
 def test_models_json_lists_the_model_and_its_worker(served: BrokerProc) -> None:
     listed = json.loads(invoke("models", "--broker", served.frontend, "--json"))
     assert [m["spec"]["name"] for m in listed] == ["add"]
-    assert len(listed[0]["workers"]) == 1
+    [load] = listed[0]["workers"]
+    assert load["jobs"] == load["in_flight"] == 0  # the table's name beside the wire's
+    assert load["credit"] > 0 and load["requests"] == 0
     table = invoke("models", "--broker", served.frontend)
     assert "add" in table and "x:float32[4, 8]" in table
 

@@ -207,11 +207,19 @@ def test_no_wait_fails_while_another_process_holds_the_ipu(
     isolated_ipu_host: Path, holder: subprocess.Popen[str]
 ) -> None:
     dm = manager(isolated_ipu_host)
-    with pytest.raises(DeviceUnavailableError, match=r"without waiting \(NO_WAIT\).*\[0\]"):
+    with pytest.raises(
+        DeviceUnavailableError,
+        match=rf"without waiting \(NO_WAIT\).*in use .*: 0 \(pid {holder.pid}\);",
+    ):
         dm.getSpecificDevice(0, wait_config=NO_WAIT)
     assert dm.tryGetSpecificDevice(4, wait_config=NO_WAIT) is None
     other = dm.getDevice(1, wait_config=NO_WAIT)  # IPU 1 is free
     assert other.getId() == 1
+    # what this process holds itself is told apart from what others hold
+    with pytest.raises(
+        DeviceUnavailableError, match=rf": 0 \(pid {holder.pid}\), 1 \(this process\);"
+    ):
+        dm.getSpecificDevice(4, wait_config=NO_WAIT)
     other.detach()
 
 
