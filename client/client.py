@@ -10,26 +10,34 @@
 One client is meant to be shared by every thread of a process: callers never
 touch the socket; a single background I/O thread owns it (see
 :mod:`ipuserve.client.io_loop`). Results are read-only ``np.frombuffer`` views of
-the received frames (no copies); copy them to modify them. Inputs are sent
-without copies too, so do not modify an input array until its future is done.
+the received frames (no copies); copy them to modify them. :meth:`Client.infer`
+sends its inputs without copies (it returns only when they are no longer needed);
+:meth:`Client.infer_async` copies them first, so the caller may reuse its arrays at
+once, unless given ``copy=False``.
 
 Futures complete on the I/O thread, so done-callbacks must be quick; a callback
 may call :meth:`Client.infer_async`, which then sends at once (this is how the
-bench chains requests). Errors the broker or a worker report are raised as the
-class they reported (:mod:`ipuserve.errors`); a request whose timeout passes
-with no reply fails with :class:`DeadlineExceeded`, and the timeout travels with
-the request so the fabric stops working on it too.
+bench chains requests); a callback must not wait for another future (that raises
+:class:`RuntimeUsageError`). Errors the broker or a worker report are raised as
+the class they reported (:mod:`ipuserve.errors`); a request whose timeout passes
+with no reply fails with :class:`DeadlineExceeded` (a ``TimeoutError``). The
+timeout travels with the request: the broker and the worker drop it if it is
+still waiting for a worker or a device when its time is up, but a request already
+on the device runs to its end. Cancelling a future likewise only stops the wait.
 
 Mistakes a caller can make are refused at once, before anything is sent: an
-address that is not a ZeroMQ endpoint (:class:`ConfigError`), inputs that are not
-a mapping of input name -> ``numpy.ndarray`` (:class:`InvalidInputError`; convert
-lists with ``np.asarray(value, dtype=...)`` in the model's dtype, which
-``ipuserve models`` shows).
+address that is not a ZeroMQ endpoint or a timeout that is not a number of
+seconds > 0 (:class:`ConfigError`), a model or input name that is not a string of
+1..256 characters, inputs that are not a mapping of input name -> ``numpy.ndarray``
+(:class:`InvalidInputError`; convert lists with ``np.asarray(value, dtype=...)``
+in the model's dtype, which ``ipuserve models`` shows).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import threading
 import uuid
 from collections.abc import Mapping
@@ -47,7 +55,15 @@ from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, 
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
 
-_DEFAULT: Any = object()
+
+class _Default:
+    """The default of a call's ``timeout``: the client's own."""
+
+    def __repr__(self) -> str:
+        return "<the client's timeout>"
+
+
+_DEFAULT: Any = _Default()
 T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
 
@@ -75,7 +91,7 @@ class Client:
             raise ConfigError(problem)
         self.address = address
         self.config = config or ClientConfig()
-        self.timeout = timeout
+        self.timeout = _check_timeout(timeout)
         self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
         self._ids = itertools.count(1)
         self._io = IoLoop(
@@ -100,35 +116,54 @@ class Client:
     # ------------------------------------------------------------------ requests
 
     def infer_async(
-        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = _DEFAULT
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        timeout: float | None = _DEFAULT,
+        copy: bool = True,
     ) -> InferFuture:
         """Send one request; the future holds ``{output name: read-only array}``.
 
+        The inputs are copied first, so the caller may change its arrays as soon as
+        this returns. ``copy=False`` sends them as they are, without a copy: then they
+        must not change until the future is done, or the request carries (and a
+        re-send after a broker restart re-sends) whatever they hold by then.
+
         Raises at once what is known locally: :class:`ClosedError` after
-        :meth:`close`; :class:`InvalidInputError` when ``inputs`` is not a mapping of
-        name -> ``numpy.ndarray`` or holds a dtype the wire does not carry.
+        :meth:`close`; :class:`ConfigError` for a timeout that is not seconds > 0 (or
+        None); :class:`InvalidInputError` for a model or input name that is not a
+        string of 1..256 characters, or ``inputs`` that are not a mapping of name ->
+        ``numpy.ndarray`` or hold a dtype the wire does not carry.
         """
+        _check_model(model)
         _check_inputs(inputs)
-        timeout = self.timeout if timeout is _DEFAULT else timeout
+        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
         request_id = next(self._ids).to_bytes(8, "little")
+        if copy:
+            inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
         tensors = wire.Tensors.of(inputs)
         timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
         message = wire.Request(request_id, model, tensors, timeout_ms)
-        future = InferFuture(request_id)
+        future = InferFuture(request_id, self._io.thread)
         self._io.submit(Pending(message, future, timeout, parse_reply))
         return future
 
     def infer(
         self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = _DEFAULT
     ) -> Arrays:
-        """Send one request and wait for its outputs (raises the reported error class)."""
-        timeout = self.timeout if timeout is _DEFAULT else timeout
+        """Send one request and wait for its outputs (raises the reported error class).
+
+        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
+        inputs are sent without a copy: they must not change while this runs."""
+        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
-        return _wait(self.infer_async(model, inputs, timeout=timeout), timeout, self._io)
+        future = self.infer_async(model, inputs, timeout=timeout, copy=False)
+        return _wait(future, timeout, self._io)
 
     def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
         """The broker's models: their specs, queue depth, and each worker's credit/in-flight."""
-        timeout = self.timeout if timeout is _DEFAULT else timeout
+        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
         self._refuse_blocking_on_io_thread("models")
         future: Future[list[wire.ModelInfo]] = Future()
         message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
@@ -138,9 +173,10 @@ class Client:
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
         """A blocking call from a done-callback would wait for the thread it blocks."""
         if threading.current_thread() is self._io.thread:
+            hint = "use infer_async() there" if what == "infer" else "call it from another thread"
             raise RuntimeUsageError(
                 f"{what}() called from a future's callback would deadlock the client's "
-                "I/O thread; use infer_async() there"
+                f"I/O thread; {hint}"
             )
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,6 +202,28 @@ class Client:
         return f"Client({self.address!r}, timeout={self.timeout})"
 
 
+def _check_timeout(timeout: Any) -> float | None:
+    """Seconds > 0 that the wire can carry, or None (no timeout)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise ConfigError(f"timeout must be seconds > 0 or None, not {_type_name(timeout)}")
+    seconds = float(timeout)
+    limit_s = wire.MAX_DURATION_MS / 1e3
+    if not (math.isfinite(seconds) and 0 < seconds < limit_s):
+        raise ConfigError(
+            f"timeout must be seconds > 0 and below {limit_s:g}, or None to wait for ever; "
+            f"got {timeout!r}"
+        )
+    return seconds
+
+
+def _check_model(model: Any) -> None:
+    problem = wire.name_problem(model)
+    if problem is not None:
+        raise InvalidInputError(f"the model name {problem}")
+
+
 def _check_inputs(inputs: Any) -> None:
     """A clear error for inputs the wire would misread (a bare array, a list of floats)."""
     if not isinstance(inputs, Mapping):
@@ -173,6 +231,9 @@ def _check_inputs(inputs: Any) -> None:
             f"inputs must be a dict of input name -> numpy array, not {_type_name(inputs)}"
         )
     for name, value in inputs.items():
+        problem = wire.name_problem(name)
+        if problem is not None:
+            raise InvalidInputError(f"input name {name!r}: the name {problem}")
         if not isinstance(value, np.ndarray):
             raise InvalidInputError(
                 f"input {name!r} is {_type_name(value)}, not a numpy array; convert it with "
@@ -191,4 +252,6 @@ def _wait(future: Future[T], timeout: float | None, io: IoLoop) -> T:
     try:
         return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)
     except FutureTimeout:
+        if future.done():  # the request's own DeadlineExceeded, a TimeoutError too
+            raise
         raise DeadlineExceeded(f"no reply within {timeout} s{io.silence_hint()}") from None

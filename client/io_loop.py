@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 _TO_WORKERS = frozenset(
     {wire.Command.WELCOME, wire.Command.JOBS, wire.Command.HEARTBEAT, wire.Command.RECONNECT}
 )
+#: The longest poll: a deadline years away must not overflow poll's int milliseconds.
+_MAX_POLL_MS = 60_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -483,7 +485,7 @@ class IoLoop:
             waits.append((self._deadlines[0][0] - time.perf_counter_ns()) / 1e6)
         if self._pending:
             waits.append((self._next_ping - time.monotonic()) * 1e3)
-        return -1 if not waits else max(int(min(waits)) + 1, 0)
+        return -1 if not waits else min(max(int(min(waits)) + 1, 0), _MAX_POLL_MS)
 
 
 def _grouped(requests: list[wire.Request], max_bytes: int) -> Iterator[wire.Request]:

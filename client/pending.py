@@ -9,6 +9,7 @@ time it has left as its timeout.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -19,6 +20,7 @@ import numpy as np
 
 from ipuserve import protocol as wire
 from ipuserve.client.stats import Timing
+from ipuserve.errors import RuntimeUsageError
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
@@ -32,10 +34,28 @@ class InferFuture(Future[Arrays]):
     from ``infer_async`` to the reply.
     """
 
-    def __init__(self, request_id: bytes) -> None:
+    def __init__(self, request_id: bytes, io_thread: threading.Thread | None = None) -> None:
         super().__init__()
         self.request_id = request_id
         self.timing: Timing | None = None
+        self._io_thread = io_thread
+
+    def result(self, timeout: float | None = None) -> Arrays:
+        self._refuse_waiting_on_io_thread()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._refuse_waiting_on_io_thread()
+        return super().exception(timeout)
+
+    def _refuse_waiting_on_io_thread(self) -> None:
+        """The client's I/O thread completes futures: waiting on it for one deadlocks."""
+        if not self.done() and threading.current_thread() is self._io_thread:
+            raise RuntimeUsageError(
+                "waiting for a request's result in a future's done-callback would deadlock "
+                "the client's I/O thread, which completes the futures; give that future a "
+                "callback of its own instead (add_done_callback)"
+            )
 
 
 Message = wire.Request | wire.ListModels

@@ -6,33 +6,33 @@ class the broker or worker reported, so ``except OverloadedError`` works the
 same in-process and across the network::
 
     IpuserveError
-    ├── ConfigError                 bad configuration or CLI/environment value
-    ├── ProtocolError               a frame that does not follow docs/protocol.md   BAD_MESSAGE
-  │  └── UnsupportedVersionError  another protocol version  UNSUPPORTED_VERSION
-    ├── RequestError                the request was understood and refused
-    │   ├── UnknownModelError        no worker serves (or served) that model        UNKNOWN_MODEL
-    │   ├── InvalidInputError        tensor name / dtype / shape / byte count        INVALID_INPUT
-  │  ├── PayloadTooLargeError  over the configured size limit  PAYLOAD_TOO_LARGE
-    │   ├── OverloadedError          the model's queue is full                       OVERLOADED
-  │  └── DeadlineExceeded  the deadline passed before a result existed  DEADLINE_EXCEEDED
-    ├── ServingError                the system failed to produce a result
-    │   ├── WorkerFailedError        workers died holding the request too often      WORKER_FAILED
-    │   ├── InferenceError           the model raised while running                 INFERENCE_FAILED
-    │   └── UnavailableError         broker unreachable / shutting down              UNAVAILABLE
-    │       └── BrokerShutdownError  a stopping broker let go; the Client re-sends   BROKER_SHUTDOWN
-    ├── ModelFileError              a model (PopEF) file is unreadable or corrupt
+    ├── ConfigError                  bad config, CLI/env value or argument
+    ├── ProtocolError                a frame not following docs/protocol.md      BAD_MESSAGE
+    │   └── UnsupportedVersionError  another protocol version                    UNSUPPORTED_VERSION
+    ├── RequestError                 the request was understood and refused
+    │   ├── UnknownModelError        no worker serves (or served) that model     UNKNOWN_MODEL
+    │   ├── InvalidInputError        bad name, dtype, shape or byte count        INVALID_INPUT
+    │   ├── PayloadTooLargeError     over the configured size limit              PAYLOAD_TOO_LARGE
+    │   ├── OverloadedError          the model's queue is full                   OVERLOADED
+    │   └── DeadlineExceeded         no result in time (also a TimeoutError)     DEADLINE_EXCEEDED
+    ├── ServingError                 the system failed to produce a result
+    │   ├── WorkerFailedError        workers died holding the request too often  WORKER_FAILED
+    │   ├── InferenceError           the model raised while running              INFERENCE_FAILED
+    │   └── UnavailableError         broker unreachable / shutting down          UNAVAILABLE
+    │       └── BrokerShutdownError  a stopping broker let go; Client re-sends   BROKER_SHUTDOWN
+    ├── ModelFileError               a model file is unreadable or corrupt
     │   └── PackageHashError         executable and metadata hashes disagree
-    ├── DeviceError                 a simulated IPU failed or cannot be had
+    ├── DeviceError                  a simulated IPU failed or cannot be had
     │   ├── DeviceUnavailableError   no free device matched in the wait budget
     │   ├── DeviceRequestError       the request can never be met on this host
     │   ├── DeviceMemoryError        the model does not fit the device's memory
     │   └── DeviceFaultError         an (injected) application runtime error
-    └── RuntimeUsageError           Model Runtime API misuse (wrong tensor, closed runner, ...)
-        ├── TensorError              unknown / missing tensor, wrong dtype or shape
+    └── RuntimeUsageError            the runtime's or the Client's API misused
+        ├── TensorError              unknown/missing tensor, wrong dtype/shape
         ├── ReplicaError             replica_id out of range
         ├── ClosedError              the runner / session / client is closed
-        ├── ConcurrencyError         concurrent calls on a runner that is not thread-safe
-        └── RequestTimeoutError      a wait ran out; says which tensor was awaited
+        ├── ConcurrencyError         concurrent calls, runner not thread-safe
+        └── RequestTimeoutError      a wait ran out (names the awaited tensor)
 
 ``TensorError`` and ``InvalidInputError`` both describe a bad tensor; the first
 is raised by the in-process runtime, the second is what travels on the wire.
@@ -82,7 +82,10 @@ class OverloadedError(RequestError):
     code = "OVERLOADED"
 
 
-class DeadlineExceeded(RequestError):
+class DeadlineExceeded(RequestError, TimeoutError):
+    """Also a ``TimeoutError``, like what ``Future.result(timeout)`` raises, so one
+    ``except TimeoutError`` catches "too slow" whichever side noticed it."""
+
     code = "DEADLINE_EXCEEDED"
 
 

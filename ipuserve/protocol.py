@@ -62,6 +62,8 @@ TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
 ENVELOPE_BYTES = len(TAG) + 1
 MAX_ID_BYTES = 64
 MAX_NAME_CHARS = 256
+#: Timeouts, budgets and timings are below this many milliseconds (~31 years).
+MAX_DURATION_MS = 1e12
 MAX_TIMING_KEYS = 32
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
@@ -1341,6 +1343,16 @@ def _name(value: Any, _limits: Limits) -> str:
     return value
 
 
+def name_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a model or tensor name on the wire, else None: for
+    senders, which refuse such a name before encoding it."""
+    if type(value) is not str:
+        return f"must be {_NAME_RULE}, not a {type(value).__name__}"
+    if not 0 < len(value) <= MAX_NAME_CHARS:
+        return f"must have 1..{MAX_NAME_CHARS} characters; got {len(value)}"
+    return None
+
+
 def _text(value: Any, _limits: Limits) -> str:
     _kind(value, str, "a string")
     return str(value)
@@ -1361,8 +1373,8 @@ def _positive(value: Any, limits: Limits) -> int:
 
 def _duration(value: Any, _limits: Limits) -> float:
     _kind(value, (int, float), "a number of milliseconds > 0")
-    if not 0 < value < 1e12:
-        raise ProtocolError(f"must be > 0 and < 1e12 milliseconds; got {value}")
+    if not 0 < value < MAX_DURATION_MS:
+        raise ProtocolError(f"must be > 0 and < {MAX_DURATION_MS:g} milliseconds; got {value}")
     return float(value)
 
 
@@ -1377,7 +1389,7 @@ def _budget(value: Any, _limits: Limits) -> float | None:
     if value is None:
         return None
     _kind(value, (int, float), "a number of milliseconds or null")
-    if not -1e12 < value < 1e12:
+    if not -MAX_DURATION_MS < value < MAX_DURATION_MS:
         raise ProtocolError(f"is out of range: {value}")
     return float(value)
 
@@ -1643,12 +1655,12 @@ def _batch_rows(
 
 def _plain_budget(value: Any) -> bool:
     """A budget as senders write it (null, or a float well inside the JSON range)."""
-    return value is None or (type(value) is float and -1e12 < value < 1e12)
+    return value is None or (type(value) is float and -MAX_DURATION_MS < value < MAX_DURATION_MS)
 
 
 def _plain_timeout(value: Any) -> bool:
     """A request's timeout as senders write it (null, or a float > 0 in range)."""
-    return value is None or (type(value) is float and 0 < value < 1e12)
+    return value is None or (type(value) is float and 0 < value < MAX_DURATION_MS)
 
 
 def _hex_id(value: Any) -> bytes | None:

@@ -293,11 +293,100 @@ def test_a_dtype_the_wire_cannot_carry_is_refused_locally(client: Client) -> Non
         client.infer_async("add", {"a": np.zeros(2, np.complex64)})
 
 
+@pytest.mark.parametrize(
+    ("model", "names", "timeout", "error", "message"),
+    [
+        (b"add", ("a", "b"), 10, errors.InvalidInputError, "model name must be a string"),
+        ("", ("a", "b"), 10, errors.InvalidInputError, "model name must have 1..256"),
+        ("x" * 257, ("a", "b"), 10, errors.InvalidInputError, "got 257"),
+        ("add", (b"a", "b"), 10, errors.InvalidInputError, "input name b'a': the name must be"),
+        ("add", ("a", 7), 10, errors.InvalidInputError, "input name 7"),
+        ("add", ("a", "b"), 0, errors.ConfigError, "seconds > 0"),
+        ("add", ("a", "b"), -1, errors.ConfigError, "seconds > 0"),
+        ("add", ("a", "b"), float("nan"), errors.ConfigError, "got nan"),
+        ("add", ("a", "b"), float("inf"), errors.ConfigError, "None to wait for ever"),
+        ("add", ("a", "b"), 1e9, errors.ConfigError, r"below 1e\+09"),
+        ("add", ("a", "b"), "10", errors.ConfigError, "not a str"),
+    ],
+)
+def test_bad_arguments_are_refused_at_the_call_and_the_client_goes_on(
+    client: Client, model: Any, names: tuple[Any, Any], timeout: Any, error: type, message: str
+) -> None:
+    """Each of these once reached the I/O thread, which died on it: every later call
+    then failed with 'the client is closed'."""
+    given = dict(zip(names, inputs().values(), strict=True))
+    with pytest.raises(error, match=message):
+        client.infer_async(model, given, timeout=timeout)
+    with pytest.raises(error, match=message):
+        client.infer(model, given, timeout=timeout)
+    good = inputs(1)
+    np.testing.assert_array_equal(client.infer("add", good)["y"], expected(good))
+
+
+def test_a_client_timeout_must_be_seconds_above_zero(broker: FakeBroker) -> None:
+    for bad in (0, -5, float("nan"), True):
+        with pytest.raises(errors.ConfigError, match="timeout must be seconds > 0"):
+            Client(broker.address, timeout=bad)
+
+
+def test_a_timeout_of_months_is_carried_without_overflowing_the_io_thread(
+    client: Client, broker: FakeBroker
+) -> None:
+    """A deadline beyond poll()'s int milliseconds (~24.8 days) once killed the I/O thread."""
+    for seed in range(3):
+        given = inputs(seed)
+        result = client.infer("add", given, timeout=86400 * 30)
+        np.testing.assert_array_equal(result["y"], expected(given))
+    assert broker.requests[0].timeout_ms == pytest.approx(86400 * 30 * 1e3)
+
+
+def test_infer_async_copies_its_inputs_so_the_caller_may_reuse_them_at_once(
+    client: Client, broker: FakeBroker
+) -> None:
+    gate = gated(broker)  # nothing is answered (or read from the frames) before the refill
+    buffer = inputs(0)
+    originals, futures = [], []
+    for seed in range(8):
+        fresh = inputs(seed)
+        for name in buffer:
+            buffer[name][...] = fresh[name]  # refill the same arrays, as a reading loop does
+        originals.append(fresh)
+        futures.append(client.infer_async("add", buffer))
+    for name in buffer:
+        buffer[name][...] = 1e6
+    gate.set()
+    for future, given in zip(futures, originals, strict=True):
+        np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+
+
+def test_waiting_on_another_future_in_a_callback_is_refused_instead_of_deadlocking(
+    client: Client, broker: FakeBroker
+) -> None:
+    gate = gated(broker)
+    first = client.infer_async("add", inputs(0))
+    refused: Future[BaseException | None] = Future()
+
+    def on_done(_f: Any) -> None:
+        later = client.infer_async("add", inputs(1))  # allowed: it only sends
+        try:
+            later.result(5)
+        except errors.RuntimeUsageError as exc:
+            refused.set_result(exc)
+        else:
+            refused.set_result(None)
+
+    first.add_done_callback(on_done)
+    gate.set()
+    assert isinstance(refused.result(10), errors.RuntimeUsageError)
+    assert "add_done_callback" in str(refused.result())
+
+
 def test_no_reply_within_the_timeout_raises_deadline_exceeded(broker: FakeBroker) -> None:
     broker.handler = lambda r: None
     with Client(broker.address, timeout=10, config=FAST) as client:
-        with pytest.raises(errors.DeadlineExceeded, match=r"no reply within 0\.2"):
+        with pytest.raises(errors.DeadlineExceeded, match=r"no reply within 0\.2") as raised:
             client.infer("add", inputs(), timeout=0.2)
+        assert isinstance(raised.value, TimeoutError)  # one except for both kinds of "too slow"
         assert client.stats.expired == 1
     assert broker.requests[0].timeout_ms is not None and broker.requests[0].timeout_ms <= 200
 
