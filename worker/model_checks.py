@@ -1,10 +1,11 @@
 """What a worker checks about a model before serving it: the dimension to batch its
-requests along, and whether the host has the IPUs its replicas need.
+requests along, whether the host has the IPUs its replicas need, and whether every
+request produces every output.
 
-Both refuse up front, with a message naming the fix, what would otherwise go wrong
+Each refuses up front, with a message naming the fix, what would otherwise go wrong
 later and worse: batching along a dimension that does not hold the compiled batch
 returns wrong answers silently; a replica the host cannot place fails blaming IPUs
-"in use".
+"in use"; a model that streams some anchors in one branch only hangs every request.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from ipuserve.errors import ConfigError
 from ipuserve.runtime import ModelRunnerConfig
 from ipuserve.runtime.model_runner.io_plan import IoPlan, batch_dims
-from ipuserve.runtime.popef.types import Model
+from ipuserve.runtime.popef.types import Model, Step
 from ipuserve.runtime.simulator.config import IPUS_ENV, SimulatorConfig
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,44 @@ def _where(dims: list[int], batch: int, shaped: list[tuple[str, tuple[int, ...]]
         for name, shape in shaped
     )
     return f"no dimension holds {batch} in every input and output (dimensions holding it: {each})"
+
+
+def check_unconditional(model: Model) -> None:
+    """Refuse a model with conditional execution (spec 3.5): each request runs one of
+    several branches and streams only that branch's anchors, so the outputs of the
+    others never come. A worker answers a request with every output and feeds every
+    input, so such a request would wait for ever and the unread inputs of the other
+    branches would shift every later request's."""
+    executable = model.executable
+    branch_only = sorted(
+        {
+            anchor
+            for index in model.metadata.programFlow().main()
+            for step in executable.program(index).steps
+            if step.op == "switch"
+            for branch in step.branches
+            for anchor in _streamed(branch)
+        }
+    )
+    if branch_only:
+        raise ConfigError(
+            f"model {model.metadata.modelName()!r} runs one of several branches per request "
+            f"(conditional execution): {', '.join(branch_only)} are streamed by a branch only, "
+            "so a request's other outputs never come. A worker answers every request with "
+            "every output and cannot serve it; run it with a ModelRunner instead "
+            "(validate_io_params=False, giving only the chosen branch's inputs)"
+        )
+
+
+def _streamed(steps: tuple[Step, ...]) -> set[str]:
+    """The anchors these steps (and their branches) stream in or out."""
+    found = set()
+    for step in steps:
+        if step.op in ("stream_in", "stream_out") and step.anchor:
+            found.add(step.anchor)
+        for branch in step.branches:
+            found |= _streamed(branch)
+    return found
 
 
 def check_inventory(model: Model, replicas: int) -> None:

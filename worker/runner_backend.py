@@ -51,7 +51,11 @@ from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
 from ipuserve.worker.backend import Done, Job, Refused, Result
 from ipuserve.worker.metrics import WorkerMetrics
-from ipuserve.worker.model_checks import check_inventory, choose_batching_dim
+from ipuserve.worker.model_checks import (
+    check_inventory,
+    check_unconditional,
+    choose_batching_dim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class RunnerBackend:
         model = load_model(list(model_paths))
         batch = model.metadata.batchSize()
         check_inventory(model, replicas)
+        check_unconditional(model)
         multiplier = max(2, math.ceil(MIN_SLOTS_PER_REPLICA / batch))
         dim = choose_batching_dim(model, batching_dim)
         config = ModelRunnerConfig(
