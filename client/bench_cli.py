@@ -40,7 +40,7 @@ from ipuserve.client.report import (
     suite_table,
     sweep_table,
 )
-from ipuserve.clikit import Endpoint, check_writable, option, writing
+from ipuserve.clikit import Endpoint, ModelName, check_writable, option, writing
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
 
@@ -89,7 +89,7 @@ def parse_npy_inputs(
 
 @click.command()
 @option("--broker", type=Endpoint(), help="The broker's frontend endpoint (not with --suite).")
-@option("--model", help="Model to load (not with --suite).")
+@option("--model", type=ModelName(), help="Model to load (not with --suite).")
 @option(
     "--input",
     "input_files",

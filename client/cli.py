@@ -19,7 +19,7 @@ import numpy as np
 from ipuserve import protocol as wire
 from ipuserve.client.bench_cli import bench, parse_npy_inputs
 from ipuserve.client.client import Client
-from ipuserve.clikit import Endpoint, check_writable, option, writing
+from ipuserve.clikit import Endpoint, ModelName, check_writable, option, writing
 from ipuserve.errors import IpuserveError
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
@@ -48,7 +48,9 @@ def describe(array: np.ndarray[Any, Any]) -> str:
 
 @click.command()
 @option("--broker", required=True, type=Endpoint(), help=BROKER_HELP)
-@option("--model", required=True, help="Model name, as `ipuserve models` lists it.")
+@option(
+    "--model", required=True, type=ModelName(), help="Model name, as `ipuserve models` lists it."
+)
 @option(
     "--input",
     "inputs",

@@ -20,6 +20,7 @@ from typing import IO, Any
 import click
 
 from ipuserve.endpoints import endpoint_problem
+from ipuserve.protocol import name_problem
 
 option = functools.partial(click.option, show_default=True, show_envvar=True)
 
@@ -53,6 +54,18 @@ def parse_duration_ms(_ctx: Any, _param: Any, value: float | None) -> float | No
     if value is not None and value < 0:
         raise click.BadParameter("must be >= 0 milliseconds")
     return value
+
+
+class ModelName(click.ParamType):  # type: ignore[type-arg]
+    """A model name option: the wire's rule for names, as a usage error."""
+
+    name = "NAME"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        problem = name_problem(value)
+        if problem is not None:
+            self.fail(f"a model name {problem}", param, ctx)
+        return str(value)
 
 
 class Endpoint(click.ParamType):  # type: ignore[type-arg]

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ipuserve.clikit import Endpoint, option, parse_duration_ms
+from ipuserve.clikit import Endpoint, ModelName, option, parse_duration_ms
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
@@ -43,7 +43,12 @@ class ModelFiles(click.Path):
     help="Model file(s) making one model (repeat the option; the env var takes a "
     "space-separated list).",
 )
-@option("--name", default=None, help="Model name clients use [default: the model file's name].")
+@option(
+    "--name",
+    default=None,
+    type=ModelName(),
+    help="Model name clients use [default: the model file's name].",
+)
 @option("--replicas", default=1, type=click.IntRange(min=1), help="Replicas (one device each).")
 @option(
     "--batching-dim",

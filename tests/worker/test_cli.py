@@ -106,6 +106,23 @@ def test_broker_refuses_an_address_that_is_no_endpoint() -> None:
     assert result.exit_code == 2 and "is not a ZeroMQ endpoint" in result.output
 
 
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["worker", "--broker", "tcp://127.0.0.1:1", "--model", "m.popef", "--name", ""], "--name"),
+        (["infer", "--broker", "tcp://127.0.0.1:1", "--model", "x" * 257], "--model"),
+        (["bench", "--broker", "tcp://127.0.0.1:1", "--model", ""], "--model"),
+    ],
+)
+def test_a_model_name_the_wire_cannot_carry_is_a_usage_error(argv: list[str], option: str) -> None:
+    """An empty --name once served silently under the file's name."""
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2
+    assert f"Invalid value for '{option}': a model name must have 1..256 characters" in (
+        result.output
+    )
+
+
 # ---------------------------------------------------------------- a real `ipuserve worker`
 
 
