@@ -40,6 +40,7 @@ import math
 import numbers
 import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -98,6 +99,8 @@ class Client:
             self._connect(context or zmq.Context.instance()), self.config, endpoint=address
         )
         self._io.thread.start()
+        # A client dropped without close() stops its thread and socket when collected.
+        self._closer = weakref.finalize(self, self._io.close)
 
     def _connect(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
         sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
@@ -188,7 +191,7 @@ class Client:
 
     def close(self) -> None:
         """Fail pending requests with :class:`ClosedError` and stop the I/O thread."""
-        self._io.close()
+        self._closer()
 
     def __enter__(self) -> Client:
         return self

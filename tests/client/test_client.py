@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from collections.abc import Iterator
@@ -434,6 +435,17 @@ def test_a_silent_broker_gets_the_pending_requests_again(broker: FakeBroker) -> 
         assert len({r.request_id for r in broker.requests}) == 1
         first, again = broker.requests[0].timeout_ms, broker.requests[-1].timeout_ms
         assert first == 20_000 and again is not None and again < first  # what is left of it
+
+
+def test_a_client_dropped_without_close_stops_its_thread(broker: FakeBroker) -> None:
+    client = Client(broker.address, timeout=10, config=FAST)
+    given = inputs()
+    np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+    thread = client._io.thread
+    del client
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -> None:
