@@ -149,7 +149,9 @@ def models_table(found: list[wire.ModelInfo]) -> str:
                 )
             )
         tensors = ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in info.spec.inputs)
-        lines.append(f"{'':20} inputs {tensors}")
+        dim = info.spec.batching_dim
+        batching = "no dynamic batching" if dim is None else f"batched along dimension {dim}"
+        lines.append(f"{'':20} inputs {tensors}; {batching}")
     if not found:
         lines.append("(no models: no worker has registered yet)")
     return "\n".join(lines)

@@ -58,6 +58,13 @@ def choose_batching_dim(model: Model, requested: int | None) -> int | None:
             f"{_where(dims, batch, shaped)}{hint}"
         )
     if 0 in dims:
+        if len(dims) > 1:
+            log.warning(
+                "model %r: %s; batching requests along dimension 0 (the default): pass "
+                "--batching-dim if the batch is held along another",
+                name,
+                _where(dims, batch, shaped).split(": pass")[0],
+            )
         return 0
     if len(dims) == 1:
         log.info(

@@ -83,6 +83,7 @@ def test_models_json_lists_the_model_and_its_worker(served: BrokerProc) -> None:
     assert load["credit"] > 0 and load["requests"] == 0
     table = invoke("models", "--broker", served.frontend)
     assert "add" in table and "x:float32[4, 8]" in table
+    assert "; batched along dimension 0" in table
 
 
 @pytest.mark.parametrize(

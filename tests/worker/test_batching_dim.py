@@ -4,6 +4,7 @@ computes differently, and answers come back silently wrong."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -98,6 +99,23 @@ def test_without_batching_dim_the_dimension_holding_the_batch_is_chosen(
     builder: GraphBuilder, dim: int
 ) -> None:
     assert choose_batching_dim(builder.build(), None) == dim
+
+
+def test_choosing_dimension_0_among_several_holding_the_batch_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="ipuserve.worker.model_checks"):
+        assert choose_batching_dim(examples.simple(batch_size=4).build(), None) == 0
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "model 'simple': dimensions 0 and 1 all hold 4 in every input and output; batching "
+        "requests along dimension 0 (the default): pass --batching-dim if the batch is held "
+        "along another"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ipuserve.worker.model_checks"):
+        assert choose_batching_dim(examples.simple(batch_size=1).build(), None) == 0
+    assert not caplog.records  # [1, 4]: only dimension 0 holds the batch
 
 
 def test_a_model_whose_batch_dimension_is_ambiguous_needs_batching_dim() -> None:
