@@ -428,14 +428,30 @@ def assert_add_reply(reply: wire.Message, inputs: Mapping[str, np.ndarray[Any, A
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value}."""
+    """Prometheus text -> {'name{labels}': value}, after checking the exposition format:
+    each family once, HELP then TYPE before its samples, its samples together, no sample
+    twice (what Prometheus' own parsers insist on)."""
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    samples = {}
+    samples: dict[str, float] = {}
+    described: dict[str, list[str]] = {}
+    current = None
     for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            samples[key] = float(value)
+        if line.startswith("# "):
+            _hash, what, family, *_ = line.split(" ", 3)
+            if what == "HELP":
+                assert family not in described, f"family {family} appears twice"
+                described[family], current = ["HELP"], family
+            else:
+                assert family == current and described[family] == ["HELP"], line
+                described[family].append(what)
+            continue
+        key, value = line.rsplit(" ", 1)
+        name = key.split("{", 1)[0]
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert current in (name, base), f"{key} is not under its family's HELP/TYPE"
+        assert key not in samples, f"{key} twice"
+        samples[key] = float(value)
     return samples
 
 

@@ -15,12 +15,16 @@ from typing import Any
 
 from ipuserve.metrics import Family, Histogram, Registry
 
+#: the runtime's count statistic -> (metric name, help)
 _RUNTIME_COUNTS = {
-    "request": "requests",
-    "batches": "batches",
-    "flushed_batches": "flushed_batches",
-    "padded_samples": "padded_samples",
-    "read_timeouts": "read_timeouts",
+    "request": ("requests", "Requests the replica's ModelRunner took."),
+    "batches": ("batches", "Batches the replica ran on its device."),
+    "flushed_batches": ("flushed_batches", "Batches run part-empty (flushed) on a timeout."),
+    "padded_samples": ("padded_samples", "Padding samples added to flushed batches."),
+    "read_timeouts": (
+        "read_timeouts",
+        "Times the device waited timeout_ns for an input; it rises while idle too.",
+    ),
 }
 _PHASES = ("request", "read_preparation", "read_queue", "computation")
 
@@ -64,30 +68,29 @@ class WorkerMetrics(Registry):
         return jobs + "".join(line + "\n" for line in self._runtime_lines())
 
     def _runtime_lines(self) -> Iterable[str]:
+        """The runtime's statistics as families built at each scrape: each family's
+        samples together, every replica's under its label."""
         runner = self._runner
         if runner is None:
             return
-        replicas = runner.config().replication_factor
         p = "ipuserve_runtime_"
-        for name in _RUNTIME_COUNTS.values():
-            yield f"# TYPE {p}{name}_total counter"
-        yield f"# TYPE {p}phase_mean_microseconds gauge"
-        yield f"# TYPE {p}phase_p99_microseconds gauge"
-        for replica in range(replicas):
-            labels = f'model="{self.model}",replica="{replica}"'
-            counts = runner.getMonitoringStatisticsTotalCount({}, replica_id=replica)
-            for key, name in _RUNTIME_COUNTS.items():
-                value = counts.get(f"{key}_monitoring_statistics_count", 0.0)
-                yield f"{p}{name}_total{{{labels}}} {value:g}"
+        counts = {
+            key: Family(f"{p}{name}_total", help_) for key, (name, help_) in _RUNTIME_COUNTS.items()
+        }
+        mean = Family(f"{p}phase_mean_microseconds", "Mean time of a request phase.", "gauge")
+        p99 = Family(f"{p}phase_p99_microseconds", "p99 time of a request phase.", "gauge")
+        for replica in range(runner.config().replication_factor):
+            labels = {"model": self.model, "replica": str(replica)}
+            totals = runner.getMonitoringStatisticsTotalCount({}, replica_id=replica)
+            for key, family in counts.items():
+                family.set(totals.get(f"{key}_monitoring_statistics_count", 0.0), **labels)
             means = runner.getMonitoringStatisticsMean({}, replica_id=replica)
-            p99 = runner.getMonitoringStatisticsPercentile({}, 0.99, replica_id=replica)
+            p99s = runner.getMonitoringStatisticsPercentile({}, 0.99, replica_id=replica)
             for phase in _PHASES:
                 if f"{phase}_monitoring_statistics_mean_us" in means:
-                    yield (
-                        f'{p}phase_mean_microseconds{{{labels},phase="{phase}"}} '
-                        f"{means[f'{phase}_monitoring_statistics_mean_us']:g}"
+                    mean.set(means[f"{phase}_monitoring_statistics_mean_us"], **labels, phase=phase)
+                    p99.set(
+                        p99s[f"{phase}_monitoring_statistics_percentile_us"], **labels, phase=phase
                     )
-                    yield (
-                        f'{p}phase_p99_microseconds{{{labels},phase="{phase}"}} '
-                        f"{p99[f'{phase}_monitoring_statistics_percentile_us']:g}"
-                    )
+        for family in (*counts.values(), mean, p99):
+            yield from family.render()
