@@ -143,7 +143,10 @@ def broker(
         f"{server.backend_endpoint}, epoch {server.epoch}",
         err=True,
     )
-    server.run()
+    try:
+        server.run()
+    except ConfigError as exc:  # the metrics endpoint could not be bound
+        raise click.ClickException(str(exc)) from None
 
 
 commands: list[click.Command] = [broker]

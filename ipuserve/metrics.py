@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
+from ipuserve.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 Labels = tuple[tuple[str, str], ...]
@@ -115,8 +117,14 @@ class MetricsServer:
     """GET /metrics on its own thread."""
 
     def __init__(self, metrics: Renderable, host: str, port: int) -> None:
+        """Raises ConfigError when ``host:port`` cannot be bound (in use, not this host's)."""
         handler = _handler(metrics)
-        self._server = http.server.ThreadingHTTPServer((host, port), handler)
+        try:
+            self._server = http.server.ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+            ) from None
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(

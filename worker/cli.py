@@ -148,7 +148,11 @@ def worker(
         batch_timeout_ms=batch_timeout_ms,
         credit=credit,
     )
-    server = _metrics_server(backend, metrics_host, metrics_port)
+    try:
+        server = _metrics_server(backend, metrics_host, metrics_port)
+    except IpuserveError as exc:
+        backend.close()  # lets go of its IPUs
+        raise click.ClickException(str(exc)) from None
     try:
         code = serve(backend, config)
     finally:

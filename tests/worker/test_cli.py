@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +125,25 @@ def test_a_model_name_the_wire_cannot_carry_is_a_usage_error(argv: list[str], op
     )
 
 
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 another socket is listening on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_broker_whose_metrics_port_is_taken_says_so_in_one_line(taken_port: int) -> None:
+    argv = ["broker", "--frontend", "tcp://127.0.0.1:0", "--backend", "tcp://127.0.0.1:0"]
+    metrics = ["--metrics-port", str(taken_port), "--metrics-host", "127.0.0.1"]
+    result = CliRunner().invoke(main, [*argv, *metrics])
+    assert result.exit_code == 1
+    assert f"Error: cannot serve metrics on 127.0.0.1:{taken_port}: Address already in use" in (
+        result.output
+    )
+
+
 # ---------------------------------------------------------------- a real `ipuserve worker`
 
 
@@ -130,6 +151,18 @@ def noop_model(tmp_path: Path, *options: str) -> str:
     """A noop (output = input) of 8 elements a sample, compiled for batches of 4."""
     return write_example(
         tmp_path / "noop.popef", "noop", "--batch-size", "4", "--elements", "8", *options
+    )
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_so_in_one_line(
+    tmp_path: Path, taken_port: int, isolated_ipu_host: Path
+) -> None:
+    argv = runner_worker_argv(noop_model(tmp_path), args=("--metrics-port", str(taken_port)))
+    argv = [*argv("tcp://127.0.0.1:1"), "--metrics-host", "127.0.0.1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"Error: cannot serve metrics on 127.0.0.1:{taken_port}: Address already in use"
     )
 
 
