@@ -15,6 +15,8 @@ import logging
 import os
 import threading
 
+from ipuserve.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 BLAS_THREADS_ENV = "IPUSERVE_SIM_BLAS_THREADS"
@@ -30,15 +32,25 @@ _applied = False
 def limit_blas_threads() -> None:
     """Apply the limit once per process (cheap to call again)."""
     global _applied
+    threads = blas_threads(os.environ.get(BLAS_THREADS_ENV) or "1")
     with _done:
         if _applied:
             return
         _applied = True
     import numpy  # noqa: F401 -- make sure its BLAS is loaded before we look for it
 
-    threads = int(os.environ.get(BLAS_THREADS_ENV, "1"))
     for path in _loaded_blas_libraries():
         _set_threads(path, threads)
+
+
+def blas_threads(text: str) -> int:
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ConfigError(f"{BLAS_THREADS_ENV}={text!r}: expected a whole number >= 1")
+    return threads
 
 
 def _loaded_blas_libraries() -> list[str]:

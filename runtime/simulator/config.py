@@ -51,12 +51,13 @@ class SimulatorConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SimulatorConfig:
         env = os.environ if environ is None else environ
-        num_ipus, version = parse_ipus(env.get(IPUS_ENV, str(DEFAULT_NUM_IPUS)))
+        # empty means unset, as for the CLI's variables (compose.yaml passes them empty)
+        num_ipus, version = parse_ipus(env.get(IPUS_ENV) or str(DEFAULT_NUM_IPUS))
         lock_dir = env.get(LOCK_DIR_ENV)
         return cls(
             num_ipus=num_ipus,
             ipu_version=version,
-            time_scale=parse_time_scale(env.get(TIME_SCALE_ENV, "1")),
+            time_scale=parse_time_scale(env.get(TIME_SCALE_ENV) or "1"),
             lock_dir=Path(lock_dir) if lock_dir else None,
         )
 

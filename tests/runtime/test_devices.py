@@ -25,6 +25,7 @@ from ipuserve.runtime.devices import (
 )
 from ipuserve.runtime.popef import GraphBuilder
 from ipuserve.runtime.popef.types import Model
+from ipuserve.runtime.simulator.blas import blas_threads
 from ipuserve.runtime.simulator.config import SimulatorConfig, parse_ipus
 from ipuserve.runtime.simulator.inventory import device_slots, holders
 
@@ -59,6 +60,16 @@ def test_environment_describes_the_host() -> None:
             parse_ipus(bad)
     with pytest.raises(ConfigError, match="IPUSERVE_SIM_TIME_SCALE"):
         SimulatorConfig.from_env({"IPUSERVE_SIM_TIME_SCALE": "fast"})
+    # empty means unset (compose.yaml passes variables the user did not set empty)
+    empty = SimulatorConfig.from_env({"IPUSERVE_SIM_IPUS": "", "IPUSERVE_SIM_TIME_SCALE": ""})
+    assert (empty.num_ipus, empty.time_scale) == (4, 1.0)
+
+
+def test_blas_threads_come_from_the_environment_or_say_what_is_wrong() -> None:
+    assert blas_threads("3") == 3
+    for bad in ("two", "0", "-1", "1.5"):
+        with pytest.raises(ConfigError, match=f"IPUSERVE_SIM_BLAS_THREADS={bad!r}: expected a"):
+            blas_threads(bad)
 
 
 def test_hardware_version(isolated_ipu_host: Path) -> None:
