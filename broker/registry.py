@@ -11,6 +11,15 @@ from ipuserve.protocol import Hello, ModelSpec
 
 log = logging.getLogger(__name__)
 
+#: models a worker announced that the broker will not route to it: (name, why)
+Refusals = tuple[tuple[str, str], ...]
+
+
+def _schema(spec: ModelSpec) -> str:
+    """A model's inputs and outputs in a line, for telling two schemas apart."""
+    tensors = (*spec.inputs, *spec.outputs)
+    return ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in tensors)
+
 
 @dataclass(slots=True, eq=False)
 class Worker:
@@ -54,28 +63,36 @@ class Registry:
     def by_worker_id(self, worker_id: str) -> Worker | None:
         return next((w for w in self.workers.values() if w.worker_id == worker_id), None)
 
-    def add(self, identity: bytes, hello: Hello, now: float) -> Worker:
-        """Register a worker for each model whose schema agrees with what is known."""
-        models = tuple(spec.name for spec in hello.models if self._accept(hello.worker_id, spec))
+    def add(self, identity: bytes, hello: Hello, now: float) -> tuple[Worker, Refusals]:
+        """Register a worker for each model whose schema agrees with what is known; the
+        others come back with why, for the worker to hear in its WELCOME."""
+        refused = tuple(
+            (spec.name, why)
+            for spec in hello.models
+            if (why := self._refusal(hello.worker_id, spec)) is not None
+        )
+        names = {name for name, _why in refused}
+        models = tuple(spec.name for spec in hello.models if spec.name not in names)
         worker = Worker(identity, hello.worker_id, models, hello.credit, now)
         self.workers[identity] = worker
         for name in models:
             self.serving.setdefault(name, []).append(worker)
             self.orphaned.pop(name, None)
-        return worker
+        return worker, refused
 
-    def _accept(self, worker_id: str, spec: ModelSpec) -> bool:
+    def _refusal(self, worker_id: str, spec: ModelSpec) -> str | None:
         known = self.specs.get(spec.name)
         if known is None or known == spec or not self.serving.get(spec.name):
             self.specs[spec.name] = spec
-            return True
-        log.error(
-            "worker %s announces model %r with another schema than the workers already "
-            "serving it; not routing that model to it",
-            worker_id,
-            spec.name,
+            return None
+        serving = ", ".join(w.worker_id for w in self.serving[spec.name])
+        why = (
+            f"model {spec.name!r} is served by {serving} with another schema "
+            f"({_schema(known)}, not {_schema(spec)}); stop those workers first, or give "
+            "this model another --name"
         )
-        return False
+        log.error("worker %s refused: %s", worker_id, why)
+        return why
 
     def remove(self, worker: Worker) -> None:
         self.workers.pop(worker.identity, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -18,6 +19,7 @@ class WorkerHandlers:
         self._scheduler = scheduler
         self._registry = scheduler.registry
         self._outbox = scheduler.outbox
+        self._welcome_message = welcome
         self._welcome = welcome.encode()
         self._heartbeat = wire.Heartbeat().encode()
         self._reconnect = wire.Reconnect().encode()
@@ -44,7 +46,7 @@ class WorkerHandlers:
         if old is not None:
             self._scheduler.drop_worker(old, "re-registered")
         new_specs = [s for s in hello.models if s.name not in self._registry.specs]
-        worker = self._registry.add(identity, hello, now)
+        worker, refused = self._registry.add(identity, hello, now)
         log.info(
             "worker %s registered: models %s, credit %d",
             worker.worker_id,
@@ -53,7 +55,10 @@ class WorkerHandlers:
         )
         for spec in new_specs:
             self._scheduler.model_registered(spec)
-        if not self._outbox.to_worker(identity, self._welcome):
+        welcome = self._welcome
+        if refused:  # the worker hears it: its own log would otherwise say it joined
+            welcome = dataclasses.replace(self._welcome_message, refused=refused).encode()
+        if not self._outbox.to_worker(identity, welcome):
             self._scheduler.drop_worker(worker, "unreachable")
             return
         self._scheduler.pump(worker)

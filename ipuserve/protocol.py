@@ -626,21 +626,26 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """The broker's answer to HELLO; its payload limit bounds the results a worker sends."""
+    """The broker's answer to HELLO; its payload limit bounds the results a worker sends.
+    ``refused`` lists the announced models the broker will not route to this worker,
+    each with why (another schema than the workers already serving that name)."""
 
     COMMAND: ClassVar[Command] = Command.WELCOME
     epoch: str
     heartbeat_ms: int
     liveness_ms: int
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
+    refused: tuple[tuple[str, str], ...] = ()
 
     def encode(self) -> list[Frame]:
-        header = {
+        header: dict[str, Any] = {
             "epoch": self.epoch,
             "heartbeat_ms": self.heartbeat_ms,
             "liveness_ms": self.liveness_ms,
             "max_payload_bytes": self.max_payload_bytes,
         }
+        if self.refused:
+            header["refused"] = [list(pair) for pair in self.refused]
         return _frames(self.COMMAND, b"", header)
 
 
@@ -1727,6 +1732,13 @@ def _job_spec(value: Any, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]]:
     return fields["model"], fields["tensors"]
 
 
+def _refusal(value: Any, limits: Limits) -> tuple[str, str]:
+    """``[model name, why]``: a model the broker refused."""
+    if not (isinstance(value, list) and len(value) == 2):
+        raise ProtocolError(f"must be [model, reason]; got {_show(value)}")
+    return _name(value[0], limits), _text(value[1], limits)
+
+
 def _rows(check: Callable[[Any, Limits], T]) -> Check:
     def rows(value: Any, limits: Limits) -> tuple[T, ...]:
         return _items(value, limits.max_batch, check, limits)
@@ -1920,9 +1932,14 @@ _KINDS: dict[Command, _Kind] = {
             "heartbeat_ms": _Field(_positive),
             "liveness_ms": _Field(_positive),
             "max_payload_bytes": _Field(_positive),
+            "refused": _Field(_rows(_refusal), required=False),
         },
         lambda i, f, t, lim: Welcome(
-            f["epoch"], f["heartbeat_ms"], f["liveness_ms"], f["max_payload_bytes"]
+            f["epoch"],
+            f["heartbeat_ms"],
+            f["liveness_ms"],
+            f["max_payload_bytes"],
+            f.get("refused", ()),
         ),
     ),
     Command.JOBS: _Kind(

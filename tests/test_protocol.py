@@ -45,6 +45,7 @@ ROUND_TRIPS: list[p.Message] = [
     p.Pong(b"x", "9f8e"),
     p.Hello("host:1", (SPEC,), 8),
     p.Welcome("9f8e", 1000, 3000),
+    p.Welcome("9f8e", 1000, 3000, refused=(("m", "model 'm' is served with another schema"),)),
     p.Jobs((p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), -5.0),)),
     p.Jobs(
         (
@@ -436,6 +437,21 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         frames_with({"epoch": "e", "heartbeat_ms": 0, "liveness_ms": 1}, cmd=0x11),
         ProtocolError,
         ">= 1",
+    ),
+    (
+        "welcome refusal not a pair",
+        frames_with(
+            {
+                "epoch": "e",
+                "heartbeat_ms": 1,
+                "liveness_ms": 1,
+                "max_payload_bytes": 1,
+                "refused": [["m"]],
+            },
+            cmd=0x11,
+        ),
+        ProtocolError,
+        "must be [model, reason]; got [\"m\"]",
     ),
 ]
 

@@ -115,6 +115,8 @@ class WorkerNode:
         self._joining_since = 0.0
         self._join_warning_at = 0.0
         self._join_answer: str | None = None
+        #: what run() returns when the loop ends without serving (1: refused)
+        self._exit_code = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -154,7 +156,7 @@ class WorkerNode:
                 return 0
             self._close_session(linger=0)
         log.info("worker %s stopping while disconnected", self._config.worker_id)
-        return 0
+        return self._exit_code
 
     # ------------------------------------------------------------ connecting
 
@@ -232,7 +234,28 @@ class WorkerNode:
             self._join_answer = f"ERROR {message.code} ({message.message})"
         if not isinstance(message, wire.Welcome):
             return False
+        if self._refused_everything(sock, message):
+            return False
         self._start_session(sock, message)
+        return True
+
+    def _refused_everything(self, sock: zmq.Socket[Any], welcome: wire.Welcome) -> bool:
+        """Say which models the broker refused; if it refused them all, leave (BYE) and
+        stop with exit code 1, so that an operator or a supervisor sees it and a restart
+        tries again, rather than idle as a worker that gets no traffic."""
+        for model, why in welcome.refused:
+            log.error("the broker at %s refused model %r: %s", self._config.broker, model, why)
+        refused = {model for model, _why in welcome.refused}
+        if not refused or set(self._models) - refused:
+            return False
+        wire.send(sock, wire.Bye().encode())
+        sock.close(linger=1000)  # let the BYE go: the broker then drops us at once
+        log.error(
+            "worker %s stops: the broker refused every model it serves",
+            self._config.worker_id,
+        )
+        self._exit_code = 1
+        self._stopping = True
         return True
 
     def _start_session(self, sock: zmq.Socket[Any], welcome: wire.Welcome) -> None:

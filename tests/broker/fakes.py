@@ -36,6 +36,7 @@ class FakeWorker:
         self.socket.connect(endpoint)
         self.credit, self.worker_id, self.models = credit, worker_id, models
         self.alive = True
+        self.welcome: wire.Welcome | None = None
         self.jobs: list[wire.Job] = []  # received in a batch, not yet taken
 
     def close(self) -> None:
@@ -45,8 +46,10 @@ class FakeWorker:
         self.socket.send_multipart(message.encode(), copy=False)  # type: ignore[arg-type]
 
     def hello(self) -> wire.Welcome:
+        """Register; the WELCOME is also kept as ``welcome``."""
         self.send(wire.Hello(self.worker_id, self.models, self.credit))
-        return self.expect(wire.Welcome)
+        self.welcome = self.expect(wire.Welcome)
+        return self.welcome
 
     def recv(self, timeout: float = TIMEOUT) -> wire.Message | wire.Job:
         """The next message other than a broker HEARTBEAT; a JOBS batch comes job by job."""

@@ -279,10 +279,19 @@ def test_unknown_models_are_refused_once_the_grace_is_over(
 def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
-    fake(broker, workers, worker_id="first")
+    first = fake(broker, workers, worker_id="first")
+    assert first.welcome is not None and first.welcome.refused == ()
     other = wire.ModelSpec("add", ADD.inputs[:1], ADD.outputs, 4, 0)
-    fake(broker, workers, worker_id="second", models=(other,))
+    second = fake(broker, workers, worker_id="second", models=(other,))
     assert [w.worker_id for w in client.models()[0].workers] == ["first"]
+    assert second.welcome is not None
+    [(model, why)] = second.welcome.refused  # told, not left to idle
+    assert model == "add"
+    assert why.startswith(
+        "model 'add' is served by first with another schema (x:float32[4, 8], "
+        "y:float32[4, 8], z:float32[4, 8], not x:float32[4, 8], z:float32[4, 8]); stop "
+        "those workers first"
+    )
 
 
 def test_an_unknown_worker_is_asked_to_reconnect(broker: Broker) -> None:

@@ -167,6 +167,39 @@ def test_a_worker_whose_metrics_port_is_taken_says_so_in_one_line(
 
 
 @pytest.mark.slow
+def test_a_worker_whose_model_the_broker_refuses_says_why_and_exits_1(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """Another schema under a served name: the worker's log once said it joined, and it
+    idled for ever; now it hears why, stops (a supervisor restarts it), and is taken
+    once the workers of the old schema are gone (a rolling upgrade)."""
+    broker = start_broker(processes)
+    old = start_worker(processes, broker, runner_worker_argv(noop_model(tmp_path), args=(
+        "--name", "m", "--worker-id", "old")))  # fmt: skip
+    simple = write_example(tmp_path / "simple.popef", "simple")
+    new_argv = runner_worker_argv(simple, args=("--name", "m", "--worker-id", "new"))
+    refused = processes.start("refused", new_argv(broker.backend))
+    assert refused.wait() == 1
+    refused.wait_for(r"ERROR .*refused model 'm': model 'm' is served by old with another schema")
+    refused.wait_for(r"worker new stops: the broker refused every model it serves")
+    assert "joined the broker" not in refused.output()
+    broker.proc.wait_for(r"worker new dropped \(left\)")  # its BYE arrived
+    given = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    with RawClient(broker.frontend) as client:
+        (info,) = client.models()
+        assert [load.worker_id for load in info.workers] == ["old"]  # gone after its BYE
+        reply = client.call("m", {"input": given})
+        assert isinstance(reply, wire.Reply)
+        np.testing.assert_array_equal(reply.tensors.arrays()["output"], given)
+        old.terminate()
+        assert old.wait() == 0
+        start_worker(processes, broker, new_argv)  # the old schema has left: taken now
+        (info,) = client.models()
+    assert [load.worker_id for load in info.workers] == ["new"]
+    assert [t.name for t in info.spec.inputs] == ["tensor_A", "tensor_B"]
+
+
+@pytest.mark.slow
 def test_a_named_worker_with_two_replicas_offers_twice_the_credit_of_one(
     processes: Processes, tmp_path: Path
 ) -> None:
