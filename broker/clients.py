@@ -75,7 +75,7 @@ class ClientHandlers:
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
         for request_id in request.request_ids:
-            self._scheduler.refuse(client, request_id, error)
+            self._scheduler.refuse(client, request_id, error, request.model)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
         if self._jobs.pending(client, request.request_id):

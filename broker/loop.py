@@ -161,18 +161,21 @@ class Broker:
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
+        message: wire.Message | None = None
         try:
-            self._clients.handle(client, wire.decode(body, self._limits))
+            message = wire.decode(body, self._limits)
+            self._clients.handle(client, message)
         except IpuserveError as exc:
-            self._refuse(client, body, exc)
+            self._refuse(client, body, exc, getattr(message, "model", ""))
         except Exception:
             log.exception("failed to handle a client message")
-            self._refuse(client, body, IpuserveError("internal broker error; see its log"))
+            error = IpuserveError("internal broker error; see its log")
+            self._refuse(client, body, error, getattr(message, "model", ""))
 
-    def _refuse(self, client: bytes, body: list[Any], error: IpuserveError) -> None:
+    def _refuse(self, client: bytes, body: list[Any], error: IpuserveError, model: str) -> None:
         """Answer what can be addressed: each readable row of a batch, else the id."""
         for request_id in wire.peek_ids(body) or [wire.peek_id(body)]:
-            self.scheduler.refuse(client, request_id, error)
+            self.scheduler.refuse(client, request_id, error, model)
 
     def _on_worker(self, frames: list[Any]) -> None:
         identity, body = frames[0].bytes, frames[1:]
@@ -218,8 +221,10 @@ class Broker:
         workers = self.registry.workers.values()
         self.metrics.in_flight.set(sum(len(w.in_flight) for w in workers))
         self.metrics.requests_in_flight.set(sum(w.requests_in_flight for w in workers))
-        for model, queue in self.scheduler.dispatcher.queues.items():
-            self.metrics.queued.set(len(queue), model=model)
+        queues = self.scheduler.dispatcher.queues
+        for model in self.registry.specs.keys() | queues.keys():  # 0 before the first wait
+            queue = queues.get(model)
+            self.metrics.queued.set(len(queue) if queue is not None else 0, model=model)
 
 
 def _endpoint(sock: zmq.Socket[Any]) -> str:

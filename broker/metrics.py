@@ -12,7 +12,10 @@ class BrokerMetrics(Registry):
         p = "ipuserve_broker_"
         self.requests = Family(p + "requests_total", "Requests accepted, by model.")
         self.replies = Family(p + "replies_total", "Results delivered to clients, by model.")
-        self.errors = Family(p + "errors_total", "Error replies sent to clients, by code.")
+        self.errors = Family(
+            p + "errors_total",
+            'Error replies sent to clients, by code and model (model="" if unreadable).',
+        )
         self.dropped = Family(p + "dropped_total", "Messages dropped unanswered, by reason.")
         self.duplicates = Family(
             p + "duplicate_results_total", "Results for jobs already answered (late or duplicate)."
@@ -30,6 +33,7 @@ class BrokerMetrics(Registry):
             "Requests held by workers (a group job holds several).",
             "gauge",
         )
-        self.queue_seconds = Histogram(p + "queue_seconds", "Admission to dispatch.")
-        self.worker_seconds = Histogram(p + "worker_seconds", "Dispatch to result.")
-        self.request_seconds = Histogram(p + "request_seconds", "Admission to reply.")
+        # each counts requests: a group job observes its time once per request it holds
+        self.queue_seconds = Histogram(p + "queue_seconds", "Admission to dispatch, per request.")
+        self.worker_seconds = Histogram(p + "worker_seconds", "Dispatch to result, per request.")
+        self.request_seconds = Histogram(p + "request_seconds", "Admission to reply, per request.")

@@ -94,7 +94,7 @@ class Scheduler:
             self._outgoing[worker] = [job]
         else:
             batch.append(job)
-        self.metrics.queue_seconds.observe(now - job.received)
+        self.metrics.queue_seconds.observe(now - job.received, len(job.request_ids))
 
     @property
     def unsent(self) -> int:
@@ -183,15 +183,18 @@ class Scheduler:
                 for reply in part.replies:
                     self.metrics.replies.inc(len(reply.group) or 1, model=models[id(reply)])
 
-    def refuse(self, client: bytes, request_id: bytes, error: IpuserveError) -> None:
-        """Answer a request the broker did not accept with ``error`` (counted)."""
-        self.metrics.errors.inc(code=error.code)
+    def refuse(
+        self, client: bytes, request_id: bytes, error: IpuserveError, model: str = ""
+    ) -> None:
+        """Answer a request the broker did not accept with ``error`` (counted under its
+        model; "" when the request could not be read that far)."""
+        self.metrics.errors.inc(code=error.code, model=model)
         self.outbox.to_client(client, wire.error_frames(request_id, error))
 
     def reject(self, job: JobEntry, error: IpuserveError) -> None:
         self._retire(job)
         for request_id in job.request_ids:
-            self.metrics.errors.inc(code=error.code)
+            self.metrics.errors.inc(code=error.code, model=job.model)
             self.outbox.to_client(job.client, wire.error_frames(request_id, error))
 
     def _retire(self, job: JobEntry) -> None:

@@ -462,6 +462,8 @@ def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
         assert set(reply.timing) == {"device_us", "broker_queue_us"}
     assert broker.metrics.requests.value(model="add") == 3
     assert broker.metrics.replies.value(model="add") == 3
+    # one job, but the latency histograms count requests, all alike
+    assert broker.metrics.queue_seconds.count == broker.metrics.request_seconds.count == 3
 
 
 def test_a_group_for_a_model_without_a_batching_dim_runs_request_by_request(
@@ -575,6 +577,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
             and "3 queued requests and a limit of 4" in e.message
             for e in refused
         )
+        assert broker.metrics.errors.value(code="OVERLOADED", model="add") == 2
         (info,) = client.models()
         assert info.queued == 3
         assert [(w.credit, w.in_flight, w.requests) for w in info.workers] == [(1, 1, 1)]
@@ -589,6 +592,16 @@ def test_queue_limit_and_listing_count_a_groups_requests(
         assert metrics.in_flight.value() == 1
         worker.answer(group)
         assert_replies(client.recv(), given)
+
+
+def test_a_served_models_queue_gauge_exists_before_anything_waits(
+    broker: Broker, workers: list[FakeWorker]
+) -> None:
+    """A gauge series that appears only once something queued cannot be alerted on."""
+    fake(broker, workers)
+    queued = broker.metrics.queued  # set on the broker's next heartbeat tick
+    wait_until(lambda: (("model", "add"),) in queued.samples)
+    assert queued.value(model="add") == 0
 
 
 def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(

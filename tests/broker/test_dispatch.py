@@ -71,7 +71,7 @@ def test_an_empty_queue_admits_a_group_bigger_than_its_limit() -> None:
 
 
 def test_a_worker_counts_the_requests_its_jobs_hold() -> None:
-    worker = Registry().add(b"w", Hello("w", (ADD,), 4), 0.0)
+    worker = Registry().add(b"w", Hello("w", (ADD,), 4), 0.0)[0]
     worker.in_flight[b"1"] = job(at=1, members=3)
     worker.in_flight[b"2"] = job(at=2)
     assert len(worker.in_flight) == 2 and worker.requests_in_flight == 4
@@ -80,8 +80,8 @@ def test_a_worker_counts_the_requests_its_jobs_hold() -> None:
 
 def test_choose_picks_the_least_loaded_worker_with_spare_credit() -> None:
     registry = Registry()
-    a = registry.add(b"a", Hello("a", (ADD,), 4), 0.0)
-    b = registry.add(b"b", Hello("b", (ADD,), 1), 0.0)
+    a = registry.add(b"a", Hello("a", (ADD,), 4), 0.0)[0]
+    b = registry.add(b"b", Hello("b", (ADD,), 1), 0.0)[0]
     dispatcher = Dispatcher(registry, 10)
     assert dispatcher.choose("add") is a  # a tie goes to the first registered
     a.in_flight[b"1"] = job()
@@ -96,7 +96,7 @@ def test_choose_picks_the_least_loaded_worker_with_spare_credit() -> None:
 def test_next_for_takes_the_oldest_job_among_the_worker_models() -> None:
     other = ADD.__class__("other", ADD.inputs, ADD.outputs, 4, 0)
     registry = Registry()
-    worker = registry.add(b"w", Hello("w", (ADD, other), 2), 0.0)
+    worker = registry.add(b"w", Hello("w", (ADD, other), 2), 0.0)[0]
     dispatcher = Dispatcher(registry, 10)
     newer, older = job("add", at=5), job("other", at=3)
     dispatcher.enqueue(newer)
