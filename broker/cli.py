@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 
 import click
@@ -12,6 +13,11 @@ from ipuserve.errors import ConfigError
 from ipuserve.protocol import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
+
+
+def _option(field: re.Match[str]) -> str:
+    """A BrokerConfig field as the option that sets it: liveness_ms -> --liveness-ms."""
+    return "--" + field[1].replace("_", "-")
 
 
 @click.command("broker")
@@ -113,7 +119,7 @@ def broker(
     retain_freed_memory()
 
     try:
-        config = BrokerConfig(
+        options = BrokerConfig(
             frontend=frontend,
             backend=backend,
             heartbeat_ms=heartbeat_ms,
@@ -128,7 +134,10 @@ def broker(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )
-        server = Broker(config)
+    except ConfigError as exc:  # settings that disagree: named as the options they are
+        raise click.UsageError(re.sub(r"\b([a-z]+(?:_[a-z]+)+)\b", _option, str(exc))) from None
+    try:
+        server = Broker(options)
     except (ConfigError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 

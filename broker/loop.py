@@ -207,6 +207,7 @@ class Broker:
     def _on_timers(self, now: float) -> None:
         self.scheduler.expire(now)
         self.scheduler.fail_orphans(now)
+        self.scheduler.report_shedding(now)
         if now >= self._next_beat:
             self._workers.beat(now)
             self._update_gauges()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -33,6 +34,7 @@ from ipuserve.errors import (
     DeadlineExceeded,
     InferenceError,
     IpuserveError,
+    OverloadedError,
     UnavailableError,
     UnknownModelError,
     WorkerFailedError,
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: What a worker said about one job: its result, or the error it failed with.
 JobOutcome: TypeAlias = "wire.Result | IpuserveError"
+#: Shortest time between two WARNINGs that requests are being refused OVERLOADED.
+SHED_REPORT_S = 10.0
 
 
 class Scheduler:
@@ -65,6 +69,10 @@ class Scheduler:
         self._outgoing: dict[Worker, list[JobEntry]] = {}
         #: replies to batched requests since the last flush, by client, with their model
         self._replies: dict[bytes, list[tuple[wire.Reply, str]]] = {}
+        #: OVERLOADED answers by model since the last report, from when, the next report
+        self._shed: Counter[str] = Counter()
+        self._shed_since = 0.0
+        self._next_shed_report = 0.0
 
     # ------------------------------------------------------------ placing
 
@@ -188,14 +196,38 @@ class Scheduler:
     ) -> None:
         """Answer a request the broker did not accept with ``error`` (counted under its
         model; "" when the request could not be read that far)."""
-        self.metrics.errors.inc(code=error.code, model=model)
+        self._count_error(error, model)
         self.outbox.to_client(client, wire.error_frames(request_id, error))
 
     def reject(self, job: JobEntry, error: IpuserveError) -> None:
         self._retire(job)
         for request_id in job.request_ids:
-            self.metrics.errors.inc(code=error.code, model=job.model)
+            self._count_error(error, job.model)
             self.outbox.to_client(job.client, wire.error_frames(request_id, error))
+
+    def _count_error(self, error: IpuserveError, model: str) -> None:
+        self.metrics.errors.inc(code=error.code, model=model)
+        if error.code == OverloadedError.code:
+            if not self._shed:
+                self._shed_since = time.monotonic()
+            self._shed[model] += 1
+
+    def report_shedding(self, now: float) -> None:
+        """A WARNING (at most every SHED_REPORT_S) per model whose requests were refused
+        OVERLOADED: a broker turning work away must not do it silently."""
+        if not self._shed or now < self._next_shed_report:
+            return
+        for model, refused in self._shed.items():
+            log.warning(
+                "model %r: %d request(s) refused OVERLOADED in the last %.1f s: its queue "
+                "is full (--queue-limit %d); more workers or a higher limit would take them",
+                model,
+                refused,
+                now - self._shed_since,
+                self.config.queue_limit,
+            )
+        self._shed.clear()
+        self._next_shed_report = now + SHED_REPORT_S
 
     def _retire(self, job: JobEntry) -> None:
         if job.state is State.QUEUED:
@@ -233,7 +265,8 @@ class Scheduler:
             return
         self.registry.remove(worker)
         self.metrics.workers_lost.inc(reason=reason)
-        log.warning(
+        log.log(
+            logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
             "worker %s dropped (%s); re-queueing the %d job(s) it did not answer "
             "(%d of them handed back by the worker)",
             worker.worker_id,

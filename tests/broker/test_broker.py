@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 
@@ -558,9 +559,10 @@ def test_a_group_job_stays_within_the_payload_limit(
 
 
 def test_queue_limit_and_listing_count_a_groups_requests(
-    start_broker_thread: StartBroker, workers: list[FakeWorker]
+    start_broker_thread: StartBroker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Credit counts jobs; the queue limit, ``queued`` and ``requests`` count requests."""
+    caplog.set_level(logging.WARNING, logger="ipuserve.broker.scheduler")
     broker = start_broker_thread(queue_limit=4)
     worker = fake(broker, workers, credit=1)
     given = [add_inputs(1, seed=i) for i in range(3)]
@@ -578,6 +580,8 @@ def test_queue_limit_and_listing_count_a_groups_requests(
             for e in refused
         )
         assert broker.metrics.errors.value(code="OVERLOADED", model="add") == 2
+        shed = "model 'add': 2 request(s) refused OVERLOADED in the last"
+        wait_until(lambda: any(shed in r.getMessage() for r in list(caplog.records)))
         (info,) = client.models()
         assert info.queued == 3
         assert [(w.credit, w.in_flight, w.requests) for w in info.workers] == [(1, 1, 1)]
@@ -592,6 +596,17 @@ def test_queue_limit_and_listing_count_a_groups_requests(
         assert metrics.in_flight.value() == 1
         worker.answer(group)
         assert_replies(client.recv(), given)
+
+
+def test_a_worker_leaving_is_logged_at_info_and_a_silent_one_at_warning(
+    broker: Broker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ipuserve.broker.scheduler")
+    leaving = fake(broker, workers, worker_id="leaving")
+    leaving.send(wire.Bye())
+    wait_until(lambda: "dropped (left)" in caplog.text)
+    [record] = [r for r in list(caplog.records) if "dropped (left)" in r.getMessage()]
+    assert record.levelno == logging.INFO  # an orderly leave is no trouble
 
 
 def test_a_served_models_queue_gauge_exists_before_anything_waits(

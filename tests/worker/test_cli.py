@@ -92,8 +92,8 @@ def test_broker_rejects_inconsistent_settings() -> None:
             "tcp://127.0.0.1:*",
         ],
     )
-    assert result.exit_code == 1
-    assert "liveness_ms must be at least heartbeat_ms" in result.output
+    assert result.exit_code == 2  # a usage error, in the options' own names
+    assert "Error: --liveness-ms must be at least --heartbeat-ms" in result.output
 
 
 def test_broker_reports_an_endpoint_it_cannot_bind() -> None:
