@@ -598,7 +598,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
         assert_replies(client.recv(), given)
 
 
-def test_a_worker_leaving_is_logged_at_info_and_a_silent_one_at_warning(
+def test_an_orderly_worker_leave_is_logged_at_info(
     broker: Broker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ipuserve.broker.scheduler")
