@@ -300,7 +300,14 @@ class WorkerNode:
             self._jobs.pop(held.job.job_id, None)
         self._unsent.clear()
         self._waiting.clear()
-        log.warning("dropped %d results/jobs of the old broker epoch %s", dropped, epoch)
+        running = sum(1 for held in self._jobs.values() if held.epoch == epoch)
+        log.warning(
+            "a new broker (the old one restarted): dropped %d waiting job(s) and unsent "
+            "result(s) of the old one; %d job(s) of it are already running and will be "
+            "finished, their results dropped (the clients re-send them to the new broker)",
+            dropped,
+            running,
+        )
 
     def _new_socket(self) -> zmq.Socket[Any]:
         sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)

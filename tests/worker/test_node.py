@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from ipuserve import protocol as wire
 from ipuserve.worker.backend import Backend, FunctionBackend
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.node import WorkerNode
+from tests.helpers import wait_until
 from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add, add_inputs
 
 
@@ -202,7 +204,10 @@ def test_reconnect_on_request_keeps_results_of_the_same_epoch(
     expect_result(broker, b"j1", inputs)
 
 
-def test_results_of_an_old_epoch_are_dropped(broker: FakeBroker, start_node: StartNode) -> None:
+def test_results_of_an_old_epoch_are_dropped(
+    broker: FakeBroker, start_node: StartNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ipuserve.worker.node")
     model = GatedAdd(gated=True)
     start_node(model.backend())
     first = broker.welcome("epoch1")
@@ -210,6 +215,9 @@ def test_results_of_an_old_epoch_are_dropped(broker: FakeBroker, start_node: Sta
     model.wait_started()
     broker.send(first, wire.Reconnect())
     second = broker.welcome("epoch2")
+    # the log says what happens to the job already running: it once said "dropped 0"
+    said = "dropped 0 waiting job(s) and unsent result(s) of the old one; 1 job(s) of it "
+    wait_until(lambda: said in caplog.text)
     model.gate.set()
     inputs = broker.job(second, b"new")
     expect_result(broker, b"new", inputs)  # and never a RESULT for "old"
