@@ -141,15 +141,24 @@ class MetricsServer:
 def _handler(metrics: Renderable) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            body = self._page()
+            if body is not None:
+                self.wfile.write(body)
+
+        def do_HEAD(self) -> None:  # what some health checkers send
+            self._page()
+
+        def _page(self) -> bytes | None:
+            """Send the status and headers; the body to write, if any."""
             if self.path.split("?")[0] not in ("/metrics", "/"):
                 self.send_error(404)
-                return
+                return None
             body = metrics.render().encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            return body
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("metrics: " + format, *args)

@@ -167,7 +167,8 @@ def _metrics_server(backend: Any, host: str, port: int | None) -> Any:
     from ipuserve.metrics import MetricsServer
 
     server = MetricsServer(backend.metrics, host, port)
-    log.info("metrics on http://%s:%d/metrics", host, server.port)
+    # at the default log level too: with --metrics-port 0 nothing else says the port
+    click.echo(f"ipuserve worker: metrics on http://{host}:{server.port}/metrics", err=True)
     return server
 
 
