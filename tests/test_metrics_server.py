@@ -46,4 +46,5 @@ def test_head_answers_like_get_without_a_body(url: str) -> None:
 def test_other_paths_are_not_found(url: str) -> None:
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(f"{url}/nothing", timeout=10)
-    assert caught.value.code == 404
+    with caught.value:  # an HTTPError holds the response open
+        assert caught.value.code == 404
