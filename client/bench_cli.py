@@ -15,13 +15,18 @@ pyzmq relay baseline (:mod:`ipuserve.client.suite`).
 
 Options that would be ignored are usage errors instead
 (:mod:`ipuserve.client.bench_options`). A run in which no request succeeded exits 1
-with the first error message; Ctrl-C reports what was measured and exits 130.
+with the first error message; Ctrl-C (or SIGTERM) reports what was measured and exits
+130 (143).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +165,8 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
     else:
         check_load_options(ctx, opts)
         loads = _loads(opts)
-        levels = _single(opts, loads)
+        with _sigterm_as_ctrl_c() as stopped_by:
+            levels = _single(opts, loads)
         sweep = len(loads) > 1  # as asked, even when Ctrl-C cut it short
         result = {"sweep": levels} if sweep else levels[0]
         text = sweep_table(levels) if sweep else run_table(levels[0])
@@ -168,13 +174,14 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
         last = levels[-1]
         if last["interrupted"]:
             level = f" of level {len(levels)}" if len(levels) > 1 else ""
+            how = "SIGTERM" if stopped_by else "Ctrl-C"
             failure = (
-                f"interrupted (Ctrl-C): the figures above cover the first "
+                f"interrupted ({how}): the figures above cover the first "
                 f"{last['duration_s']} s of measuring{level}"
                 if last["requests"]
-                else f"interrupted (Ctrl-C) before anything{level} was measured (warm-up)"
+                else f"interrupted ({how}) before anything{level} was measured (warm-up)"
             )
-            exit_code = 130  # the shell's code for a run stopped by SIGINT
+            exit_code = 128 + (stopped_by[0] if stopped_by else signal.SIGINT)  # the shell's
     click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)  # shown first
     if opts["plot"] is not None and not opts["suite"]:
         _write(opts["plot"], latency_throughput_svg(levels))
@@ -183,6 +190,26 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
     if failure is not None:
         click.echo(f"Error: {failure}", err=True)
         raise SystemExit(exit_code)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """SIGTERM (``kill``, ``docker stop``, a CI timeout) ends the run like Ctrl-C: the
+    figures measured so far are still printed. Yields the signals that did."""
+    stopped_by: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped_by  # signal handlers belong to the main thread (a test's CliRunner)
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield stopped_by
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write(path: Path, text: str) -> None:

@@ -213,6 +213,24 @@ def test_ctrl_c_during_a_bench_prints_what_was_measured_and_runs_no_further_leve
     assert not any("level 2/2" in line for line in bench.lines)
 
 
+def test_sigterm_during_a_bench_prints_what_was_measured_like_ctrl_c(
+    processes: Processes,  # noqa: F811
+    served: BrokerProc,
+) -> None:
+    """``kill``, ``docker stop`` or a CI timeout once ended a bench with no report at all."""
+    bench = processes.start(
+        "bench",
+        [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend, "--model",
+         "add", "--warmup-s", "0", "--duration-s", "120", "--concurrency", "2", "--json"],
+    )  # fmt: skip
+    url = served.metrics_url
+    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= 50, timeout=60)
+    bench.popen.send_signal(signal.SIGTERM)
+    assert bench.wait(60) == 143
+    bench.wait_for(r'"interrupted": true')
+    bench.wait_for(r"Error: interrupted \(SIGTERM\): the figures above cover the first")
+
+
 def test_ctrl_c_during_the_warm_up_says_nothing_was_measured(
     processes: Processes,  # noqa: F811
     served: BrokerProc,
