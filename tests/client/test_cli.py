@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from ipuserve.cli import main
 from tests.helpers import (
     BrokerProc,
+    Proc,
     Processes,
     add_expected,
     add_inputs,
@@ -187,22 +188,29 @@ def test_bench_refuses_bad_levels_before_it_starts(args: list[str], message: str
     assert result.exit_code == 2 and message in result.output
 
 
+def signalled_bench(
+    procs: Processes, served: BrokerProc, sig: int, *options: str, replies: int = 50
+) -> Proc:
+    """A bench of model ``add`` sent ``sig`` once the broker has answered ``replies``."""
+    argv = [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend]
+    bench = procs.start("bench", [*argv, "--model", "add", *options])
+    url = served.metrics_url
+    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= replies, timeout=60)
+    bench.popen.send_signal(sig)
+    return bench
+
+
 def test_ctrl_c_during_a_bench_prints_what_was_measured_and_runs_no_further_level(
     processes: Processes,  # noqa: F811
     served: BrokerProc,
     tmp_path: Path,
 ) -> None:
     saved = tmp_path / "partial.json"
-    bench = processes.start(
-        "bench",
-        [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend, "--model",
-         "add", "--warmup-s", "0", "--duration-s", "120", "--concurrency", "2,4",
-         "--output", str(saved)],
+    bench = signalled_bench(
+        processes, served, signal.SIGINT, "--warmup-s", "0", "--duration-s", "120",
+        "--concurrency", "2,4", "--output", str(saved),
     )  # fmt: skip
     bench.wait_for(r"level 1/2: 2 in flight")
-    url = served.metrics_url
-    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= 50, timeout=60)
-    bench.popen.send_signal(signal.SIGINT)
     assert bench.wait(60) == 130
     (level,) = json.loads(saved.read_text())["sweep"]
     assert level["interrupted"] and level["in_flight"] == 2
@@ -218,14 +226,10 @@ def test_sigterm_during_a_bench_prints_what_was_measured_like_ctrl_c(
     served: BrokerProc,
 ) -> None:
     """``kill``, ``docker stop`` or a CI timeout once ended a bench with no report at all."""
-    bench = processes.start(
-        "bench",
-        [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend, "--model",
-         "add", "--warmup-s", "0", "--duration-s", "120", "--concurrency", "2", "--json"],
+    bench = signalled_bench(
+        processes, served, signal.SIGTERM, "--warmup-s", "0", "--duration-s", "120",
+        "--concurrency", "2", "--json",
     )  # fmt: skip
-    url = served.metrics_url
-    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= 50, timeout=60)
-    bench.popen.send_signal(signal.SIGTERM)
     assert bench.wait(60) == 143
     bench.wait_for(r'"interrupted": true')
     bench.wait_for(r"Error: interrupted \(SIGTERM\): the figures above cover the first")
@@ -235,14 +239,9 @@ def test_ctrl_c_during_the_warm_up_says_nothing_was_measured(
     processes: Processes,  # noqa: F811
     served: BrokerProc,
 ) -> None:
-    bench = processes.start(
-        "bench",
-        [sys.executable, "-m", "ipuserve", "bench", "--broker", served.frontend, "--model",
-         "add", "--warmup-s", "120", "--duration-s", "1"],
-    )  # fmt: skip
-    url = served.metrics_url
-    wait_until(lambda: metric(scrape(url), "ipuserve_broker_replies_total") >= 20, timeout=60)
-    bench.popen.send_signal(signal.SIGINT)
+    bench = signalled_bench(
+        processes, served, signal.SIGINT, "--warmup-s", "120", "--duration-s", "1", replies=20
+    )
     assert bench.wait(60) == 130
     bench.wait_for(r"Error: interrupted \(Ctrl-C\) before anything was measured \(warm-up\)")
 
