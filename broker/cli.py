@@ -152,10 +152,7 @@ def broker(
         f"{server.backend_endpoint}, epoch {server.epoch}",
         err=True,
     )
-    try:
-        server.run()
-    except ConfigError as exc:  # the metrics endpoint could not be bound
-        raise click.ClickException(str(exc)) from None
+    server.run()
 
 
 commands: list[click.Command] = [broker]

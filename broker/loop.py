@@ -9,6 +9,7 @@ or a signal handler.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -48,10 +49,21 @@ class Broker:
         self.config = config
         self.epoch = secrets.token_hex(8)
         self.metrics = BrokerMetrics()
+        # first: a metrics port that cannot be bound (ConfigError) then leaves nothing open
+        self.metrics_server: MetricsServer | None = None
+        if config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics, config.metrics_host, config.metrics_port
+            )
         self._context = context or zmq.Context.instance()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
-        self._frontend = self._router(config.frontend, sndhwm=config.client_hwm, handover=True)
-        self._backend = self._router(config.backend, sndhwm=100_000, handover=False)
+        with contextlib.ExitStack() as undo:  # if a bind fails, close what is open
+            if self.metrics_server is not None:
+                undo.callback(self.metrics_server.close)
+            self._frontend = self._router(config.frontend, sndhwm=config.client_hwm, handover=True)
+            undo.callback(self._frontend.close, linger=0)
+            self._backend = self._router(config.backend, sndhwm=100_000, handover=False)
+            undo.pop_all()
         self.frontend_endpoint = _endpoint(self._frontend)
         self.backend_endpoint = _endpoint(self._backend)
         self.registry = Registry()
@@ -69,7 +81,6 @@ class Broker:
         self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_lock = threading.RLock()
         self._stopping = False
-        self.metrics_server: MetricsServer | None = None
 
     def _router(self, endpoint: str, *, sndhwm: int, handover: bool) -> zmq.Socket[Any]:
         sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
@@ -96,10 +107,6 @@ class Broker:
                 os.eventfd_write(self._wake, 1)
 
     def run(self) -> None:
-        if self.config.metrics_port is not None:
-            self.metrics_server = MetricsServer(
-                self.metrics, self.config.metrics_host, self.config.metrics_port
-            )
         log.info(
             "broker listening: frontend=%s backend=%s epoch=%s metrics-port=%s",
             self.frontend_endpoint,
