@@ -111,6 +111,7 @@ class ModelRunner:
             outputs = None if output_data is None else validator.check_outputs(output_data, samples)
             return inputs, samples, list(validator.outputs), outputs
         inputs = dict(input_data)
+        validator.check_names_known(inputs, output_data)
         samples = _samples_unchecked(inputs, validator)
         names = (
             list(output_data)

@@ -123,7 +123,27 @@ class RequestValidator:
             )
         return dict(given)
 
+    def check_names_known(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None
+    ) -> None:
+        """With validate_io_params off a request may leave tensors out (conditional
+        execution), but a name the model does not have has no queue to go to: refused
+        before anything is queued, or the tensors queued before it would pair with the
+        next request's and every later result would be another request's."""
+        self._refuse_unknown(inputs, self.inputs, "input")
+        if outputs is not None:
+            self._refuse_unknown(outputs, self.outputs, "output")
+
     def _check_names(
+        self, given: Mapping[str, Any], slots: dict[str, TensorSlot], role: str
+    ) -> None:
+        self._refuse_unknown(given, slots, role)
+        missing = [name for name in slots if name not in given]
+        if missing:
+            described = "; ".join(f"{n} {slots[n].expected()}" for n in missing)
+            raise TensorError(f"missing {role} tensor(s): {described}")
+
+    def _refuse_unknown(
         self, given: Mapping[str, Any], slots: dict[str, TensorSlot], role: str
     ) -> None:
         for name in given:
@@ -137,10 +157,6 @@ class RequestValidator:
                     f"unknown {role} tensor {name!r}; the model's execute "
                     f"{role}s are: {', '.join(slots) or 'none'}"
                 )
-        missing = [name for name in slots if name not in given]
-        if missing:
-            described = "; ".join(f"{n} {slots[n].expected()}" for n in missing)
-            raise TensorError(f"missing {role} tensor(s): {described}")
 
     @staticmethod
     def _agreed_samples(

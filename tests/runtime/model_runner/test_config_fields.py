@@ -255,6 +255,22 @@ def test_conditional_execution_with_validation_off(make_runner, branches: Model)
         assert_matches(got, reference("branches", branches, inputs))
 
 
+def test_with_validation_off_an_unknown_name_is_refused_before_anything_is_queued(
+    make_runner, simple: Model
+) -> None:
+    """It once raised KeyError after queueing the request's other tensors: from then on
+    each request got the result of the one before it."""
+    runner = make_runner(simple, validate_io_params=False)
+    good = simple_inputs(1)
+    with pytest.raises(TensorError, match="unknown input tensor 'typo'"):
+        runner.execute({**good, "typo": rows(2, 4, 9)})
+    with pytest.raises(TensorError, match="unknown output tensor 'output_typo'"):
+        runner.execute(good, {"output_typo": np.zeros((2, 4), np.float32)})
+    for seed in (2, 3):
+        inputs = simple_inputs(seed)
+        assert_matches(runner.execute(inputs), reference("simple", simple, inputs))
+
+
 def test_conditional_execution_needs_validation_off(make_runner, branches: Model) -> None:
     runner = make_runner(branches)
     with pytest.raises(TensorError, match=r"missing input tensor.*b_input"):
