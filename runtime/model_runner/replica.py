@@ -200,9 +200,11 @@ class Replica:
         return max(_MIN_WAIT_NS, int(limit - waited))
 
     def _device_idle(self) -> None:
-        """Eager batching: the device found no input set ready; flush a waiting partial batch."""
-        if any(q.holdsPartialBatch() for q in self.queues.inputs.values()):
-            self._on_read_timeout_named("device idle")
+        """Eager batching: the device found no input set ready; flush a waiting partial batch.
+        The flush callback is told the input it was expecting more of (spec 3.7)."""
+        waited = next((n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None)
+        if waited is not None:
+            self._on_read_timeout_named(waited)
 
     def computation_started(self) -> float:
         """When the device took the input set it is running now (0: unknown, no look-ahead)."""

@@ -365,6 +365,22 @@ def test_batch_size_timeout_applies_when_enabled(make_runner, mlp: Model) -> Non
     assert counts(runner)["padded_samples"] == 14
 
 
+def test_an_eager_flush_tells_the_callback_which_input_it_expected(make_runner, mlp: Model) -> None:
+    """Spec 3.7: tensor_id is "the ID of the tensor that ModelRunner was expecting when
+    the timeout occurred" (an eager flush once passed 'device idle')."""
+    calls: list[str] = []
+    runner = make_runner(
+        mlp,
+        batching_dim=0,
+        is_batch_size_timeout_enabled=True,
+        batch_size_timeout_ns=0,
+        flush_callback=lambda tensor, _i, _o: calls.append(tensor),
+    )
+    inputs = {"input": rows(3, 32, 80)}
+    assert_matches(runner.execute(inputs), reference("mlp", mlp, inputs))
+    assert calls == ["input"]
+
+
 def test_batch_size_timeouts_are_ignored_unless_enabled(make_runner, mlp: Model) -> None:
     """is_batch_size_timeout_enabled=False: a partial batch waits timeout_ns (an hour here),
     not batch_size_timeout_ns or data_parallel_timeout_ns."""
