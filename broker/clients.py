@@ -42,7 +42,7 @@ class ClientHandlers:
         """Each request (or group) of a batch on its own: one refused does not refuse the
         others."""
         for failed in batch.rejected:
-            self._scheduler.refuse(client, failed.job_id, failed.exception())
+            self._scheduler.refuse(client, failed.job_id, failed.exception(), "")
         for row in batch.requests:
             for request in self._jobs_of(client, row):
                 try:

@@ -191,11 +191,9 @@ class Scheduler:
                 for reply in part.replies:
                     self.metrics.replies.inc(len(reply.group) or 1, model=models[id(reply)])
 
-    def refuse(
-        self, client: bytes, request_id: bytes, error: IpuserveError, model: str = ""
-    ) -> None:
+    def refuse(self, client: bytes, request_id: bytes, error: IpuserveError, model: str) -> None:
         """Answer a request the broker did not accept with ``error`` (counted under its
-        model; "" when the request could not be read that far)."""
+        model: "" when the request could not be read that far)."""
         self._count_error(error, model)
         self.outbox.to_client(client, wire.error_frames(request_id, error))
 
@@ -206,7 +204,11 @@ class Scheduler:
             self.outbox.to_client(job.client, wire.error_frames(request_id, error))
 
     def _count_error(self, error: IpuserveError, model: str) -> None:
-        self.metrics.errors.inc(code=error.code, model=model)
+        """Counted under the model only if one is registered: any client may name any
+        model, and a label per made-up name would grow the metrics without bound."""
+        self.metrics.errors.inc(
+            code=error.code, model=model if model in self.registry.specs else ""
+        )
         if error.code == OverloadedError.code:
             if not self._shed:
                 self._shed_since = time.monotonic()

@@ -275,6 +275,9 @@ def test_unknown_models_are_refused_once_the_grace_is_over(
         assert reply.code == "UNKNOWN_MODEL"
         late = client.call("ghost", INPUTS)
         assert isinstance(late, wire.ErrorReply) and late.code == "UNKNOWN_MODEL"
+    # counted without the made-up name: a label per name would grow without bound
+    assert broker.metrics.errors.value(code="UNKNOWN_MODEL", model="") == 2
+    assert not any(("model", "ghost") in labels for labels in broker.metrics.errors.samples)
 
 
 def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
