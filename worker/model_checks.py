@@ -117,17 +117,12 @@ def check_unconditional(model: Model) -> None:
     others never come. A worker answers a request with every output and feeds every
     input, so such a request would wait for ever and the unread inputs of the other
     branches would shift every later request's."""
-    executable = model.executable
-    branch_only = sorted(
-        {
-            anchor
-            for index in model.metadata.programFlow().main()
-            for step in executable.program(index).steps
-            if step.op == "switch"
-            for branch in step.branches
-            for anchor in _streamed(branch)
-        }
-    )
+    steps = [
+        step
+        for index in model.metadata.programFlow().main()
+        for step in model.executable.program(index).steps
+    ]
+    branch_only = sorted(_branch_only(steps))
     if branch_only:
         raise ConfigError(
             f"model {model.metadata.modelName()!r} runs one of several branches per request "
@@ -136,6 +131,20 @@ def check_unconditional(model: Model) -> None:
             "every output and cannot serve it; run it with a ModelRunner instead "
             "(validate_io_params=False, giving only the chosen branch's inputs)"
         )
+
+
+def _branch_only(steps: list[Step]) -> set[str]:
+    """Anchors some branches of a switch stream and others do not, unless they are also
+    streamed outside it (then every run streams them)."""
+    always: set[str] = set()
+    sometimes: set[str] = set()
+    for step in steps:
+        if step.op in ("stream_in", "stream_out") and step.anchor:
+            always.add(step.anchor)
+        if step.op == "switch" and step.branches:
+            first, *others = [_streamed(branch) for branch in step.branches]
+            sometimes |= first.union(*others) - first.intersection(*others)
+    return sometimes - always
 
 
 def _streamed(steps: tuple[Step, ...]) -> set[str]:

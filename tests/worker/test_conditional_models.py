@@ -39,6 +39,19 @@ def test_models_without_branches_pass(builder: GraphBuilder) -> None:
     check_unconditional(builder.build())
 
 
+def test_a_switch_that_streams_nothing_of_its_own_passes() -> None:
+    """Every run streams the same anchors: the switch only picks the computation."""
+    g = GraphBuilder("pick", batch_size=1)
+    selector, x = g.input("branch", (1,), "int32"), g.input("x", (1, 4))
+    with g.switch(selector) as switch:
+        with switch.branch():
+            g.relu(x)
+        with switch.branch():
+            g.identity(x)
+    g.output("y", x)
+    check_unconditional(g.build())
+
+
 def test_the_worker_command_says_why_and_exits_before_joining(tmp_path: Path) -> None:
     path = write_example(tmp_path / "branches.popef", "branches")
     argv = [sys.executable, "-m", "ipuserve", "worker", "--broker", "tcp://127.0.0.1:1"]
