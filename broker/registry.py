@@ -15,12 +15,6 @@ log = logging.getLogger(__name__)
 Refusals = tuple[tuple[str, str], ...]
 
 
-def _schema(spec: ModelSpec) -> str:
-    """A model's inputs and outputs in a line, for telling two schemas apart."""
-    tensors = (*spec.inputs, *spec.outputs)
-    return ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in tensors)
-
-
 @dataclass(slots=True, eq=False)
 class Worker:
     """A worker as the broker sees it. ``in_flight`` holds every job the worker still has,
@@ -88,8 +82,8 @@ class Registry:
         serving = ", ".join(w.worker_id for w in self.serving[spec.name])
         why = (
             f"model {spec.name!r} is served by {serving} with another schema "
-            f"({_schema(known)}, not {_schema(spec)}); stop those workers first, or give "
-            "this model another --name"
+            f"({known.signature()}; not {spec.signature()}); stop those workers first, or "
+            "give this model another --name"
         )
         log.error("worker %s refused: %s", worker_id, why)
         return why

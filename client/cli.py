@@ -148,7 +148,7 @@ def models_table(found: list[wire.ModelInfo]) -> str:
                     w.requests,
                 )
             )
-        tensors = ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in info.spec.inputs)
+        tensors = ", ".join(map(str, info.spec.inputs))
         dim = info.spec.batching_dim
         batching = "no dynamic batching" if dim is None else f"batched along dimension {dim}"
         lines.append(f"{'':20} inputs {tensors}; {batching}")

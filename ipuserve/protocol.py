@@ -170,6 +170,10 @@ class TensorSpec:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
+    def __str__(self) -> str:
+        """``x:float32[4, 8]``, as listings and messages show a tensor."""
+        return f"{self.name}:{self.dtype}{list(self.shape)}"
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -194,6 +198,15 @@ class ModelSpec:
             "batch_size": self.batch_size,
             "batching_dim": self.batching_dim,
         }
+
+    def signature(self) -> str:
+        """Everything a request must match, in a line: ``x:float32[4, 8] -> y:float32[4, 8];
+        batch 4 along dimension 0`` (telling two schemas of one name apart)."""
+        inputs = ", ".join(map(str, self.inputs))
+        outputs = ", ".join(map(str, self.outputs))
+        dim = self.batching_dim
+        batching = ", no dynamic batching" if dim is None else f" along dimension {dim}"
+        return f"{inputs} -> {outputs}; batch {self.batch_size}{batching}"
 
     def samples(self, shapes: Iterable[Sequence[int]]) -> int:
         """Samples a request whose tensors have ``shapes`` carries: the size along the

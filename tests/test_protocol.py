@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -451,7 +452,7 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
             cmd=0x11,
         ),
         ProtocolError,
-        "must be [model, reason]; got [\"m\"]",
+        'must be [model, reason]; got ["m"]',
     ),
 ]
 
@@ -766,3 +767,13 @@ def test_a_group_cut_into_parts_keeps_each_request_with_its_tensors() -> None:
     for one, want in zip(singles, given, strict=True):
         for name, array in want.arrays().items():
             np.testing.assert_array_equal(one.tensors.arrays()[name], array)
+
+
+def test_a_model_signature_tells_apart_schemas_that_differ_only_in_batching() -> None:
+    """What a refused worker's message shows: once it printed both sides the same."""
+    assert SPEC.signature() == (
+        "a:float32[4, 3], b:int64[4] -> y:float32[4, 3]; batch 4 along dimension 0"
+    )
+    unbatched = dataclasses.replace(SPEC, batching_dim=None)
+    assert unbatched.signature().endswith("; batch 4, no dynamic batching")
+    assert unbatched.signature() != SPEC.signature()

@@ -291,10 +291,11 @@ def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
     assert second.welcome is not None
     [(model, why)] = second.welcome.refused  # told, not left to idle
     assert model == "add"
-    assert why.startswith(
+    assert why == (
         "model 'add' is served by first with another schema (x:float32[4, 8], "
-        "y:float32[4, 8], z:float32[4, 8], not x:float32[4, 8], z:float32[4, 8]); stop "
-        "those workers first"
+        "y:float32[4, 8] -> z:float32[4, 8]; batch 4 along dimension 0; not "
+        "x:float32[4, 8] -> z:float32[4, 8]; batch 4 along dimension 0); stop those "
+        "workers first, or give this model another --name"
     )
 
 
