@@ -254,7 +254,7 @@ def _wait(future: Future[T], timeout: float | None, io: IoLoop) -> T:
     """The future's result; the I/O thread fails it at its deadline, the grace is a backstop."""
     try:
         return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)
+    except DeadlineExceeded:  # the request's own: a TimeoutError too, so caught first
+        raise
     except FutureTimeout:
-        if future.done():  # the request's own DeadlineExceeded, a TimeoutError too
-            raise
         raise DeadlineExceeded(f"no reply within {timeout} s{io.silence_hint()}") from None

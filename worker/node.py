@@ -169,6 +169,8 @@ class WorkerNode:
         while not self._stopping:
             if self._handshake():
                 return True
+            if self._stopping:  # asked to, or refused: no retry to announce
+                break
             log.info("no WELCOME from %s; retrying in %.0f ms", self._config.broker, delay * 1e3)
             self._wait(delay)
             delay = min(2 * delay, self._config.reconnect_max_ms / 1000)

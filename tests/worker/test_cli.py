@@ -183,6 +183,7 @@ def test_a_worker_whose_model_the_broker_refuses_says_why_and_exits_1(
     refused.wait_for(r"ERROR .*refused model 'm': model 'm' is served by old with another schema")
     refused.wait_for(r"worker new stops: the broker refused every model it serves")
     assert "joined the broker" not in refused.output()
+    assert "retrying" not in refused.output()
     broker.proc.wait_for(r"worker new dropped \(left\)")  # its BYE arrived
     given = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     with RawClient(broker.frontend) as client:
