@@ -160,7 +160,8 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
         if opts["plot"] is not None:
             raise click.UsageError("--plot draws a --concurrency or --rate sweep, not --suite")
         refuse_load_options_with_suite(ctx)
-        result = _suite(opts)
+        with _sigterm_as_ctrl_c():
+            result = _suite(opts)
         text = suite_table(result)
     else:
         check_load_options(ctx, opts)
@@ -181,7 +182,7 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
                 if last["requests"]
                 else f"interrupted ({how}) before anything{level} was measured (warm-up)"
             )
-            exit_code = 128 + (stopped_by[0] if stopped_by else signal.SIGINT)  # the shell's
+            exit_code = 128 + (stopped_by[0] if stopped_by else signal.SIGINT)  # as a shell
     click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)  # shown first
     if opts["plot"] is not None and not opts["suite"]:
         _write(opts["plot"], latency_throughput_svg(levels))
@@ -195,7 +196,9 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
 @contextlib.contextmanager
 def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
     """SIGTERM (``kill``, ``docker stop``, a CI timeout) ends the run like Ctrl-C: the
-    figures measured so far are still printed. Yields the signals that did."""
+    figures measured so far are still printed. Yields the signals that did. Outside the
+    measuring window (connecting, the suite) it ends the command with exit 143 and a
+    line saying so, not click's "Aborted!" and 1."""
     stopped_by: list[int] = []
 
     def stop(signum: int, _frame: object) -> None:
@@ -208,6 +211,11 @@ def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield stopped_by
+    except KeyboardInterrupt:
+        if not stopped_by:
+            raise  # Ctrl-C: click reports it
+        click.echo("Error: stopped by SIGTERM before anything was measured", err=True)
+        raise SystemExit(128 + stopped_by[0]) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from ipuserve.cli import main
+from ipuserve.client.bench_cli import _sigterm_as_ctrl_c
 from tests.helpers import (
     BrokerProc,
     Proc,
@@ -265,3 +268,18 @@ def test_a_bench_kept_waiting_after_its_window_says_so(
     )
     assert bench.wait(60) == 1  # nothing finished inside the window: said, not hidden
     bench.wait_for(r"Error: no request finished inside the measurement window")
+
+
+def test_sigterm_outside_the_measuring_window_exits_143_saying_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """While bench connects (or runs the suite) a SIGTERM once surfaced as click's
+    "Aborted!" and exit 1. A real signal to this process: pytest runs tests on the
+    main thread, where the handler goes."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped, _sigterm_as_ctrl_c():
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(10)  # the handler raises here, at once
+    assert stopped.value.code == 143
+    assert "Error: stopped by SIGTERM before anything was measured" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
