@@ -148,7 +148,7 @@ class Client:
         tensors = wire.Tensors.of(inputs)
         timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
         message = wire.Request(request_id, model, tensors, timeout_ms)
-        future = InferFuture(request_id, self._io.thread)
+        future = InferFuture(request_id, self._io.thread, owner=self)
         self._io.submit(Pending(message, future, timeout, parse_reply))
         return future
 

@@ -34,11 +34,18 @@ class InferFuture(Future[Arrays]):
     from ``infer_async`` to the reply.
     """
 
-    def __init__(self, request_id: bytes, io_thread: threading.Thread | None = None) -> None:
+    def __init__(
+        self, request_id: bytes, io_thread: threading.Thread | None = None, owner: Any = None
+    ) -> None:
         super().__init__()
         self.request_id = request_id
         self.timing: Timing | None = None
         self._io_thread = io_thread
+        # A client closes itself when collected: ``Client(addr).infer_async(...)`` must
+        # keep it alive until the answer, so the pending future holds it till then.
+        self._owner = owner
+        if owner is not None:
+            self.add_done_callback(_release_owner)
 
     def result(self, timeout: float | None = None) -> Arrays:
         self._refuse_waiting_on_io_thread()
@@ -56,6 +63,11 @@ class InferFuture(Future[Arrays]):
                 "the client's I/O thread, which completes the futures; give that future a "
                 "callback of its own instead (add_done_callback)"
             )
+
+
+def _release_owner(future: Future[Arrays]) -> None:
+    if isinstance(future, InferFuture):
+        future._owner = None
 
 
 Message = wire.Request | wire.ListModels

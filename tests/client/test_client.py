@@ -448,6 +448,17 @@ def test_a_client_dropped_without_close_stops_its_thread(broker: FakeBroker) -> 
     assert not thread.is_alive()
 
 
+def test_a_future_keeps_its_unnamed_client_alive_until_answered(broker: FakeBroker) -> None:
+    """``Client(addr).infer_async(...)``: the client is garbage at once, but the request
+    it sent must still be answered (it closes itself only once collected)."""
+    gate = gated(broker)
+    given = inputs(3)
+    future = Client(broker.address, timeout=10, config=FAST).infer_async("add", given)
+    gc.collect()
+    gate.set()
+    np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+
+
 def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -> None:
     arrived = Counter(3)
     broker.handler = counting(lambda r: None, arrived)
