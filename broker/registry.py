@@ -7,12 +7,9 @@ import time
 from dataclasses import dataclass, field
 
 from ipuserve.broker.jobs import JobEntry
-from ipuserve.protocol import Hello, ModelSpec
+from ipuserve.protocol import Hello, ModelSpec, Refusals
 
 log = logging.getLogger(__name__)
-
-#: models a worker announced that the broker will not route to it: (name, why)
-Refusals = tuple[tuple[str, str], ...]
 
 
 @dataclass(slots=True, eq=False)

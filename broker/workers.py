@@ -19,8 +19,8 @@ class WorkerHandlers:
         self._scheduler = scheduler
         self._registry = scheduler.registry
         self._outbox = scheduler.outbox
-        self._welcome_message = welcome
-        self._welcome = welcome.encode()
+        self._welcome = welcome
+        self._welcome_frames = welcome.encode()
         self._heartbeat = wire.Heartbeat().encode()
         self._reconnect = wire.Reconnect().encode()
         self._liveness_s = welcome.liveness_ms / 1000
@@ -55,9 +55,9 @@ class WorkerHandlers:
         )
         for spec in new_specs:
             self._scheduler.model_registered(spec)
-        welcome = self._welcome
+        welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
-            welcome = dataclasses.replace(self._welcome_message, refused=refused).encode()
+            welcome = dataclasses.replace(self._welcome, refused=refused).encode()
         if not self._outbox.to_worker(identity, welcome):
             self._scheduler.drop_worker(worker, "unreachable")
             return

@@ -637,6 +637,10 @@ class Hello:
         return _frames(self.COMMAND, b"", header)
 
 
+#: Models a broker will not route to a worker that announced them: (name, why).
+Refusals = tuple[tuple[str, str], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Welcome:
     """The broker's answer to HELLO; its payload limit bounds the results a worker sends.
@@ -648,7 +652,7 @@ class Welcome:
     heartbeat_ms: int
     liveness_ms: int
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
-    refused: tuple[tuple[str, str], ...] = ()
+    refused: Refusals = ()
 
     def encode(self) -> list[Frame]:
         header: dict[str, Any] = {
@@ -1355,10 +1359,11 @@ _NAME_RULE = f"a string of 1..{MAX_NAME_CHARS} characters"
 
 
 def _name(value: Any, _limits: Limits) -> str:
-    if type(value) is not str or not 0 < len(value) <= MAX_NAME_CHARS:
-        _kind(value, str, _NAME_RULE)
-        raise ProtocolError(f"must have 1..{MAX_NAME_CHARS} characters; got {len(value)}")
-    return value
+    _kind(value, str, _NAME_RULE)  # a JSON value: shown as JSON if it is no string
+    problem = name_problem(value)
+    if problem is not None:
+        raise ProtocolError(problem)
+    return str(value)
 
 
 def name_problem(value: Any) -> str | None:

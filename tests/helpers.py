@@ -437,8 +437,12 @@ def scrape(url: str) -> dict[str, float]:
     described: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
-        if line.startswith("# "):
-            _hash, what, family, *_ = line.split(" ", 3)
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            _hash, what, family, *_ = [*line.split(" ", 3), "", ""]
+            if what not in ("HELP", "TYPE"):
+                continue  # a plain comment
             if what == "HELP":
                 assert family not in described, f"family {family} appears twice"
                 described[family], current = ["HELP"], family
