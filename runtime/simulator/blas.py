@@ -15,11 +15,10 @@ import logging
 import os
 import threading
 
-from ipuserve.errors import ConfigError
+from ipuserve.runtime.simulator.config import BLAS_THREADS_ENV, parse_blas_threads
 
 log = logging.getLogger(__name__)
 
-BLAS_THREADS_ENV = "IPUSERVE_SIM_BLAS_THREADS"
 _SETTERS = (
     "scipy_openblas_set_num_threads64_",
     "openblas_set_num_threads64_",
@@ -32,7 +31,7 @@ _applied = False
 def limit_blas_threads() -> None:
     """Apply the limit once per process (cheap to call again)."""
     global _applied
-    threads = blas_threads(os.environ.get(BLAS_THREADS_ENV) or "1")
+    threads = parse_blas_threads(os.environ.get(BLAS_THREADS_ENV) or "1")
     with _done:
         if _applied:
             return
@@ -41,16 +40,6 @@ def limit_blas_threads() -> None:
 
     for path in _loaded_blas_libraries():
         _set_threads(path, threads)
-
-
-def blas_threads(text: str) -> int:
-    try:
-        threads = int(text)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise ConfigError(f"{BLAS_THREADS_ENV}={text!r}: expected a whole number >= 1")
-    return threads
 
 
 def _loaded_blas_libraries() -> list[str]:

@@ -28,6 +28,7 @@ from ipuserve.runtime.simulator.cost import IPU_SPECS
 IPUS_ENV = "IPUSERVE_SIM_IPUS"
 TIME_SCALE_ENV = "IPUSERVE_SIM_TIME_SCALE"
 LOCK_DIR_ENV = "IPUSERVE_SIM_LOCK_DIR"
+BLAS_THREADS_ENV = "IPUSERVE_SIM_BLAS_THREADS"
 
 DEFAULT_NUM_IPUS = 4
 DEFAULT_IPU_VERSION = 2
@@ -78,6 +79,17 @@ def parse_ipus(text: str) -> tuple[int, int]:
         known = ", ".join(str(v) for v in IPU_SPECS)
         raise ConfigError(f"{IPUS_ENV}={text!r}: unknown IPU version {version}; known: {known}")
     return count, version
+
+
+def parse_blas_threads(text: str) -> int:
+    """BLAS threads per simulated device (:mod:`ipuserve.runtime.simulator.blas`)."""
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ConfigError(f"{BLAS_THREADS_ENV}={text!r}: expected a whole number >= 1")
+    return threads
 
 
 def parse_time_scale(text: str) -> float:

@@ -25,8 +25,7 @@ from ipuserve.runtime.devices import (
 )
 from ipuserve.runtime.popef import GraphBuilder
 from ipuserve.runtime.popef.types import Model
-from ipuserve.runtime.simulator.blas import blas_threads
-from ipuserve.runtime.simulator.config import SimulatorConfig, parse_ipus
+from ipuserve.runtime.simulator.config import SimulatorConfig, parse_blas_threads, parse_ipus
 from ipuserve.runtime.simulator.inventory import device_slots, holders
 
 NO_WAIT = DeviceWaitConfig(DeviceWaitStrategy.NO_WAIT)
@@ -66,10 +65,10 @@ def test_environment_describes_the_host() -> None:
 
 
 def test_blas_threads_come_from_the_environment_or_say_what_is_wrong() -> None:
-    assert blas_threads("3") == 3
+    assert parse_blas_threads("3") == 3
     for bad in ("two", "0", "-1", "1.5"):
         with pytest.raises(ConfigError, match=f"IPUSERVE_SIM_BLAS_THREADS={bad!r}: expected a"):
-            blas_threads(bad)
+            parse_blas_threads(bad)
 
 
 def test_hardware_version(isolated_ipu_host: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -163,6 +164,19 @@ def test_a_worker_whose_metrics_port_is_taken_says_so_in_one_line(
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
         f"Error: cannot serve metrics on 127.0.0.1:{taken_port}: Address already in use"
+    )
+
+
+def test_a_bad_blas_threads_variable_is_a_one_line_error(
+    tmp_path: Path, isolated_ipu_host: Path
+) -> None:
+    argv = runner_worker_argv(noop_model(tmp_path))("tcp://127.0.0.1:1")
+    env = {**os.environ, "IPUSERVE_SIM_BLAS_THREADS": "two"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert done.returncode == 1
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("Error: cannot serve ") and last.endswith(
+        ": IPUSERVE_SIM_BLAS_THREADS='two': expected a whole number >= 1"
     )
 
 
