@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import signal
@@ -15,9 +16,15 @@ from ipuserve.protocol import DEFAULT_LIMITS
 log = logging.getLogger(__name__)
 
 
-def _option(field: re.Match[str]) -> str:
-    """A BrokerConfig field as the option that sets it: liveness_ms -> --liveness-ms."""
-    return "--" + field[1].replace("_", "-")
+def _as_options(message: str) -> str:
+    """A BrokerConfig message in the CLI's words: each field named as the option that
+    sets it (liveness_ms -> --liveness-ms)."""
+    from ipuserve.broker.config import BrokerConfig
+
+    names = (f.name for f in dataclasses.fields(BrokerConfig))
+    for name in sorted(names, key=len, reverse=True):  # max_attempts before attempts
+        message = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), message)
+    return message
 
 
 @click.command("broker")
@@ -135,7 +142,7 @@ def broker(
             metrics_host=metrics_host,
         )
     except ConfigError as exc:  # settings that disagree: named as the options they are
-        raise click.UsageError(re.sub(r"\b([a-z]+(?:_[a-z]+)+)\b", _option, str(exc))) from None
+        raise click.UsageError(_as_options(str(exc))) from None
     try:
         server = Broker(options)
     except (ConfigError, OSError) as exc:

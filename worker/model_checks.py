@@ -63,7 +63,7 @@ def choose_batching_dim(model: Model, requested: int | None) -> int | None:
                 "model %r: %s; batching requests along dimension 0 (the default): pass "
                 "--batching-dim if the batch is held along another",
                 name,
-                _where(dims, batch, shaped).split(": pass")[0],
+                _holding(dims, batch, shaped),
             )
         return 0
     if len(dims) == 1:
@@ -81,7 +81,7 @@ def choose_batching_dim(model: Model, requested: int | None) -> int | None:
             "model %r: %s; serving it without dynamic batching (every request must carry "
             "exactly the compiled shapes)",
             name,
-            _where(dims, batch, shaped),
+            _holding(dims, batch, shaped),
         )
         return None
     raise ConfigError(
@@ -91,18 +91,22 @@ def choose_batching_dim(model: Model, requested: int | None) -> int | None:
 
 
 def _where(dims: list[int], batch: int, shaped: list[tuple[str, tuple[int, ...]]]) -> str:
-    """Which --batching-dim would work, for an error message."""
+    """Which --batching-dim would work, for an error message: the fact, then the fix."""
+    fact = _holding(dims, batch, shaped)
     if len(dims) == 1:
-        return (
-            f"dimension {dims[0]} holds {batch} in every input and output: "
-            f"pass --batching-dim {dims[0]}"
-        )
+        return f"{fact}: pass --batching-dim {dims[0]}"
+    if dims:
+        return f"{fact}: pass --batching-dim with the one that holds the batch"
+    return fact
+
+
+def _holding(dims: list[int], batch: int, shaped: list[tuple[str, tuple[int, ...]]]) -> str:
+    """Which dimensions hold the compiled batch in every input and output."""
+    if len(dims) == 1:
+        return f"dimension {dims[0]} holds {batch} in every input and output"
     if dims:
         listed = " and ".join(map(str, dims))
-        return (
-            f"dimensions {listed} all hold {batch} in every input and output: pass "
-            "--batching-dim with the one that holds the batch"
-        )
+        return f"dimensions {listed} all hold {batch} in every input and output"
     each = "; ".join(
         f"{name} {list(shape)}: "
         + (", ".join(str(d) for d, n in enumerate(shape) if n == batch) or "none")
