@@ -51,12 +51,14 @@ def valid_sizes(num_ipus: int) -> list[int]:
 class IpuLocks:
     """Exclusive locks on a set of IPUs, released together (or when the process dies)."""
 
-    def __init__(self, lock_dir: Path, ipus: tuple[int, ...]) -> None:
+    def __init__(self, lock_dir: Path, ipus: tuple[int, ...], *, sign: bool = True) -> None:
+        """``sign``: write our pid in each lock file (a probe that lets go at once does
+        not, or a holder's file could briefly name us)."""
         self._fds: list[int] = []
         lock_dir.mkdir(parents=True, exist_ok=True)
         try:
             for ipu in ipus:
-                self._fds.append(_lock(lock_dir / f"ipu{ipu}.lock"))
+                self._fds.append(_lock(lock_dir / f"ipu{ipu}.lock", sign=sign))
         except BlockingIOError:
             self.release()
             raise
@@ -72,7 +74,7 @@ class IpuLocks:
         self.release()
 
 
-def _lock(path: Path) -> int:
+def _lock(path: Path, *, sign: bool) -> int:
     """Lock one IPU's file and write our pid in it: the lock is what holds the IPU;
     the pid only lets "in use" messages say by whom."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -81,6 +83,8 @@ def _lock(path: Path) -> int:
     except BaseException:
         os.close(fd)
         raise
+    if not sign:
+        return fd
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -97,10 +101,10 @@ def _holder_pid(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def try_lock(lock_dir: Path, slot: DeviceSlot) -> IpuLocks | None:
+def try_lock(lock_dir: Path, slot: DeviceSlot, *, sign: bool = True) -> IpuLocks | None:
     """Lock every IPU of ``slot`` or none of them."""
     try:
-        return IpuLocks(lock_dir, slot.ipus)
+        return IpuLocks(lock_dir, slot.ipus, sign=sign)
     except BlockingIOError:
         return None
 
@@ -108,7 +112,7 @@ def try_lock(lock_dir: Path, slot: DeviceSlot) -> IpuLocks | None:
 def holders(lock_dir: Path, num_ipus: int) -> Iterator[int]:
     """IPUs currently locked by someone (for diagnostics; racy by nature)."""
     for ipu in range(num_ipus):
-        locks = try_lock(lock_dir, DeviceSlot(-1, (ipu,)))
+        locks = try_lock(lock_dir, DeviceSlot(-1, (ipu,)), sign=False)
         if locks is None:
             yield ipu
         else:

@@ -316,3 +316,15 @@ def test_the_runtime_logs_at_the_level_of_the_environment(isolated_ipu_host: Pat
         "DeviceUnavailableError" in quiet.stderr and "waiting for a free device" not in quiet.stderr
     )
     assert "INFO" in loud.stderr and "waiting for a free device" in loud.stderr
+
+
+def test_probing_who_holds_the_ipus_leaves_the_lock_files_as_they_were(
+    isolated_ipu_host: Path,
+) -> None:
+    """A probe that locks and lets go must not sign the file: a holder that locked it a
+    moment later would be named as this process until it signed it itself."""
+    isolated_ipu_host.mkdir(parents=True, exist_ok=True)
+    signed = isolated_ipu_host / "ipu2.lock"
+    signed.write_text("12345\n")
+    assert list(holders(isolated_ipu_host, 4)) == []  # nobody holds any
+    assert signed.read_text() == "12345\n"
