@@ -14,9 +14,11 @@ The last form starts everything itself on loopback and compares the fabric with 
 pyzmq relay baseline (:mod:`ipuserve.client.suite`).
 
 Options that would be ignored are usage errors instead
-(:mod:`ipuserve.client.bench_options`). A run in which no request succeeded exits 1
-with the first error message; Ctrl-C (or SIGTERM) reports what was measured and exits
-130 (143).
+(:mod:`ipuserve.client.bench_options`). A run in which more requests failed than
+``--max-error-pct`` allows (by default: any) prints its report, then exits 1 with the
+most common error's first message, so a script or CI job cannot take a run with
+failures for a clean one. Ctrl-C (or SIGTERM) reports what was measured and exits 130
+(143).
 """
 
 from __future__ import annotations
@@ -138,6 +140,12 @@ def parse_npy_inputs(
 @option("--runs", type=_positive_int(), default=3, help="Suite: repetitions (medians).")
 @option("--quick", is_flag=True, help="Suite: short phases (a smoke test, not figures).")
 @option("--workers", type=_positive_int(), default=2, help="Suite: workers for the MLP.")
+@option(
+    "--max-error-pct",
+    type=click.FloatRange(min=0, max=100),
+    default=0.0,
+    help="Exit 1 if more than this % of requests failed (the report is printed first).",
+)
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @option(
     "--output", type=click.Path(dir_okay=False, path_type=Path), help="Also write the JSON here."
@@ -171,7 +179,7 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
         sweep = len(loads) > 1  # as asked, even when Ctrl-C cut it short
         result = {"sweep": levels} if sweep else levels[0]
         text = sweep_table(levels) if sweep else run_table(levels[0])
-        failure = nothing_succeeded(levels)
+        failure = nothing_succeeded(levels) or too_many_failed(levels, opts["max_error_pct"])
         last = levels[-1]
         if last["interrupted"]:
             level = f" of level {len(levels)}" if len(levels) > 1 else ""
@@ -234,6 +242,28 @@ def nothing_succeeded(levels: list[dict[str, Any]]) -> str | None:
         return "no request finished inside the measurement window (see --duration-s)"
     ((code, _n),) = counts.most_common(1)
     return f"no request succeeded: [{code}] {first_errors(levels)[code]}"
+
+
+def too_many_failed(levels: list[dict[str, Any]], max_error_pct: float) -> str | None:
+    """Why a run failed more requests than allowed; None if it did not.
+
+    Requests that failed after the measurement window count too: they are outside
+    the figures, but a worker that died at the end must not pass for a clean run."""
+    failed: Counter[str] = Counter()
+    total = 0
+    for level in levels:
+        late = level.get("after_window", {})
+        failed.update(level["errors"])
+        failed.update(late.get("errors", {}))
+        total += level["requests"] + late.get("ok", 0) + sum(late.get("errors", {}).values())
+    count = sum(failed.values())
+    if not count or count * 100 <= max_error_pct * total:
+        return None
+    ((code, _n),) = failed.most_common(1)
+    return (
+        f"{count} of {total} requests failed ({count * 100 / total:.2g}%, above "
+        f"--max-error-pct {max_error_pct:g}); most often [{code}] {first_errors(levels)[code]}"
+    )
 
 
 def _loads(opts: dict[str, Any]) -> list[LoadConfig]:

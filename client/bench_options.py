@@ -27,6 +27,7 @@ _LOAD_OPTIONS = (
     "duration_s",
     "requests",
     "timeout_s",
+    "max_error_pct",
 )
 _SUITE_OPTIONS = ("runs", "quick", "workers")
 

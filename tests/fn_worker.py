@@ -6,14 +6,17 @@ Models (all with batching dimension 0):
   add    x, y: float32 [B, 8]  ->  z = x + 2 * y
   echo   x: uint8 [B, N]        ->  y = x          (N from --echo-bytes)
   fail   x: float32 [B, 8]     ->  raises ValueError (INFERENCE_FAILED)
-``--delay-ms`` makes every job take at least that long.
+``--delay-ms`` makes every job take at least that long; ``--fail-every K`` makes
+every K-th job fail (INFERENCE_FAILED), for a run with a known share of failures.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -28,11 +31,17 @@ log = logging.getLogger("fn_worker")
 
 
 def models(args: argparse.Namespace) -> dict[ModelSpec, ModelFn]:
+    jobs, counting = itertools.count(1), threading.Lock()
+
     def delayed(fn: ModelFn) -> ModelFn:
         def run(inputs: Mapping[str, Any]) -> Mapping[str, Any]:
             if args.delay_ms:
                 log.info("running a job for %s ms", args.delay_ms)
                 time.sleep(args.delay_ms / 1000)
+            with counting:
+                job = next(jobs)
+            if args.fail_every and job % args.fail_every == 0:
+                raise ValueError(f"job {job} fails, as every {args.fail_every}th does")
             return fn(inputs)
 
         return run
@@ -69,6 +78,7 @@ def main() -> int:
     parser.add_argument("--credit", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--echo-bytes", type=int, default=1024)
     parser.add_argument("--heartbeat-ms", type=float, default=50.0)
     parser.add_argument("--handshake-ms", type=float, default=300.0)

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 
 from ipuserve.cli import main
 from ipuserve.client import Client, ClientConfig
+from ipuserve.client.bench_cli import too_many_failed
 from ipuserve.client.fleet import free_port
 from ipuserve.client.report import error_lines
 from ipuserve.client.stats import Recording, Sample, summarize
@@ -235,6 +236,49 @@ def test_a_bench_whose_every_request_fails_says_why_and_exits_non_zero(
     summary = json.loads(saved.read_text())
     assert summary["ok"] == 0 and summary["errors"] == {"INVALID_INPUT": summary["requests"]}
     assert summary["error_messages"] == {"INVALID_INPUT": message}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("allowed", "exit_code"), [(None, 1), ("24", 1), ("25", 0)], ids=["default", "24", "25"]
+)
+def test_a_bench_with_some_failed_requests_exits_1_unless_max_error_pct_allows_them(
+    processes: Processes,  # noqa: F811
+    allowed: str | None,
+    exit_code: int,
+) -> None:
+    """One request in flight, each its own job, every 4th job failing: exactly 5 of 20
+    fail. A report with failures once exited 0, as clean as a clean one."""
+    broker = start_broker(processes)
+    start_worker(processes, broker, fn_worker_argv("add", "--fail-every", "4"))
+    args = ["bench", "--broker", broker.frontend, "--model", "add", "--warmup-s", "0"]
+    threshold = [] if allowed is None else ["--max-error-pct", allowed]
+    result = run(*args, "--requests", "20", "--json", *threshold)
+    assert result.exit_code == exit_code, result.output
+    summary = json.loads(result.stdout)  # the report comes first, either way
+    assert (summary["ok"], summary["errors"]) == (15, {"INFERENCE_FAILED": 5})
+    if exit_code:
+        assert last_line(result) == (
+            f"Error: 5 of 20 requests failed (25%, above --max-error-pct {allowed or 0}); "
+            "most often [INFERENCE_FAILED] model 'add' raised ValueError: "
+            "job 4 fails, as every 4th does"
+        )
+
+
+def test_failures_after_the_window_count_against_max_error_pct() -> None:
+    level = {
+        "requests": 3,
+        "ok": 3,
+        "errors": {},
+        "error_messages": {"DEADLINE_EXCEEDED": "no reply within 1.0 s"},
+        "after_window": {"ok": 0, "errors": {"DEADLINE_EXCEEDED": 1}},
+    }
+    assert too_many_failed([level], 25.0) is None  # 1 of 4
+    assert too_many_failed([level], 24.9) == (
+        "1 of 4 requests failed (25%, above --max-error-pct 24.9); most often "
+        "[DEADLINE_EXCEEDED] no reply within 1.0 s"
+    )
+    assert too_many_failed([level, {**level, "after_window": {}}], 0) is not None  # a sweep
 
 
 # ------------------------------------------------------------------ 5. ignored options
