@@ -77,6 +77,10 @@ class Replica:
         self.session = Session(model, SessionConfig(check_package_hash=False, device_loop=True))
         self._bind_constants()
         self.session.bindToDevice(device)
+        # Load now (the spec only says "before the first Main program"): a runner that
+        # has returned is ready, so its first request does not wait out the upload,
+        # and a worker joins the broker only when it can serve at full speed.
+        self.session.runLoadPrograms()
         self.queues = self.session.createQueueManager(
             ringSizeMultForMainProgs(model, config.ring_buffer_size_multiplier),
             batch_dim=plan.batch_dim,

@@ -12,7 +12,7 @@ import ipuserve.runtime as model_runtime
 from ipuserve.errors import ClosedError
 from ipuserve.runtime.popef.types import Model
 
-from .conftest import WAIT_S, rows
+from .conftest import WAIT_S, reference, rows
 
 NO_WAIT = model_runtime.DeviceWaitConfig(model_runtime.DeviceWaitStrategy.NO_WAIT)
 
@@ -57,3 +57,17 @@ def test_a_runner_per_thread_of_its_own(mlp: Model) -> None:
     with model_runtime.ModelRunner(mlp) as first, model_runtime.ModelRunner(mlp) as second:
         data = {"input": rows(16, 32, 3)}
         np.testing.assert_array_equal(first.execute(data)["logits"], second.execute(data)["logits"])
+
+
+def test_a_runner_returns_with_every_replica_loaded(mlp: Model) -> None:
+    """The first request once paid the load program (at a large time scale, seconds
+    after a worker had joined the broker). Inside the runner: no public API says it."""
+    config = model_runtime.ModelRunnerConfig(replication_factor=2, batching_dim=0)
+    with model_runtime.ModelRunner(mlp, config=config) as runner:
+        assert [replica.session._needs_load for replica in runner._replicas] == [False, False]
+        np.testing.assert_allclose(
+            runner.execute({"input": rows(16, 32, 4)})["logits"],
+            reference("mlp", mlp, {"input": rows(16, 32, 4)})["logits"],
+            rtol=1e-5,
+            atol=1e-6,
+        )
