@@ -4,6 +4,8 @@ the runtime example."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,25 @@ def test_ci_runs_the_readmes_test_command() -> None:
     demo, tests = commands[:2]
     assert demo.endswith("ipuserve demo") and tests.endswith("pytest")
     assert tests in CI.read_text()
+
+
+def test_the_components_import_from_the_checkouts_root_without_an_editable_install() -> None:
+    """After `pip install .` (not -e), Python started in the checkout's root found this
+    folder's ipuserve/ first, which holds none of the components. Editable installs
+    hid it (their finder maps the components); the child here drops that finder."""
+    root = README.parent
+    code = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+        "if 'editable' not in repr(f).lower()]\n"
+        "import ipuserve.broker.loop, ipuserve.client.client, ipuserve.worker.node\n"
+        "import ipuserve.runtime.popef.container as container\n"
+        "print(container.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(root / "runtime" / "popef" / "container.py")
 
 
 def test_the_readmes_runtime_example_runs_as_written(
