@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 
-from ipuserve.errors import ConfigError
+from ipuserve.errors import ConfigError, DeviceUnavailableError
 from ipuserve.runtime import ModelRunnerConfig
 from ipuserve.runtime.model_runner.io_plan import IoPlan, batch_dims
 from ipuserve.runtime.popef.types import Model, Step
 from ipuserve.runtime.simulator.config import IPUS_ENV, SimulatorConfig
+from ipuserve.runtime.simulator.inventory import holders
 
 log = logging.getLogger(__name__)
 
@@ -175,4 +176,22 @@ def check_inventory(model: Model, replicas: int) -> None:
         f"{replicas} replicas of model {model.metadata.modelName()!r} need "
         f"{replicas * each} IPUs ({each} each), but this host's simulated inventory has "
         f"{host}: {fewer}give the worker more IPUs with --ipus (or {IPUS_ENV})"
+    )
+
+
+def advise_on_busy_ipus(
+    model: Model, replicas: int, error: DeviceUnavailableError
+) -> DeviceUnavailableError:
+    """The runtime's "no free device" plus what to do about it. Called once the runner
+    has let go of what its first replicas took, so every IPU still held is another's."""
+    host = SimulatorConfig.from_env()
+    each = model.metadata.numIpus() or 1
+    free = host.num_ipus - sum(1 for _ in holders(host.locks, host.num_ipus))
+    fits = free // each
+    fewer = f"run it with --replicas {fits}, " if 0 < fits < replicas else ""
+    return DeviceUnavailableError(
+        f"{error}. This worker needs {replicas * each} IPU(s) and {free} of the host's "
+        f"{host.num_ipus} are free now (the ones this process held are let go): "
+        f"{fewer}stop a process holding the others, or give the simulated host more "
+        f"IPUs with --ipus (or {IPUS_ENV})"
     )

@@ -34,6 +34,7 @@ import numpy as np
 
 from ipuserve.errors import (
     ClosedError,
+    DeviceUnavailableError,
     InferenceError,
     InvalidInputError,
     IpuserveError,
@@ -52,6 +53,7 @@ from ipuserve.runtime.popef.reader import load_model
 from ipuserve.worker.backend import Done, Job, Refused, Result
 from ipuserve.worker.metrics import WorkerMetrics
 from ipuserve.worker.model_checks import (
+    advise_on_busy_ipus,
     check_inventory,
     check_unconditional,
     choose_batching_dim,
@@ -94,7 +96,10 @@ class RunnerBackend:
             flush_on_waiting_outputs=True,
             ring_buffer_size_multiplier=multiplier,
         )
-        self._runner = ModelRunner(model, config=config)
+        try:
+            self._runner = ModelRunner(model, config=config)
+        except DeviceUnavailableError as exc:
+            raise advise_on_busy_ipus(model, replicas, exc) from exc
         #: None: no dynamic batching, each request is exactly one compiled batch
         self._batching_dim = dim
         # One slot per replica stays free for the flush's padding item.

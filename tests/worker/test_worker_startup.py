@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import ipuserve.runtime as model_runtime
 from ipuserve import protocol as wire
 from ipuserve.cli import main
 from ipuserve.logs import LOG_LEVEL_ENV
@@ -25,6 +26,8 @@ from tests.helpers import (
     wait_registered,
     write_example,
 )
+
+NO_WAIT = model_runtime.DeviceWaitConfig(model_runtime.DeviceWaitStrategy.NO_WAIT)
 
 # ---------------------------------------------------------------- IPUSERVE_WORKER_MODELS
 
@@ -98,6 +101,32 @@ def test_more_replicas_than_the_host_has_ipus_fail_up_front(tmp_path: Path) -> N
         f"Error: cannot serve {model}: 9 replicas of model 'noop' need 9 IPUs (1 each), but "
         "this host's simulated inventory has 4: use --replicas 4 or fewer, or give the "
         "worker more IPUs with --ipus (or IPUSERVE_SIM_IPUS)\n"
+    )
+
+
+def test_replicas_short_of_free_ipus_are_told_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker holds 2 of the host's 4 IPUs; this one asks for 3 replicas. The
+    runtime's "no free device ... (NO_WAIT)" once ended there, naming no way out."""
+    monkeypatch.setenv("IPUSERVE_SIM_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("IPUSERVE_SIM_IPUS", "4")
+    model = write_example(tmp_path / "noop.popef", "noop", "--elements", "8")
+    manager = model_runtime.DeviceManager()
+    held = [manager.getSpecificDevice(ipu, wait_config=NO_WAIT) for ipu in (0, 1)]
+    try:
+        result = CliRunner().invoke(
+            main, ["worker", "--broker", "tcp://127.0.0.1:1", "--model", model, "--replicas", "3"]
+        )
+    finally:
+        for device in held:
+            device.detach()
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: cannot serve {model}: no free device")
+    assert result.output.endswith(
+        ". This worker needs 3 IPU(s) and 2 of the host's 4 are free now (the ones this "
+        "process held are let go): run it with --replicas 2, stop a process holding the "
+        "others, or give the simulated host more IPUs with --ipus (or IPUSERVE_SIM_IPUS)\n"
     )
 
 
