@@ -7,7 +7,7 @@ import time
 
 from ipuserve import protocol as wire
 from ipuserve.broker.scheduler import Scheduler
-from ipuserve.errors import IpuserveError, ProtocolError, UnknownModelError
+from ipuserve.errors import IpuserveError, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +109,7 @@ class ClientHandlers:
             if orphaned is not None:
                 raise orphaned
         elif self.grace_until is None or now >= self.grace_until:
-            known = ", ".join(
-                name if self._registry.serving.get(name) else f"{name} (no worker now)"
-                for name in sorted(self._registry.specs)
-            )
-            raise UnknownModelError(
-                f"no worker serves model {request.model!r} (models: {known or 'none'})"
-            )
+            raise self._registry.unknown(request.model)
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
         queues = self._scheduler.dispatcher.queues

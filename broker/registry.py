@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from ipuserve.broker.jobs import JobEntry
+from ipuserve.errors import UnknownModelError
 from ipuserve.protocol import Hello, ModelSpec, Refusals
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,15 @@ class Registry:
         )
         log.error("worker %s refused: %s", worker_id, why)
         return why
+
+    def unknown(self, model: str) -> UnknownModelError:
+        """The error for a request to ``model``, which no worker serves, listing those
+        that are known (marking the ones without a worker now)."""
+        known = ", ".join(
+            name if self.serving.get(name) else f"{name} (no worker now)"
+            for name in sorted(self.specs)
+        )
+        return UnknownModelError.nobody_serves(model, known)
 
     def remove(self, worker: Worker) -> None:
         self.workers.pop(worker.identity, None)

@@ -36,7 +36,6 @@ from ipuserve.errors import (
     IpuserveError,
     OverloadedError,
     UnavailableError,
-    UnknownModelError,
     WorkerFailedError,
 )
 
@@ -363,7 +362,7 @@ class Scheduler:
         for model, queue in list(self.dispatcher.queues.items()):
             if model not in self.registry.specs:
                 for job in queue.live_jobs():
-                    self.reject(job, UnknownModelError(f"no worker serves model {model!r}"))
+                    self.reject(job, self.registry.unknown(model))
                 del self.dispatcher.queues[model]
 
     def shutdown(self, error: IpuserveError) -> None:

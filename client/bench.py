@@ -45,10 +45,11 @@ Arrays = dict[str, np.ndarray[Any, Any]]
 
 def model_spec(client: Client, model: str) -> wire.ModelSpec:
     """The spec the broker lists for ``model`` (UnknownModelError when nobody serves it)."""
-    for info in client.models():
+    models = client.models()
+    for info in models:
         if info.spec.name == model:
             return info.spec
-    raise UnknownModelError(f"the broker lists no model {model!r}")
+    raise UnknownModelError.nobody_serves(model, ", ".join(i.spec.name for i in models))
 
 
 def random_inputs(spec: wire.ModelSpec, batch: int | None = None, seed: int = 0) -> Arrays:

@@ -69,6 +69,16 @@ class RequestError(IpuserveError):
 class UnknownModelError(RequestError):
     code = "UNKNOWN_MODEL"
 
+    @classmethod
+    def nobody_serves(cls, model: str, models: str) -> UnknownModelError:
+        """One wording wherever a model has no worker (broker and bench): the usual
+        cause is a typo, or a worker never started, so say how to start one."""
+        return cls(
+            f"no worker serves model {model!r} (models: {models or 'none'}); check the "
+            "name, or start a worker for it: `ipuserve worker --broker tcp://BROKER:5556 "
+            f"--model FILE --name {model}`"
+        )
+
 
 class InvalidInputError(RequestError):
     code = "INVALID_INPUT"

@@ -275,6 +275,11 @@ def test_unknown_models_are_refused_once_the_grace_is_over(
         assert reply.code == "UNKNOWN_MODEL"
         late = client.call("ghost", INPUTS)
         assert isinstance(late, wire.ErrorReply) and late.code == "UNKNOWN_MODEL"
+    advice = (  # a typo, or no worker started: say how to start one
+        "no worker serves model 'ghost' (models: none); check the name, or start a worker "
+        "for it: `ipuserve worker --broker tcp://BROKER:5556 --model FILE --name ghost`"
+    )
+    assert reply.message == late.message == advice
     # counted without the made-up name: a label per name would grow without bound
     assert broker.metrics.errors.value(code="UNKNOWN_MODEL", model="") == 2
     assert not any(("model", "ghost") in labels for labels in broker.metrics.errors.samples)

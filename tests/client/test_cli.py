@@ -69,7 +69,9 @@ def test_infer_reports_a_typed_error_on_one_line(served: BrokerProc, tmp_path: P
     result = CliRunner().invoke(main, [*args, "--input", f"x={tmp_path / 'x.npy'}"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
-        "Error: [UNKNOWN_MODEL] no worker serves model 'nope' (models: add)"
+        "Error: [UNKNOWN_MODEL] no worker serves model 'nope' (models: add); check the name, "
+        "or start a worker for it: `ipuserve worker --broker tcp://BROKER:5556 --model FILE "
+        "--name nope`"
     ]
 
 

@@ -265,6 +265,16 @@ def test_a_bench_with_some_failed_requests_exits_1_unless_max_error_pct_allows_t
         )
 
 
+def test_a_bench_of_a_model_nobody_serves_says_how_to_start_one(served: BrokerProc) -> None:
+    result = run("bench", "--broker", served.frontend, "--model", "nope", "--requests", "1")
+    assert result.exit_code == 1, result.output
+    assert last_line(result) == (
+        "Error: [UNKNOWN_MODEL] no worker serves model 'nope' (models: add); check the name, "
+        "or start a worker for it: `ipuserve worker --broker tcp://BROKER:5556 --model FILE "
+        "--name nope`"
+    )
+
+
 def test_failures_after_the_window_count_against_max_error_pct() -> None:
     level = {
         "requests": 3,
