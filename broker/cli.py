@@ -154,9 +154,11 @@ def broker(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    click.echo(
+    metrics = server.metrics_server
+    where = f", metrics http://{metrics_host}:{metrics.port}/metrics" if metrics else ""
+    click.echo(  # at the default log level too: with --metrics-port 0 nothing else says it
         f"ipuserve broker: frontend {server.frontend_endpoint}, backend "
-        f"{server.backend_endpoint}, epoch {server.epoch}",
+        f"{server.backend_endpoint}, epoch {server.epoch}{where}",
         err=True,
     )
     server.run()

@@ -10,6 +10,11 @@ from collections.abc import Iterator
 import pytest
 
 from ipuserve.metrics import MetricsServer
+from tests.helpers import (
+    Processes,
+    processes,  # noqa: F401  (a fixture)
+    start_broker,
+)
 
 PAGE = "# HELP x_total X.\n# TYPE x_total counter\nx_total 3\n"
 
@@ -48,3 +53,15 @@ def test_other_paths_are_not_found(url: str) -> None:
         urllib.request.urlopen(f"{url}/nothing", timeout=10)
     with caught.value:  # an HTTPError holds the response open
         assert caught.value.code == 404
+
+
+@pytest.mark.slow
+def test_the_broker_says_where_its_metrics_are_at_the_default_log_level(
+    processes: Processes,  # noqa: F811
+) -> None:
+    """With --metrics-port 0 the port it picked was only in an INFO log line."""
+    broker = start_broker(processes)  # its INFO line tells the helper the port
+    url = broker.proc.wait_for(r"ipuserve broker: .*, metrics (http://\S+/metrics)$").group(1)
+    assert url == f"http://127.0.0.1:{broker.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert b"ipuserve_broker_workers" in response.read()
