@@ -158,7 +158,7 @@ def parse_npy_inputs(
 @click.pass_context
 def bench(ctx: click.Context, /, **opts: Any) -> None:
     """Measure throughput and latency (split into broker queue, worker queue, device, wire)."""
-    failure, exit_code = None, 1
+    failure, exit_code, show = None, 1, True
     for path in (opts["output"], opts["plot"]):
         if path is not None:
             check_writable(path)  # before the run, which a late failure would waste
@@ -182,6 +182,7 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
         failure = nothing_succeeded(levels) or too_many_failed(levels, opts["max_error_pct"])
         last = levels[-1]
         if last["interrupted"]:
+            show = any(level["requests"] for level in levels)  # else a table of zeros
             level = f" of level {len(levels)}" if len(levels) > 1 else ""
             how = "SIGTERM" if stopped_by else "Ctrl-C"
             failure = (
@@ -191,11 +192,12 @@ def bench(ctx: click.Context, /, **opts: Any) -> None:
                 else f"interrupted ({how}) before anything{level} was measured (warm-up)"
             )
             exit_code = 128 + (stopped_by[0] if stopped_by else signal.SIGINT)  # as a shell
-    click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)  # shown first
-    if opts["plot"] is not None and not opts["suite"]:
-        _write(opts["plot"], latency_throughput_svg(levels))
-    if opts["output"] is not None:
-        _write(opts["output"], json.dumps(result, indent=2) + "\n")
+    if show:
+        click.echo(json.dumps(result, indent=2) if opts["as_json"] else text)  # shown first
+        if opts["plot"] is not None and not opts["suite"]:
+            _write(opts["plot"], latency_throughput_svg(levels))
+        if opts["output"] is not None:
+            _write(opts["output"], json.dumps(result, indent=2) + "\n")
     if failure is not None:
         click.echo(f"Error: {failure}", err=True)
         raise SystemExit(exit_code)

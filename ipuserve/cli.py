@@ -14,8 +14,24 @@ import click
 from ipuserve._version import __version__
 from ipuserve.logs import LOG_LEVEL_ENV, configure_logging
 
+#: Exit status after Ctrl-C, as a shell reports a command killed by SIGINT.
+INTERRUPTED = 128 + 2
 
-@click.group(context_settings={"auto_envvar_prefix": "IPUSERVE", "show_default": True})
+
+class _Group(click.Group):
+    """Ctrl-C ends every command with exit 130 and one line, not click's "Aborted!" and
+    1, which a script cannot tell from a failure. Commands with figures to show (bench,
+    demo, the tools) catch it themselves, print them, then exit 130 too."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nError: interrupted (Ctrl-C)", err=True)
+            ctx.exit(INTERRUPTED)
+
+
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "IPUSERVE", "show_default": True})
 @click.version_option(__version__, prog_name="ipuserve")
 @click.option(
     "--log-level",
@@ -80,7 +96,7 @@ def demo(requests: int, clients: int, in_flight: int, workdir: Path | None) -> N
             "working directory named above",
             err=True,
         )
-        code = 130
+        code = INTERRUPTED
     sys.exit(code)
 
 

@@ -247,7 +247,12 @@ def _progress(show: bool | None) -> Iterator[ProgressLine]:
 
 
 def _emit(report: dict[str, Any], table: Callable[[dict[str, Any]], str], as_json: bool) -> None:
+    """Print the report; after Ctrl-C, exit 130 (as every ipuserve command does) so a
+    script cannot take the partial report for a complete one."""
     click.echo(json.dumps(report, indent=2) if as_json else table(report))
+    if report.get("interrupted"):
+        click.echo("Error: interrupted (Ctrl-C): the report covers what completed", err=True)
+        raise SystemExit(130)
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:

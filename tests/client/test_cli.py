@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 from click.testing import CliRunner
 
 from ipuserve.cli import main
@@ -249,6 +250,7 @@ def test_ctrl_c_during_the_warm_up_says_nothing_was_measured(
     )
     assert bench.wait(60) == 130
     bench.wait_for(r"Error: interrupted \(Ctrl-C\) before anything was measured \(warm-up\)")
+    assert not any(line.startswith("requests ") for line in bench.lines)  # no table of zeros
 
 
 def test_a_bench_kept_waiting_after_its_window_says_so(
@@ -285,3 +287,26 @@ def test_sigterm_outside_the_measuring_window_exits_143_saying_so(
     assert stopped.value.code == 143
     assert "Error: stopped by SIGTERM before anything was measured" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before  # put back
+
+
+@pytest.mark.parametrize("command", ["models", "infer"])
+def test_ctrl_c_while_waiting_for_the_broker_exits_130_in_one_line(
+    processes: Processes,  # noqa: F811
+    command: str,
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C once surfaced as click's "Aborted!" and exit 1, a failure to a script. A
+    silent ROUTER plays the broker: once the request reached it, the command waits."""
+    np.save(tmp_path / "x.npy", np.zeros((4, 8), np.float32))
+    extra = ["--model", "add", "--input", f"x={tmp_path / 'x.npy'}"] if command == "infer" else []
+    context = zmq.Context.instance()
+    with context.socket(zmq.ROUTER) as broker:
+        port = broker.bind_to_random_port("tcp://127.0.0.1")
+        argv = [sys.executable, "-m", "ipuserve", command, "--broker", f"tcp://127.0.0.1:{port}"]
+        proc = processes.start(command, [*argv, *extra])
+        assert broker.poll(60_000), "the command never sent its request"
+        broker.recv_multipart()
+        proc.popen.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    proc.wait_for(r"^Error: interrupted \(Ctrl-C\)$")
+    assert not any("Aborted" in line or "Traceback" in line for line in proc.lines)

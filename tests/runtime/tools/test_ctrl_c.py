@@ -1,4 +1,4 @@
-"""A real SIGINT to a running tool: it stops, prints a partial report, exits 0."""
+"""A real SIGINT to a running tool: it stops, prints a partial report, exits 130."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def test_sigint_gives_a_partial_report(name: str, simple_file: Path, tmp_path: P
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, err.decode(errors="replace")
+    assert proc.returncode == 130, err.decode(errors="replace")
+    assert err.decode().endswith("Error: interrupted (Ctrl-C): the report covers what completed\n")
     assert b"Traceback" not in err
     report = json.loads(out)
     assert report["interrupted"] is True
