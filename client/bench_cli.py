@@ -96,18 +96,18 @@ def parse_npy_inputs(
 
 @click.command()
 @option("--broker", type=Endpoint(), help="The broker's frontend endpoint (not with --suite).")
-@option("--model", type=ModelName(), help="Model to load (not with --suite).")
+@option("--model", type=ModelName(), help="Model to send requests to (not with --suite).")
 @option(
     "--input",
     "input_files",
     multiple=True,
     callback=parse_npy_inputs,
-    help="NAME=FILE.npy; default: random inputs.",
+    help="NAME=FILE.npy per input (in the variable: space-separated); default: random.",
 )
 @option(
     "--batch",
     type=_positive_int(),
-    help="Random inputs: samples per request along the batching dim.",
+    help="Random inputs: samples per request along the batching dim [default: the compiled batch].",
 )
 @option(
     "--concurrency",
@@ -122,7 +122,12 @@ def parse_npy_inputs(
     default="poisson",
     help="Open loop (with --rate): arrival process.",
 )
-@option("--warmup-s", type=click.FloatRange(min=0), default=1.0, help="Not measured.")
+@option(
+    "--warmup-s",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    help="Send load this long before measuring (not in the figures).",
+)
 @option(
     "--duration-s",
     type=click.FloatRange(min=0, min_open=True),

@@ -57,7 +57,7 @@ def describe(array: np.ndarray[Any, Any]) -> str:
     multiple=True,
     required=True,
     callback=parse_npy_inputs,
-    help="NAME=FILE.npy, once per input tensor.",
+    help="NAME=FILE.npy, once per input tensor (in the variable: space-separated).",
 )
 @option(
     "--output",
@@ -73,7 +73,8 @@ def describe(array: np.ndarray[Any, Any]) -> str:
 def infer(
     broker: str, model: str, inputs: dict[str, Any], output: Path | None, timeout_s: float
 ) -> None:
-    """Send one request with tensors from .npy files and print (or save) the outputs."""
+    """Send one request with tensors from .npy files and print the outputs (and save them
+    with --output)."""
     if output is not None:
         check_writable(output)
     with _typed_errors(), Client(broker, timeout=timeout_s) as client:
@@ -105,10 +106,11 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
     help="Give up after this long.",
 )
 def models(broker: str, as_json: bool, timeout_s: float) -> None:
-    """List the broker's models, their workers, credit, in-flight and queue depth.
+    """List the broker's models: batch, queued requests, and each worker's credit, jobs
+    and requests.
 
-    Credit and in-flight jobs count jobs (a group of requests is one job); queued and
-    in-flight requests count the clients' requests.
+    Credit and jobs count jobs (a group of requests is one job); queued and requests
+    count the clients' requests.
     """
     with _typed_errors(), Client(broker, timeout=timeout_s) as client:
         found = client.models()

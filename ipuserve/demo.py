@@ -59,7 +59,8 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, err: TextIO = sys.std
     own_workdir = config.workdir is None
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix="ipuserve-demo-"))
     say = _printer(out)
-    say(f"ipuserve demo: working in {workdir} (process logs end up there)")
+    kept = "removed after a clean run" if own_workdir else "kept"
+    say(f"ipuserve demo: working in {workdir} (models and process logs; {kept})")
     paths = _write_models(workdir, say)
     references = _reference_functions(paths)
     env = {"IPUSERVE_SIM_LOCK_DIR": str(workdir / "ipu-locks"), "OPENBLAS_NUM_THREADS": "1"}
