@@ -50,6 +50,11 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.frontend == self.backend and not self.frontend.endswith(":*"):
+            raise ConfigError(
+                f"frontend and backend must differ (both {self.frontend}): clients and "
+                "workers each need a port of their own"
+            )
         if self.liveness_ms < self.heartbeat_ms:
             raise ConfigError("liveness_ms must be at least heartbeat_ms")
         if self.orphan_ms < 0:

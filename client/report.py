@@ -137,9 +137,13 @@ def _errors(summary: dict[str, Any]) -> str:
     return ", ".join(f"{code} {n}" for code, n in errors.items())
 
 
-def _rows(rows: list[dict[str, Any]]) -> list[str]:
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['name']} ({row['unit']})"
+
+
+def _rows(rows: list[dict[str, Any]], width: int) -> list[str]:
     return [
-        f"{row['name'] + ' (' + row['unit'] + ')':44} {row['ipuserve']:12.1f} "
+        f"{_label(row):{width}} {row['ipuserve']:12.1f} "
         f"{row['baseline']:12.1f} {row['ratio']:8.2f} {row['target']:>9}  "
         f"{'yes' if row['met'] else 'NO'}"
         for row in rows
@@ -148,15 +152,19 @@ def _rows(rows: list[dict[str, Any]]) -> list[str]:
 
 def suite_table(results: dict[str, Any]) -> str:
     """The fabric suite: one row per comparison, medians and same-run ratios."""
-    header = f"{'comparison':44} {'ipuserve':>12} {'baseline':>12} {'ratio':>8} {'target':>9}  ok"
+    rows = results["comparisons"] + results.get("diagnostics", [])
+    width = max([44, *(len(_label(row)) for row in rows)])  # every row's columns aligned
+    header = (
+        f"{'comparison':{width}} {'ipuserve':>12} {'baseline':>12} {'ratio':>8} {'target':>9}  ok"
+    )
     lines = [header, "-" * len(header)]
-    lines.extend(_rows(results["comparisons"]))
+    lines.extend(_rows(results["comparisons"], width))
     lines.append("")
     lines.append(f"medians of {results['runs']} runs; ratio = median of the same-run ratios")
     if results.get("diagnostics"):
         lines.append("")
         lines.append("diagnostics (the client's own cost: Client vs a bare protocol loop)")
-        lines.extend(_rows(results["diagnostics"]))
+        lines.extend(_rows(results["diagnostics"], width))
     if results.get("breakdown"):
         lines.append("")
         lines.extend(breakdown_lines(results["breakdown"]))

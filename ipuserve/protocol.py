@@ -449,13 +449,20 @@ def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
 def _check_input(model: ModelSpec, want: TensorSpec, got: TensorSpec) -> None:
     where = f"input {got.name!r} of model {model.name!r}"
     if got.dtype != want.dtype:
-        raise InvalidInputError(f"{where} must be {want.dtype}, got {got.dtype}")
+        raise InvalidInputError(
+            f"{where} must be {want.dtype}, got {got.dtype} (convert it: x.astype(np.{want.dtype}))"
+        )
     dim = model.batching_dim
     free = dim is not None and len(got.shape) == len(want.shape) and got.shape[dim] >= 1
     fixed = [i for i in range(len(want.shape)) if not (free and i == dim)]
     if len(got.shape) != len(want.shape) or any(got.shape[i] != want.shape[i] for i in fixed):
         rule = "" if dim is None else f" (dimension {dim} may be any size >= 1)"
-        raise InvalidInputError(f"{where} must have shape {want.shape}{rule}, got {got.shape}")
+        unbatched = dim is not None and got.shape == want.shape[:dim] + want.shape[dim + 1 :]
+        hint = f"; one sample still needs the batch dimension: np.expand_dims(x, {dim})"
+        raise InvalidInputError(
+            f"{where} must have shape {want.shape}{rule}, got {got.shape}"
+            + (hint if unbatched else "")
+        )
 
 
 # ---------------------------------------------------------------- messages

@@ -608,7 +608,16 @@ def test_check_inputs_accepts_any_batch_along_the_batching_dim() -> None:
             "model 'add' has no input 'bb'; its inputs are a, b (missing: b)",
         ),
         (specs(a=("float32", (2, 3)), b=("int64", (2,)), c=("int64", (2,))), SPEC, "no input 'c'"),
-        (specs(a=("float64", (2, 3)), b=("int64", (2,))), SPEC, "must be float32, got float64"),
+        (
+            specs(a=("float64", (2, 3)), b=("int64", (2,))),
+            SPEC,
+            "must be float32, got float64 (convert it: x.astype(np.float32))",
+        ),
+        (  # one sample, sent without its batch dimension: said how to add it
+            specs(a=("float32", (3,)), b=("int64", (2,))),
+            SPEC,
+            "got (3,); one sample still needs the batch dimension: np.expand_dims(x, 0)",
+        ),
         (specs(a=("float32", (2, 4)), b=("int64", (2,))), SPEC, "must have shape (4, 3)"),
         (specs(a=("float32", (2, 3, 1)), b=("int64", (2,))), SPEC, "must have shape"),
         (specs(a=("float32", (0, 3)), b=("int64", (0,))), SPEC, "any size >= 1"),

@@ -19,7 +19,7 @@ from ipuserve.cli import main
 from ipuserve.client import Client, ClientConfig
 from ipuserve.client.bench_cli import too_many_failed
 from ipuserve.client.fleet import free_port
-from ipuserve.client.report import error_lines
+from ipuserve.client.report import error_lines, suite_table
 from ipuserve.client.stats import Recording, Sample, summarize
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, UnavailableError
@@ -229,7 +229,9 @@ def test_a_bench_whose_every_request_fails_says_why_and_exits_non_zero(
         "--requests", "20", "--input", f"x={npy_files['x64']}", "--input", f"y={npy_files['y']}",
         "--output", str(saved),
     )  # fmt: skip
-    message = "input 'x' of model 'add' must be float32, got float64"
+    message = (
+        "input 'x' of model 'add' must be float32, got float64 (convert it: x.astype(np.float32))"
+    )
     assert result.exit_code == 1, result.output
     assert f"error       INVALID_INPUT: {message}" in result.stdout.splitlines()
     assert last_line(result) == f"Error: no request succeeded: [INVALID_INPUT] {message}"
@@ -418,3 +420,21 @@ def test_a_client_pointed_at_the_backend_port_is_told_so_at_once(
         f"{broker.backend} answers as a broker's backend (worker) port; "
         "clients connect to its frontend (client) port"
     )
+
+
+def test_the_suite_table_aligns_rows_whose_labels_are_long() -> None:
+    """The diagnostics' longer labels once pushed their numbers out of the columns."""
+    row = {"ipuserve": 1.0, "baseline": 2.0, "ratio": 0.5, "target": ">= 0.7", "met": False}
+    results = {
+        "runs": 1,
+        "comparisons": [{**row, "name": "latency p50", "unit": "us"}],
+        "diagnostics": [
+            {**row, "name": "client vs bare protocol loop, 64 in flight", "unit": "req/s"}
+        ],
+    }
+    lines = suite_table(results).splitlines()
+    rows = [line for line in lines if line.endswith("NO")]
+    assert len(rows) == 2
+    assert len({line.index("1.0") for line in rows}) == 1
+    assert len({len(line) for line in rows}) == 1
+    assert len(lines[0]) == len(lines[1]) == len(rows[0])  # the header and its rule too

@@ -97,6 +97,18 @@ def test_broker_rejects_inconsistent_settings() -> None:
     assert "Error: --liveness-ms must be at least --heartbeat-ms" in result.output
 
 
+def test_broker_refuses_one_endpoint_for_both_sockets() -> None:
+    """It failed binding the second socket: "Address already in use", which blames
+    another process instead of the command line."""
+    same = ["--frontend", "tcp://127.0.0.1:5599", "--backend", "tcp://127.0.0.1:5599"]
+    result = CliRunner().invoke(main, ["broker", *same])
+    assert result.exit_code == 2, result.output
+    assert (
+        "Error: --frontend and --backend must differ (both tcp://127.0.0.1:5599): clients "
+        "and workers each need a port of their own"
+    ) in result.output
+
+
 def test_broker_reports_an_endpoint_it_cannot_bind() -> None:
     """A well-formed address this host does not have (TEST-NET-3): ZeroMQ refuses the bind."""
     result = CliRunner().invoke(main, ["broker", "--frontend", "tcp://203.0.113.1:5555"])
