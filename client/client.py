@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import secrets
 import threading
 import uuid
 import weakref
@@ -94,7 +95,10 @@ class Client:
         self.config = config or ClientConfig()
         self.timeout = _check_timeout(timeout)
         self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
-        self._ids = itertools.count(1)
+        # From a random start: the broker takes (routing id, request id) for a re-send of
+        # a job it still holds, so a new Client reusing a fixed routing_id must not
+        # reuse the ids of one that died (it got that one's results).
+        self._ids = itertools.count(secrets.randbits(62))
         self._io = IoLoop(
             self._connect(context or zmq.Context.instance()), self.config, endpoint=address
         )

@@ -197,3 +197,22 @@ def test_close_fails_what_is_still_pending(processes: Processes, broker: BrokerP
     for future in futures:
         with pytest.raises(errors.ClosedError):
             future.result(5)
+
+
+def test_a_client_reusing_a_routing_id_gets_its_own_results_not_its_predecessors(
+    broker: BrokerProc,
+    processes: Processes,  # noqa: F811
+) -> None:
+    """Request ids once started at 1 in every Client; the broker takes (routing id,
+    request id) for a re-send of a job it still holds, so a client restarted with a
+    fixed routing_id got the dead one's result for the dead one's inputs."""
+    worker = start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "1000"))
+    config = ClientConfig(routing_id=b"svc-1", ping_interval_s=0.05, liveness_s=1.0)
+    first, second = add_inputs(seed=1), add_inputs(seed=2)
+    dead = Client(broker.frontend, timeout=20, config=config)
+    dead.infer_async("add", first)
+    worker.wait_for("running a job for 1000")  # the broker holds it: now it "dies"
+    dead.close()
+    with Client(broker.frontend, timeout=20, config=config) as reborn:
+        got = reborn.infer("add", second)
+    np.testing.assert_allclose(got["z"], add_expected(second), rtol=1e-6)
