@@ -176,8 +176,8 @@ class IoLoop:
             self._closed = True
         self._waker.wake()
         if threading.current_thread() is not self.thread and self.thread.is_alive():
-            self.thread.join()
-        if not self.thread.is_alive():
+            self.thread.join()  # the thread closes the waker as it ends
+        if self.thread.ident is None:  # never started: nobody else will
             self._waker.close()
 
     def silence_hint(self) -> str:
@@ -215,6 +215,7 @@ class IoLoop:
                 self._pending.clear()
                 self._inbox.clear()
             self._sock.close(linger=0)
+            self._waker.close()  # here, not in close(): that may run on this very thread
             _fail(leftovers, error)
 
     def _loop(self) -> None:

@@ -9,10 +9,16 @@ has one (Linux), a non-blocking pipe elsewhere. Writers should only call
 from __future__ import annotations
 
 import os
+import threading
 
 
 class Waker:
-    """A readable file descriptor that :meth:`wake` makes ready and :meth:`clear` resets."""
+    """A readable file descriptor that :meth:`wake` makes ready and :meth:`clear` resets.
+
+    :meth:`close` may race with :meth:`wake` from any thread: both hold one lock, and a
+    wake after the close does nothing (it must not write into whatever file reuses
+    the descriptor's number).
+    """
 
     def __init__(self) -> None:
         if hasattr(os, "eventfd"):
@@ -23,15 +29,19 @@ class Waker:
             os.set_blocking(self._read_fd, False)
             os.set_blocking(self._write_fd, False)
         self._closed = False
+        self._lock = threading.Lock()
 
     def fileno(self) -> int:
         return self._read_fd
 
     def wake(self) -> None:
-        try:
-            os.write(self._write_fd, (1).to_bytes(8, "little"))
-        except (BlockingIOError, OSError):
-            pass  # already signalled (full), or closed during shutdown
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                os.write(self._write_fd, (1).to_bytes(8, "little"))
+            except BlockingIOError:
+                pass  # already signalled (full)
 
     def clear(self) -> None:
         """Consume pending wake-ups; call *before* draining the hand-off queue."""
@@ -43,9 +53,10 @@ class Waker:
             pass
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        os.close(self._read_fd)
-        if self._write_fd != self._read_fd:
-            os.close(self._write_fd)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._read_fd)
+            if self._write_fd != self._read_fd:
+                os.close(self._write_fd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -18,6 +19,7 @@ from ipuserve.client.client import Client
 from ipuserve.client.io_loop import ClientConfig
 from ipuserve.client.pending import InferFuture
 from tests.client.fake_broker import ADD, FakeBroker, add_handler, inputs
+from tests.helpers import wait_until
 
 FAST = ClientConfig(ping_interval_s=0.05, liveness_s=0.3)
 
@@ -457,6 +459,33 @@ def test_a_future_keeps_its_unnamed_client_alive_until_answered(broker: FakeBrok
     gc.collect()
     gate.set()
     np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+
+
+def test_clients_closed_on_their_own_io_thread_leave_no_descriptor_behind(
+    broker: FakeBroker,
+) -> None:
+    """In ``Client(addr).infer_async(...).result()`` the client's last reference goes
+    on its own I/O thread, whose close() once skipped the waker: an eventfd per client."""
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with Client(broker.address, timeout=10, config=FAST) as warm:  # the context's own fds
+        warm.infer("add", inputs())
+    wait_until(lambda: not io_threads())
+    before = descriptors()
+    for rows in range(1, 21):
+        given = inputs(rows)
+        future = Client(broker.address, timeout=10, config=FAST).infer_async("add", given)
+        np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+    del future
+    gc.collect()
+    wait_until(lambda: not io_threads())
+    wait_until(lambda: descriptors() <= before)  # ZeroMQ's own thread closes TCP fds late
+
+
+def io_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ipuserve-client-io"]
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -> None:
