@@ -87,6 +87,12 @@ class Outbox:
             self._dropped.inc(reason=f"worker_{reason}")
         return reason is None
 
+    def worker_connected(self, identity: bytes, heartbeat: Frames) -> bool:
+        """Whether a worker's connection is still up, by sending it a heartbeat: ZeroMQ
+        forgets a peer whose connection closed (a process that died), and a send to it
+        fails at once. A full pipe still means connected."""
+        return _send(self._backend, identity, heartbeat) != "gone"
+
 
 def _send(sock: zmq.Socket[Any], identity: bytes, frames: Frames) -> str | None:
     """Send one message; None when sent, else why not ("unwritable" or "gone")."""

@@ -42,9 +42,11 @@ class WorkerHandlers:
             self._outbox.to_worker(identity, self._reconnect)
 
     def on_hello(self, identity: bytes, hello: wire.Hello, now: float) -> None:
-        old = self._registry.get(identity) or self._registry.by_worker_id(hello.worker_id)
-        if old is not None:
+        old = self._registry.get(identity)
+        if old is not None:  # this very connection registers again
             self._scheduler.drop_worker(old, "re-registered")
+        else:
+            self._forget_namesake(hello.worker_id)
         new_specs = [s for s in hello.models if s.name not in self._registry.specs]
         worker, refused = self._registry.add(identity, hello, now)
         log.info(
@@ -62,6 +64,24 @@ class WorkerHandlers:
             self._scheduler.drop_worker(worker, "unreachable")
             return
         self._scheduler.pump(worker)
+
+    def _forget_namesake(self, worker_id: str) -> None:
+        """A worker restarted under its old id (a container's hostname) takes over at
+        once: its predecessor's jobs go back to the queues now, not after the liveness
+        window. But only if that predecessor's connection is gone (a send to it fails):
+        two live workers given one --worker-id once dropped each other for ever, each
+        re-registering when told it was unknown, and most requests failed."""
+        namesake = self._registry.by_worker_id(worker_id)
+        if namesake is None:
+            return
+        if self._outbox.worker_connected(namesake.identity, self._heartbeat):
+            log.warning(
+                "two connected workers call themselves %r; both serve, but give each its "
+                "own --worker-id so that logs and `ipuserve models` tell them apart",
+                worker_id,
+            )
+        else:
+            self._scheduler.drop_worker(namesake, "restarted")
 
     def on_results(self, worker: Worker | None, message: wire.Results) -> None:
         outcomes: list[tuple[bytes, JobOutcome]] = [(r.job_id, r) for r in message.results]

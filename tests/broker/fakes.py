@@ -30,8 +30,9 @@ class FakeWorker:
         credit: int = 2,
         worker_id: str = "fake",
         models: tuple[wire.ModelSpec, ...] = (ADD,),
+        context: zmq.Context[Any] | None = None,
     ) -> None:
-        self.socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(endpoint)
         self.credit, self.worker_id, self.models = credit, worker_id, models

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
@@ -92,6 +93,48 @@ def test_the_least_loaded_worker_gets_the_next_request(
     # a takes the first (both idle); then b (0/2 < 1/4); then a (1/4 < 1/2).
     assert loads(client) == {"": (0, 0), "a": (4, 2), "b": (2, 1)}
     assert a.job() and a.job() and b.job()
+
+
+def test_two_live_workers_given_one_id_are_both_kept(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """The second HELLO under a known id once dropped the first worker, which was told
+    it was unknown, re-registered, dropped the second, and so on: most requests failed
+    after max_attempts "deaths". A worker whose connection is up is not dead."""
+    first = fake(broker, workers, credit=1, worker_id="twin")
+    a = client.request("add", INPUTS)
+    held = first.job()
+    second = fake(broker, workers, credit=1, worker_id="twin")
+    b = client.request("add", INPUTS)
+    other = second.job()
+    assert other.job_id != held.job_id  # not `a`'s, taken back from a first worker "gone"
+    first.answer(held)
+    second.answer(other)
+    replies = [client.recv(), client.recv()]
+    assert all(isinstance(reply, wire.Reply) for reply in replies)
+    assert {reply.request_id for reply in replies} == {a, b}
+    assert broker.metrics.workers_lost.samples == {}
+
+
+def test_a_worker_restarted_under_its_id_takes_over_its_dead_predecessors_jobs(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """A container restarted keeps its hostname, so its worker id: the jobs the dead
+    process held go to the new one at its HELLO, not after the liveness window."""
+    own = zmq.Context()
+    dead = fake(broker, workers, credit=1, worker_id="node-1", context=own)
+    a = client.request("add", INPUTS)
+    held = dead.job()
+    dead.alive = False
+    dead.close()
+    own.term()  # returns once the TCP connection is closed, as a process's death does
+    reborn = fake(broker, workers, credit=1, worker_id="node-1")
+    again = reborn.job()
+    assert again.job_id == held.job_id
+    reborn.answer(again)
+    reply = client.recv()
+    assert isinstance(reply, wire.Reply) and reply.request_id == a
+    assert broker.metrics.workers_lost.value(reason="restarted") == 1
 
 
 def test_a_full_queue_answers_overloaded(
