@@ -70,6 +70,8 @@ _TO_WORKERS = frozenset(
 )
 #: The longest poll: a deadline years away must not overflow poll's int milliseconds.
 _MAX_POLL_MS = 60_000
+#: The deadline heap is rebuilt without answered requests past this size (and 4x pending).
+_COMPACT_AT = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,6 +247,8 @@ class IoLoop:
         if pending.deadline_ns is not None:
             entry = (pending.deadline_ns, next(self._seq), pending.request_id)
             heapq.heappush(self._deadlines, entry)
+            if len(self._deadlines) > max(_COMPACT_AT, 4 * len(self._pending)):
+                self._compact_deadlines()
         self._outgoing.append(pending)
         self.stats.sent += 1
         if len(self._outgoing) >= self.config.batch_requests:
@@ -448,6 +452,12 @@ class IoLoop:
         hint = "" if self._hinted else self.silence_hint()
         self._hinted = self._hinted or bool(hint)
         return hint
+
+    def _compact_deadlines(self) -> None:
+        """Drop the entries of requests answered since: each stays in the heap until its
+        deadline otherwise, so with long timeouts the heap grew with every request."""
+        self._deadlines = [entry for entry in self._deadlines if entry[2] in self._pending]
+        heapq.heapify(self._deadlines)
 
     def _expire(self, now_ns: int) -> None:
         while self._deadlines and self._deadlines[0][0] <= now_ns:

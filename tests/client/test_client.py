@@ -439,6 +439,16 @@ def test_a_silent_broker_gets_the_pending_requests_again(broker: FakeBroker) -> 
         assert first == 20_000 and again is not None and again < first  # what is left of it
 
 
+def test_answered_requests_do_not_stay_in_the_deadline_heap(broker: FakeBroker) -> None:
+    """Each request's deadline entry stayed until its deadline: with a day's timeout a
+    long-lived client grew by one entry per request (8 MiB for 60,000)."""
+    with Client(broker.address, timeout=86_400, config=FAST) as client:
+        given = inputs()
+        for _ in range(3000):
+            client.infer("add", given)
+        assert len(client._io._deadlines) <= 1025  # compacted, not 3000
+
+
 def test_a_client_dropped_without_close_stops_its_thread(broker: FakeBroker) -> None:
     client = Client(broker.address, timeout=10, config=FAST)
     given = inputs()
