@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from ipuserve.broker.registry import Worker
 
 
+_NO_TENSORS = Tensors()
+
+
 class State(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -99,6 +102,9 @@ class JobTable:
 
     def finish(self, job: JobEntry) -> None:
         job.state = State.DONE
+        # The deadline heap and a queue's deque keep a finished job until it reaches
+        # their front, behind a slow job for minutes: without its payload it is small.
+        job.tensors = _NO_TENSORS
         self._jobs.pop(job.job_id, None)
         for member in job.request_ids:
             self._keys.pop((job.client, member), None)

@@ -153,6 +153,9 @@ class Broker:
             self.scheduler.flush()
             if self._outbox.pending:
                 self._outbox.flush()
+            gone = self._outbox.take_gone()
+            if gone:
+                self.scheduler.abandon(gone)
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs

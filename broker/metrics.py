@@ -17,6 +17,10 @@ class BrokerMetrics(Registry):
             'Error replies sent to clients, by code and model (model="" if unreadable).',
         )
         self.dropped = Family(p + "dropped_total", "Messages dropped unanswered, by reason.")
+        self.abandoned = Family(
+            p + "abandoned_total",
+            "Queued requests dropped because their client disconnected, by model.",
+        )
         self.duplicates = Family(
             p + "duplicate_results_total", "Results for jobs already answered (late or duplicate)."
         )

@@ -41,6 +41,8 @@ class Outbox:
         self._dropped = metrics.dropped
         self._backlog_limit = backlog_limit
         self._backlogs: dict[bytes, deque[Frames]] = {}
+        #: clients a reply could not reach since :meth:`take_gone` (disconnected)
+        self._gone: set[bytes] = set()
 
     @property
     def pending(self) -> bool:
@@ -57,7 +59,17 @@ class Outbox:
             return self._defer(self._backlogs.setdefault(identity, deque()), frames)
         if reason == "gone":
             self._dropped.inc(reason="client_gone")
+            self._gone.add(identity)
         return reason is None
+
+    @property
+    def found_gone(self) -> bool:
+        return bool(self._gone)
+
+    def take_gone(self) -> set[bytes]:
+        """The clients found disconnected since the last call (then forgotten)."""
+        gone, self._gone = self._gone, set()
+        return gone
 
     def _defer(self, backlog: deque[Frames], frames: Frames) -> bool:
         if len(backlog) >= self._backlog_limit:
@@ -75,6 +87,7 @@ class Outbox:
                     break
                 if reason == "gone":
                     self._dropped.inc(len(backlog), reason="client_gone")
+                    self._gone.add(identity)
                     backlog.clear()
                     break
                 backlog.popleft()

@@ -87,6 +87,8 @@ class Scheduler:
         """Fill a worker's spare credit from the queues of the models it serves."""
         if self.registry.workers.get(worker.identity) is not worker:
             return
+        if self.outbox.found_gone:  # the reply just sent may have found its client gone
+            self.abandon(self.outbox.take_gone())
         now = time.monotonic()
         while worker.spare > 0 and (job := self.dispatcher.next_for(worker)) is not None:
             self._start(worker, job, now)
@@ -229,6 +231,23 @@ class Scheduler:
             )
         self._shed.clear()
         self._next_shed_report = now + SHED_REPORT_S
+
+    def abandon(self, clients: set[bytes]) -> None:
+        """Drop the queued jobs of clients found disconnected (a reply to them failed):
+        nobody would read their results, and other clients' requests queue behind
+        them. Jobs already at a worker run on; their replies are dropped as they come.
+        A client that reconnects re-sends what it still waits for."""
+        dropped = 0
+        for queue in self.dispatcher.queues.values():
+            for job in queue.live_jobs():
+                if job.client in clients:
+                    self._retire(job)
+                    self.metrics.abandoned.inc(len(job.request_ids), model=job.model)
+                    dropped += len(job.request_ids)
+        if dropped:
+            log.info(
+                "dropped %d queued request(s) of %d disconnected client(s)", dropped, len(clients)
+            )
 
     def _retire(self, job: JobEntry) -> None:
         if job.state is State.QUEUED:

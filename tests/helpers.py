@@ -328,8 +328,14 @@ class RawClient:
 
     _ids = itertools.count(1)
 
-    def __init__(self, endpoint: str, *, rcvhwm: int | None = None) -> None:
-        self.context = zmq.Context.instance()
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        rcvhwm: int | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.context = context or zmq.Context.instance()
         self.socket: zmq.Socket[Any] = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         if rcvhwm is not None:

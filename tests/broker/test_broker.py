@@ -137,6 +137,29 @@ def test_a_worker_restarted_under_its_id_takes_over_its_dead_predecessors_jobs(
     assert broker.metrics.workers_lost.value(reason="restarted") == 1
 
 
+def test_a_disconnected_clients_queued_requests_are_dropped_not_run(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """A client killed with requests queued: they ran anyway, one after another, and
+    other clients waited behind them (a chaos review: 30 s for a 1-sample request).
+    The first reply that cannot reach it tells the broker it is gone."""
+    worker = fake(broker, workers, credit=1)
+    own = zmq.Context()
+    dying = RawClient(broker.frontend_endpoint, context=own)
+    for _ in range(3):
+        dying.request("add", INPUTS)
+    running = worker.job()
+    dying.close()
+    own.term()  # returns once its TCP connection is closed, as a process's death does
+    mine = client.request("add", INPUTS)
+    worker.answer(running)  # undeliverable: the broker learns the client is gone
+    next_job = worker.job()
+    worker.answer(next_job)
+    reply = client.recv()
+    assert isinstance(reply, wire.Reply) and reply.request_id == mine
+    assert broker.metrics.abandoned.value(model="add") == 2
+
+
 def test_a_full_queue_answers_overloaded(
     start_broker_thread: StartBroker, workers: list[FakeWorker]
 ) -> None:

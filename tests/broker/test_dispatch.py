@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
+import numpy as np
 import pytest
 
 from ipuserve.broker.dispatch import Dispatcher, ModelQueue
@@ -132,3 +136,18 @@ def test_metrics_render_in_the_prometheus_text_format() -> None:
     assert 'ipuserve_broker_queue_seconds_bucket{le="0.0005"} 1' in text
     assert 'ipuserve_broker_queue_seconds_bucket{le="+Inf"} 1' in text
     assert "ipuserve_broker_queue_seconds_count 1" in text
+
+
+def test_a_finished_job_lets_go_of_its_payload() -> None:
+    """The deadline heap and a queue's deque keep a finished job until it reaches their
+    front: behind one slow job, every finished job's payload stayed (a chaos review:
+    8000 answered 64 KiB requests took the broker from 44 to 556 MiB)."""
+    table, deadlines = JobTable(), Deadlines()
+    payload = np.zeros((4, 8), np.float32)
+    job = table.create(b"c", b"r1", "add", Tensors.of({"x": payload}), 0.0, 1000.0)
+    deadlines.add(job)
+    alive = weakref.ref(payload)
+    del payload
+    table.finish(job)
+    gc.collect()
+    assert alive() is None and job.state is State.DONE
