@@ -50,7 +50,8 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.frontend == self.backend and not self.frontend.endswith(":*"):
+        random_port = self.frontend.endswith((":*", ":0"))  # two different ports then
+        if self.frontend == self.backend and not random_port:
             raise ConfigError(
                 f"frontend and backend must differ (both {self.frontend}): clients and "
                 "workers each need a port of their own"

@@ -28,7 +28,7 @@ from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.scheduler import Scheduler
 from ipuserve.broker.workers import WorkerHandlers
-from ipuserve.errors import BrokerShutdownError, IpuserveError
+from ipuserve.errors import BrokerShutdownError, IpuserveError, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,15 @@ class Broker:
         except IpuserveError as exc:
             self._workers.on_malformed(worker, body, exc)
             return
-        self._workers.handle(identity, worker, message, now)
+        except Exception as exc:  # a decoder bug: unreadable all the same
+            log.exception("failed to decode a message from a worker")
+            self._workers.on_malformed(worker, body, ProtocolError(f"unreadable: {exc!r}"))
+            return
+        try:
+            self._workers.handle(identity, worker, message, now)
+        except Exception:  # one peer's message must not stop the broker for everyone
+            log.exception("failed to handle a %s from a worker", message.COMMAND.name)
+            self.metrics.dropped.inc(reason="worker_message_failed")
 
     # ------------------------------------------------------------ timers
 

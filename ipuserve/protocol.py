@@ -64,6 +64,9 @@ MAX_ID_BYTES = 64
 MAX_NAME_CHARS = 256
 #: Timeouts, budgets and timings are below this many milliseconds (~31 years).
 MAX_DURATION_MS = 1e12
+#: The largest integer a header field may hold (JSON's are unbounded; 2**53: exact as a float).
+MAX_COUNT = 2**53
+_MAX_TIMING_US = MAX_DURATION_MS * 1e3
 MAX_TIMING_KEYS = 32
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
@@ -1390,14 +1393,21 @@ def _text(value: Any, _limits: Limits) -> str:
 
 def _count(value: Any, _limits: Limits) -> int:
     _kind(value, int, "an integer >= 0")
-    if value < 0:
-        raise ProtocolError(f"must be >= 0; got {value}")
+    if not 0 <= value <= MAX_COUNT:  # JSON integers are unbounded; floats of them are not
+        raise ProtocolError(f"must be >= 0 and <= {MAX_COUNT}; got {str(value)[:40]}")
     return int(value)
 
 
 def _positive(value: Any, limits: Limits) -> int:
     if _count(value, limits) < 1:
         raise ProtocolError(f"must be >= 1; got {value}")
+    return int(value)
+
+
+def _interval(value: Any, limits: Limits) -> int:
+    """Whole milliseconds a peer asks us to wait: > 0 and within MAX_DURATION_MS."""
+    if _positive(value, limits) >= MAX_DURATION_MS:
+        raise ProtocolError(f"must be < {MAX_DURATION_MS:g} milliseconds; got {value}")
     return int(value)
 
 
@@ -1444,6 +1454,8 @@ def _timing(value: Any, limits: Limits) -> dict[str, float]:
             if type(number) is not int:
                 raise ProtocolError(f"must be an object of numbers; {key!r} is {number!r}"[:120])
             floats = False
+        if not -_MAX_TIMING_US < number < _MAX_TIMING_US:  # also inf and NaN
+            raise ProtocolError(f"{key!r} is out of range: {str(number)[:40]}")
     return value if floats else {key: float(number) for key, number in value.items()}
 
 
@@ -1505,7 +1517,12 @@ def _shape(value: Any, name: str, limits: Limits) -> tuple[int, ...]:
             raise InvalidInputError(
                 f"tensor {name!r} shape {json.dumps(value)[:80]} must hold integers >= 0"
             )
-        elements *= min(dim, limits.max_elements + 1)  # bounded: never a huge product
+        if dim > limits.max_elements:  # even beside a 0: numpy cannot make such a view
+            raise InvalidInputError(
+                f"tensor {name!r} shape {json.dumps(value)[:80]} has a dimension above "
+                f"{limits.max_elements}"
+            )
+        elements *= dim
         if elements > limits.max_elements:
             raise InvalidInputError(
                 f"tensor {name!r} shape {value} has more than {limits.max_elements} elements"
@@ -1708,7 +1725,10 @@ def _plain_timing(value: Any) -> bool:
     if type(value) is not dict or len(value) > MAX_TIMING_KEYS:
         return False
     return all(
-        type(number) is float and 0 < len(key) <= MAX_NAME_CHARS for key, number in value.items()
+        type(number) is float
+        and 0 < len(key) <= MAX_NAME_CHARS
+        and -_MAX_TIMING_US < number < _MAX_TIMING_US  # JSON's 1e400 is inf
+        for key, number in value.items()
     )
 
 
@@ -1954,8 +1974,8 @@ _KINDS: dict[Command, _Kind] = {
         Command.WELCOME,
         {
             "epoch": _Field(_name),
-            "heartbeat_ms": _Field(_positive),
-            "liveness_ms": _Field(_positive),
+            "heartbeat_ms": _Field(_interval),
+            "liveness_ms": _Field(_interval),
             "max_payload_bytes": _Field(_positive),
             "refused": _Field(_rows(_refusal), required=False),
         },

@@ -294,7 +294,19 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "huge shape",
         frames_with(request(shape=(1 << 62, 1 << 62, 1 << 62))),
         InvalidInputError,
+        "has a dimension above 10000",
+    ),
+    (
+        "many elements",
+        frames_with(request(shape=(100, 101))),
+        InvalidInputError,
         "more than 10000 elements",
+    ),
+    (  # 0 bytes, so it passed; numpy then refused the view, deep in a broker or client
+        "huge dimension beside a zero",
+        frames_with(request(shape=(0, 1 << 64))),
+        InvalidInputError,
+        "has a dimension above 10000",
     ),
     (
         "duplicate names",
@@ -786,3 +798,44 @@ def test_a_model_signature_tells_apart_schemas_that_differ_only_in_batching() ->
     unbatched = dataclasses.replace(SPEC, batching_dim=None)
     assert unbatched.signature().endswith("; batch 4, no dynamic batching")
     assert unbatched.signature() != SPEC.signature()
+
+
+def _edited(message: p.Message, old: bytes, new: bytes) -> list[Any]:
+    """``message`` encoded, with ``old`` replaced by ``new`` in its JSON header."""
+    frames = list(message.encode())
+    header = bytes(frames[1])
+    assert old in header
+    frames[1] = header.replace(old, new)
+    return frames
+
+
+ONE_RESULT = p.Results(
+    (p.Result(b"j1", p.Tensors.of({"z": np.zeros((1, 2), np.float32)}), {"device_us": 1.5}),)
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "old", "new", "problem"),
+    [  # each once crashed the broker (or the worker) reading it: not an IpuserveError
+        (ONE_RESULT, b"1.5", b"1" + b"0" * 400, "'device_us' is out of range"),  # OverflowError
+        (ONE_RESULT, b"1.5", b"1e400", "'device_us' is out of range"),  # inf, then encode failed
+        (ONE_RESULT, b"1.5", b"-1e400", "'device_us' is out of range"),
+        (p.Welcome("e", 1000, 3000, 1024), b"3000", b"1" + b"0" * 400, "liveness_ms"),
+        (p.Welcome("e", 1000, 3000, 1024), b"3000", b"1" + b"0" * 13, "must be < 1e+12"),
+        (p.Hello("w", (), 5), b"5", b"1" + b"0" * 400, "must be >= 0 and <= 9007199254740992"),
+    ],
+    ids=[
+        "timing-huge-int",
+        "timing-inf",
+        "timing-minus-inf",
+        "liveness-huge",
+        "liveness-1e13",
+        "credit-huge",
+    ],
+)
+def test_numbers_out_of_range_are_protocol_errors(
+    message: p.Message, old: bytes, new: bytes, problem: str
+) -> None:
+    with pytest.raises(ProtocolError) as info:
+        p.decode(_edited(message, old, new))
+    assert problem in str(info.value)

@@ -160,6 +160,31 @@ def test_a_disconnected_clients_queued_requests_are_dropped_not_run(
     assert broker.metrics.abandoned.value(model="add") == 2
 
 
+def test_a_bug_handling_one_worker_message_does_not_stop_the_broker(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """An OverflowError reading one RESULTS once ended the broker's loop: every client
+    and worker lost it. A fault is injected into the handler here, once."""
+    handle = broker._workers.handle
+    faults = [RuntimeError("injected")]
+
+    def faulty(*args: object) -> None:
+        if faults and isinstance(args[2], wire.Results):
+            raise faults.pop()
+        handle(*args)  # type: ignore[arg-type]
+
+    broker._workers.handle = faulty  # type: ignore[method-assign]
+    worker = fake(broker, workers, credit=2)
+    client.request("add", INPUTS)
+    worker.answer(worker.job())  # lost to the injected fault
+    second = client.request("add", INPUTS)
+    worker.answer(worker.job())
+    reply = client.recv()
+    assert reply.request_id == second  # type: ignore[union-attr]
+    assert_add_reply(reply, INPUTS)
+    assert broker.metrics.dropped.value(reason="worker_message_failed") == 1
+
+
 def test_a_full_queue_answers_overloaded(
     start_broker_thread: StartBroker, workers: list[FakeWorker]
 ) -> None:
