@@ -12,7 +12,7 @@ import enum
 import heapq
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ipuserve.protocol import Tensors
@@ -48,6 +48,8 @@ class JobEntry:
     attempts: int = 0
     worker: Worker | None = None
     dispatched: float = 0.0
+    #: the connections of every worker it was placed on: only they may answer it
+    holders: list[bytes] = field(default_factory=list)
 
     @property
     def request_ids(self) -> tuple[bytes, ...]:

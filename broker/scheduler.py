@@ -97,6 +97,7 @@ class Scheduler:
         """The job is the worker's from now on (it uses credit); it leaves at the next flush."""
         job.state, job.worker, job.dispatched = State.RUNNING, worker, now
         job.attempts += 1
+        job.holders.append(worker.identity)
         worker.in_flight[job.job_id] = job
         batch = self._outgoing.get(worker)
         if batch is None:
@@ -164,6 +165,13 @@ class Scheduler:
             self.reject(job, error)
             return
         spec = self.registry.specs.get(job.model)
+        problem = None if spec is None else wire.outputs_problem(spec, result.tensors.specs)
+        if problem is not None:  # never forward what the model cannot have produced
+            who = job.worker.worker_id if job.worker is not None else "a worker"
+            self.reject(
+                job, WorkerFailedError(f"{who} answered model {job.model!r} with {problem}")
+            )
+            return
         device_us = result.timing.get("device_us")
         if spec is not None and device_us is not None:
             samples = requests * spec.samples(t.shape for t in job.tensors.specs)
@@ -255,19 +263,29 @@ class Scheduler:
         self.jobs.finish(job)
 
     def on_outcomes(
-        self, worker: Worker | None, outcomes: Sequence[tuple[bytes, JobOutcome]]
+        self,
+        sender: bytes,
+        worker: Worker | None,
+        outcomes: Sequence[tuple[bytes, JobOutcome]],
     ) -> None:
-        """RESULTS arrived (from a registered worker, or one we dropped): answer each job,
-        then refill the worker's credit once."""
+        """RESULTS arrived from connection ``sender`` (a registered worker, or one we
+        dropped): answer each job, then refill the worker's credit once."""
         for job_id, outcome in outcomes:
-            self._on_outcome(worker, job_id, outcome)
+            self._on_outcome(sender, worker, job_id, outcome)
         if worker is not None:
             self.pump(worker)
 
-    def _on_outcome(self, worker: Worker | None, job_id: bytes, outcome: JobOutcome) -> None:
+    def _on_outcome(
+        self, sender: bytes, worker: Worker | None, job_id: bytes, outcome: JobOutcome
+    ) -> None:
         if worker is not None:
             worker.in_flight.pop(job_id, None)
         job = self.jobs.get(job_id)
+        if job is not None and sender not in job.holders:
+            # Any peer on the backend could once answer any job whose id it guessed,
+            # without even a HELLO, and its outputs went to the client.
+            self.metrics.dropped.inc(reason="result_from_stranger")
+            return
         if job is None or (not isinstance(outcome, wire.Result) and job.worker is not worker):
             # Answered already; or an error from a worker the job no longer counts on
             # (it was re-queued): only a result may win from there.

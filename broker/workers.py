@@ -9,7 +9,7 @@ from typing import Any
 from ipuserve import protocol as wire
 from ipuserve.broker.registry import Worker
 from ipuserve.broker.scheduler import JobOutcome, Scheduler
-from ipuserve.errors import IpuserveError
+from ipuserve.errors import IpuserveError, WorkerFailedError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class WorkerHandlers:
         if isinstance(message, wire.Hello):
             self.on_hello(identity, message, now)
         elif isinstance(message, wire.Results):
-            self.on_results(worker, message)
+            self.on_results(identity, worker, message)
         elif worker is not None and isinstance(message, wire.Heartbeat):
             self.on_heartbeat(worker, message)
         elif worker is not None and isinstance(message, wire.Bye):
@@ -83,10 +83,10 @@ class WorkerHandlers:
         else:
             self._scheduler.drop_worker(namesake, "restarted")
 
-    def on_results(self, worker: Worker | None, message: wire.Results) -> None:
+    def on_results(self, identity: bytes, worker: Worker | None, message: wire.Results) -> None:
         outcomes: list[tuple[bytes, JobOutcome]] = [(r.job_id, r) for r in message.results]
         outcomes += [(fail.job_id, fail.exception()) for fail in message.failures]
-        self._scheduler.on_outcomes(worker, outcomes)
+        self._scheduler.on_outcomes(identity, worker, outcomes)
 
     def on_heartbeat(self, worker: Worker, heartbeat: wire.Heartbeat) -> None:
         if heartbeat.credit is not None and heartbeat.credit != worker.credit:
@@ -106,7 +106,10 @@ class WorkerHandlers:
         log.warning("malformed message from %s: %s", name, error)
         if worker is not None:
             named = [job_id for job_id in wire.peek_ids(frames) if job_id in worker.in_flight]
-            self._scheduler.on_outcomes(worker, [(job_id, error) for job_id in named])
+            # the client's request was fine: say whose message was not
+            failed = WorkerFailedError(f"worker {name} sent an unreadable result: {error}")
+            outcomes: list[tuple[bytes, JobOutcome]] = [(job_id, failed) for job_id in named]
+            self._scheduler.on_outcomes(worker.identity, worker, outcomes)
 
     def beat(self, now: float) -> None:
         """Heartbeat every worker; drop the ones silent past the liveness window."""

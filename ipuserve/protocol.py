@@ -417,6 +417,38 @@ def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     _PASSED[key] = (model, given)
 
 
+def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None:
+    """Why a worker's outputs do not fit ``model``'s schema (names, dtypes, and shapes
+    but for the batching dimension), else None: the broker checks before forwarding."""
+    key = (id(model), id(given))
+    passed = _OUTPUTS_PASSED.get(key)
+    if passed is not None and passed[0] is model and passed[1] is given:
+        return None
+    want = {spec.name: spec for spec in model.outputs}
+    got = {spec.name: spec for spec in given}
+    if want.keys() != got.keys() or len(given) != len(got):
+        return f"outputs {', '.join(map(str, given)) or 'none'}; the model's are " + ", ".join(
+            map(str, model.outputs)
+        )
+    dim = model.batching_dim
+    for name, spec in want.items():
+        other = got[name]
+        fixed = [i for i in range(len(spec.shape)) if i != dim]
+        if (
+            other.dtype != spec.dtype
+            or len(other.shape) != len(spec.shape)
+            or any(other.shape[i] != spec.shape[i] for i in fixed)
+        ):
+            return f"output {other}; the model's is {spec}"
+    if len(_OUTPUTS_PASSED) >= _PASSED_SIZE:
+        _OUTPUTS_PASSED.clear()
+    _OUTPUTS_PASSED[key] = (model, given)
+    return None
+
+
+_OUTPUTS_PASSED: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+
+
 def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     expected = {spec.name: spec for spec in model.inputs}
     names = [spec.name for spec in given]

@@ -185,6 +185,41 @@ def test_a_bug_handling_one_worker_message_does_not_stop_the_broker(
     assert broker.metrics.dropped.value(reason="worker_message_failed") == 1
 
 
+def test_only_a_worker_the_job_was_placed_on_may_answer_it(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """Any backend peer once answered any job whose id it guessed, without a HELLO:
+    200 of 200 requests of another client got its made-up outputs."""
+    worker = fake(broker, workers, credit=1)
+    stranger = FakeWorker(broker.backend_endpoint)  # never says HELLO
+    workers.append(stranger)
+    asked = client.request("add", INPUTS)
+    job = worker.job()
+    forged = wire.Tensors.of({"z": np.full((4, 8), 42, np.float32)})
+    stranger.send(wire.Results((wire.Result(job.job_id, forged, {}),)))
+    wait_until(lambda: broker.metrics.dropped.value(reason="result_from_stranger") == 1)
+    worker.answer(job)
+    reply = client.recv()
+    assert reply.request_id == asked  # type: ignore[union-attr]
+    assert_add_reply(reply, INPUTS)
+
+
+def test_outputs_that_do_not_fit_the_model_are_not_forwarded(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """The broker forwarded whatever a worker answered: other names, dtypes, shapes."""
+    worker = fake(broker, workers, credit=1)
+    client.request("add", INPUTS)
+    job = worker.job()
+    wrong = wire.Tensors.of({"zzz": np.zeros((7,), np.int8)})
+    worker.send(wire.Results((wire.Result(job.job_id, wrong, {}),)))
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "WORKER_FAILED"
+    assert reply.message == (
+        "fake answered model 'add' with outputs zzz:int8[7]; the model's are z:float32[4, 8]"
+    )
+
+
 def test_a_full_queue_answers_overloaded(
     start_broker_thread: StartBroker, workers: list[FakeWorker]
 ) -> None:
@@ -415,8 +450,12 @@ def test_malformed_worker_messages_are_dropped_and_counted(
     frames = wire.Results((result,)).encode()
     worker.socket.send_multipart(frames[:-1])  # a RESULTS missing its tensor frame
     reply = client.recv()
-    assert isinstance(reply, wire.ErrorReply) and reply.code == "BAD_MESSAGE"
-    assert "1 tensor(s) but 0 tensor frame(s)" in reply.message
+    # the client's request was fine: the error names the worker, not BAD_MESSAGE
+    assert isinstance(reply, wire.ErrorReply) and reply.code == "WORKER_FAILED"
+    assert reply.message == (
+        "worker fake sent an unreadable result: RESULTS header lists 1 tensor(s) but 0 "
+        "tensor frame(s) follow"
+    )
     assert broker.metrics.dropped.value(reason="malformed_from_worker") == 2
 
 
