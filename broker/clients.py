@@ -44,15 +44,22 @@ class ClientHandlers:
         for failed in batch.rejected:
             self._scheduler.refuse(client, failed.job_id, failed.exception(), "")
         for row in batch.requests:
-            for request in self._jobs_of(client, row):
+            try:  # a row's failure, even a bug, is its own: never a whole batch's
+                requests = self._jobs_of(client, row)
+            except Exception as exc:
+                self._fail_row(client, row, exc)
+                continue
+            for request in requests:
                 try:
                     self.on_request(client, request, batched=True)
-                except IpuserveError as exc:
-                    self._refuse(client, request, exc)
-                except Exception:
-                    log.exception("failed to handle a request of a REQUESTS batch")
-                    error = IpuserveError("internal broker error; see its log")
-                    self._refuse(client, request, error)
+                except Exception as exc:
+                    self._fail_row(client, request, exc)
+
+    def _fail_row(self, client: bytes, request: wire.Request, exc: Exception) -> None:
+        if not isinstance(exc, IpuserveError):
+            log.exception("failed to handle a request of a REQUESTS batch")
+            exc = IpuserveError("internal broker error; see its log")
+        self._refuse(client, request, exc)
 
     def _jobs_of(self, client: bytes, row: wire.Request) -> list[wire.Request]:
         """A group stays together when its model takes groups and none of its requests

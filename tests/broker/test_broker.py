@@ -519,6 +519,37 @@ def test_stopping_the_broker_answers_what_it_holds_broker_shutdown(
     assert codes == {"BROKER_SHUTDOWN"}  # an UNAVAILABLE the Client re-sends after a restart
 
 
+def test_a_bug_on_one_row_of_a_batch_fails_that_row_only_and_once(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """Splitting a row into jobs ran outside the per-row guard: a row that raised there
+    failed the whole batch, rows already admitted were answered twice (an error, then
+    their result) and later valid rows were refused. A fault is injected for row "bb"."""
+    worker = fake(broker, workers, credit=3)
+    jobs_of = broker._clients._jobs_of
+
+    def faulty(client_id: bytes, row: wire.Request) -> list[wire.Request]:
+        if row.request_id == b"bb":
+            raise ValueError("injected")
+        return jobs_of(client_id, row)
+
+    broker._clients._jobs_of = faulty  # type: ignore[method-assign]
+    given = add_inputs(1, seed=3)
+    rows = tuple(wire.Request(i, "add", wire.Tensors.of(given)) for i in (b"aa", b"bb", b"dd"))
+    client.send(wire.Requests(rows))
+    error = client.recv()
+    assert isinstance(error, wire.ErrorReply) and error.request_id == b"bb"
+    assert error.message == "internal broker error; see its log"
+    worker.answer(worker.job(), worker.job())
+    replies = client.recv()
+    assert isinstance(replies, wire.Replies) and replies.errors == ()
+    assert [reply.request_id for reply in replies.replies] == [b"aa", b"dd"]
+    for reply in replies.replies:
+        assert_add_reply(reply, given)
+    client.models()  # answered after anything sent before it, which it sets aside
+    assert client.stash == []  # so nothing was answered twice
+
+
 def test_a_batch_of_requests_is_served_row_by_row_and_answered_in_one_replies(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
