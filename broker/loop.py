@@ -241,7 +241,9 @@ class Broker:
         self.metrics.in_flight.set(sum(len(w.in_flight) for w in workers))
         self.metrics.requests_in_flight.set(sum(w.requests_in_flight for w in workers))
         queues = self.scheduler.dispatcher.queues
-        for model in self.registry.specs.keys() | queues.keys():  # 0 before the first wait
+        # registered models only (0 before the first wait): during the start-up grace
+        # any client may queue requests for made-up names, a label each for ever
+        for model in self.registry.specs:
             queue = queues.get(model)
             self.metrics.queued.set(len(queue) if queue is not None else 0, model=model)
 

@@ -153,7 +153,7 @@ def _handler(metrics: Renderable) -> type[http.server.BaseHTTPRequestHandler]:
             if self.path.split("?")[0] not in ("/metrics", "/"):
                 self.send_error(404)
                 return None
-            body = metrics.render().encode()
+            body = metrics.render().encode(errors="backslashreplace")  # never a 500
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

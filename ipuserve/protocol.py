@@ -1415,6 +1415,11 @@ def name_problem(value: Any) -> str | None:
         return f"must be {_NAME_RULE}, not a {type(value).__name__}"
     if not 0 < len(value) <= MAX_NAME_CHARS:
         return f"must have 1..{MAX_NAME_CHARS} characters; got {len(value)}"
+    if not value.isascii():
+        try:  # JSON may carry a lone surrogate, which no UTF-8 log or metrics page can
+            value.encode()
+        except UnicodeEncodeError:
+            return f"must be UTF-8 text; {value!r} holds a lone surrogate"
     return None
 
 

@@ -65,3 +65,19 @@ def test_the_broker_says_where_its_metrics_are_at_the_default_log_level(
     assert url == f"http://127.0.0.1:{broker.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         assert b"ipuserve_broker_workers" in response.read()
+
+
+def test_a_label_that_is_not_utf8_text_still_gives_a_page() -> None:
+    """A lone surrogate in a label once made every scrape fail (UnicodeEncodeError)."""
+
+    class Odd:
+        def render(self) -> str:
+            return 'x_total{model="\ud800"} 1\n'
+
+    server = MetricsServer(Odd(), "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.read() == b'x_total{model="\\ud800"} 1\n'
+    finally:
+        server.close()

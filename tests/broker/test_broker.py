@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -835,3 +836,30 @@ def test_a_model_left_without_workers_past_orphan_ms_is_refused_at_once(
         reply = client.recv()
     assert isinstance(reply, wire.Reply) and reply.request_id == request_id
     assert_add_reply(reply, INPUTS)
+
+
+def test_made_up_models_queued_in_the_start_up_grace_grow_no_metric_label(
+    start_broker_thread: StartBroker, workers: list[FakeWorker]
+) -> None:
+    """During the grace any client may queue requests for any name: each once became
+    a `queued{model}` label for ever (300 requests, 300 labels)."""
+    broker = start_broker_thread(grace_ms=60_000)
+    with RawClient(broker.frontend_endpoint) as client:
+        client.request("ghost", INPUTS)
+        client.models()  # answered after the request was queued
+        fake(broker, workers)
+        wait_until(lambda: broker.metrics.workers.value() == 1)  # a beat since then
+    labels = broker.metrics.queued.samples
+    assert (("model", "add"),) in labels and (("model", "ghost"),) not in labels
+
+
+def test_a_name_with_a_lone_surrogate_is_refused_and_cannot_break_the_metrics_page(
+    broker: Broker, client: RawClient
+) -> None:
+    """ "\\ud800" is valid JSON; once accepted, it made every /metrics scrape fail."""
+    assert wire.name_problem("\ud800") == "must be UTF-8 text; '\\ud800' holds a lone surrogate"
+    header = json.dumps({"model": "\ud800", "tensors": []}).encode()  # ASCII: \\ud800
+    client.send_frames([wire.envelope(wire.Command.REQUEST, b"r1"), header])
+    error = client.recv()
+    assert isinstance(error, wire.ErrorReply) and error.code == "BAD_MESSAGE"
+    assert "lone surrogate" in error.message
