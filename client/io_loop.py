@@ -342,6 +342,13 @@ class IoLoop:
 
     def _on_frames(self, frames: list[zmq.Frame]) -> None:
         try:
+            self._dispatch(frames)
+        except Exception as exc:  # one reply this client cannot handle: never the loop
+            log.exception("cannot handle a message from the broker")
+            self._on_malformed(frames, ProtocolError(f"unreadable reply ({exc!r})"))
+
+    def _dispatch(self, frames: list[zmq.Frame]) -> None:
+        try:
             message = wire.decode(frames)
         except IpuserveError as exc:
             self._on_malformed(frames, exc)

@@ -449,6 +449,30 @@ def test_answered_requests_do_not_stay_in_the_deadline_heap(broker: FakeBroker) 
         assert len(client._io._deadlines) <= 1025  # compacted, not 3000
 
 
+def test_a_reply_the_client_cannot_handle_fails_its_request_not_the_client(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A REPLY that broke numpy's view (shape [0, 2**64]) once killed the I/O thread:
+    that request waited out its timeout and every later call raised ClosedError. The
+    fault is injected once into the answer handler."""
+    from ipuserve.client.io_loop import IoLoop
+
+    answer = IoLoop._on_answer
+    faults = [ValueError("Maximum allowed dimension exceeded")]
+
+    def faulty(self: IoLoop, reply: Any) -> None:
+        if faults and isinstance(reply, wire.Reply):
+            raise faults.pop()
+        answer(self, reply)
+
+    monkeypatch.setattr(IoLoop, "_on_answer", faulty)
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        with pytest.raises(errors.ProtocolError, match="Maximum allowed dimension exceeded"):
+            client.infer("add", inputs())
+        given = inputs(2)
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+
+
 def test_a_client_dropped_without_close_stops_its_thread(broker: FakeBroker) -> None:
     client = Client(broker.address, timeout=10, config=FAST)
     given = inputs()
