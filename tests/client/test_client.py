@@ -473,6 +473,21 @@ def test_a_reply_the_client_cannot_handle_fails_its_request_not_the_client(
         np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
 
 
+def test_a_long_silence_re_sends_pending_requests_once_not_every_liveness_window(
+    broker: FakeBroker,
+) -> None:
+    """ZeroMQ queues what is sent while the broker is away and delivers it all when it
+    is back: a re-send every liveness window made a broker back after 20 s run each
+    request several times. Here the broker hears everything and answers nothing."""
+    broker.silent = True
+    config = ClientConfig(ping_interval_s=0.05, liveness_s=0.1)  # 10 windows in 1 s
+    with Client(broker.address, config=config) as client:
+        with pytest.raises(errors.DeadlineExceeded):
+            client.infer("add", inputs(), timeout=1.0)
+        assert client.stats.resent == 1
+    assert len(broker.requests) == 2  # the request and its one re-send
+
+
 def test_a_client_dropped_without_close_stops_its_thread(broker: FakeBroker) -> None:
     client = Client(broker.address, timeout=10, config=FAST)
     given = inputs()
