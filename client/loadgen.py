@@ -18,6 +18,7 @@ arrivals over it are counted as skipped.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipuserve.client.stats import WINDOW_OPEN_NS, Recording, Sample, Timing
+
+log = logging.getLogger(__name__)
+
+#: After Ctrl-C, how long requests in flight may still finish: with the broker gone
+#: each would otherwise hold the report back until its own timeout (30 s by default).
+INTERRUPTED_DRAIN_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,16 +264,31 @@ def _wait(window: _Window, progress: Progress | None, outstanding: Callable[[], 
         _drain(window, progress, outstanding)
     except KeyboardInterrupt:
         window.interrupt()
-        _drain(window, progress, outstanding)
+        if not _drain(window, progress, outstanding, limit_s=INTERRUPTED_DRAIN_S):
+            log.warning(
+                "stopped waiting for %d request(s) still in flight (Ctrl-C); they are "
+                "not in the figures",
+                outstanding(),
+            )
 
 
-def _drain(window: _Window, progress: Progress | None, outstanding: Callable[[], int]) -> None:
+def _drain(
+    window: _Window,
+    progress: Progress | None,
+    outstanding: Callable[[], int],
+    limit_s: float | None = None,
+) -> bool:
+    """Wait until every request finished (True), or ``limit_s`` passed (False)."""
+    give_up = None if limit_s is None else time.monotonic() + limit_s
     while not window.finished.wait(0.25):
         window.close_by_time()
         if progress is not None:
             progress(window.recording, outstanding())
+        if give_up is not None and time.monotonic() >= give_up:
+            return False
     if progress is not None:
         progress(window.recording, 0)
+    return True
 
 
 def run_load(submit: Submit, config: LoadConfig, progress: Progress | None = None) -> Recording:

@@ -310,3 +310,20 @@ def test_ctrl_c_while_waiting_for_the_broker_exits_130_in_one_line(
         assert proc.wait(60) == 130
     proc.wait_for(r"^Error: interrupted \(Ctrl-C\)$")
     assert not any("Aborted" in line or "Traceback" in line for line in proc.lines)
+
+
+def test_ctrl_c_does_not_wait_out_the_timeouts_of_requests_in_flight(
+    processes: Processes,  # noqa: F811
+) -> None:
+    """With the requests stuck (a worker that takes a minute, or a broker gone) bench
+    once waited out every --timeout-s after Ctrl-C before it reported anything."""
+    broker = start_broker(processes)
+    worker = start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "120000"))
+    argv = [sys.executable, "-m", "ipuserve", "bench", "--broker", broker.frontend]
+    bench = processes.start(
+        "bench", [*argv, "--model", "add", "--warmup-s", "0", "--timeout-s", "120"]
+    )
+    worker.wait_for("running a job for 120000")  # the request is stuck at the worker
+    bench.popen.send_signal(signal.SIGINT)
+    assert bench.wait(60) == 130  # not after the request's 120 s
+    bench.wait_for(r"stopped waiting for 1 request\(s\) still in flight \(Ctrl-C\)")
