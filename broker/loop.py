@@ -124,6 +124,7 @@ class Broker:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        self.scheduler.report_shedding(time.monotonic(), final=True)  # none left unsaid
         self.scheduler.shutdown(BrokerShutdownError("the broker is shutting down"))
         self._frontend.close(linger=self.config.shutdown_linger_ms)
         self._backend.close(linger=0)

@@ -223,18 +223,21 @@ class Scheduler:
                 self._shed_since = time.monotonic()
             self._shed[model] += 1
 
-    def report_shedding(self, now: float) -> None:
-        """A WARNING (at most every SHED_REPORT_S) per model whose requests were refused
-        OVERLOADED: a broker turning work away must not do it silently."""
-        if not self._shed or now < self._next_shed_report:
+    def report_shedding(self, now: float, *, final: bool = False) -> None:
+        """A WARNING (at most every SHED_REPORT_S, and a ``final`` one at shutdown) per
+        model whose requests were refused OVERLOADED: a broker turning work away must
+        not do it silently."""
+        if not self._shed or (now < self._next_shed_report and not final):
             return
+        span = now - self._shed_since
+        when = f" in the last {span:.1f} s" if span >= 0.1 else ""  # the first: just now
         for model, refused in self._shed.items():
             log.warning(
-                "model %r: %d request(s) refused OVERLOADED in the last %.1f s: its queue "
-                "is full (--queue-limit %d); more workers or a higher limit would take them",
+                "model %r: %d request(s) refused OVERLOADED%s: its queue is full "
+                "(--queue-limit %d); more workers or a higher limit would take them",
                 model,
                 refused,
-                now - self._shed_since,
+                when,
                 self.config.queue_limit,
             )
         self._shed.clear()
