@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
@@ -140,14 +141,16 @@ def worker(
                 param_hint="'--replicas'",
             )
         os.environ["IPUSERVE_SIM_IPUS"] = str(ipus)
-    backend = _runner_backend(
-        list(models),
-        name=name,
-        replicas=replicas,
-        batching_dim=batching_dim,
-        batch_timeout_ms=batch_timeout_ms,
-        credit=credit,
-    )
+    log.info("loading %s", ", ".join(models))
+    with _stopped_while_loading():
+        backend = _runner_backend(
+            list(models),
+            name=name,
+            replicas=replicas,
+            batching_dim=batching_dim,
+            batch_timeout_ms=batch_timeout_ms,
+            credit=credit,
+        )
     try:
         server = _metrics_server(backend, metrics_host, metrics_port)
     except IpuserveError as exc:
@@ -159,6 +162,29 @@ def worker(
         if server is not None:
             server.close()
     sys.exit(code)
+
+
+class _Stopped(BaseException):
+    """SIGTERM while the model loads (as KeyboardInterrupt: past `except Exception`)."""
+
+
+@contextlib.contextmanager
+def _stopped_while_loading() -> Iterator[None]:
+    """SIGTERM before the worker serves: it lets go of its IPUs and exits 143 saying so,
+    where it once died silently (the drain handler comes only with serving). Nothing
+    is lost: it has accepted no request yet."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except _Stopped:
+        click.echo("ipuserve worker: stopped by SIGTERM while loading its model", err=True)
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _metrics_server(backend: Any, host: str, port: int | None) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -285,3 +286,21 @@ def test_batching_dim_1_and_a_batch_timeout_serve_requests_of_any_width(
     for reply in replies:
         assert isinstance(reply, wire.Reply), reply
         np.testing.assert_array_equal(reply.tensors.arrays()["output"], ids[reply.request_id])
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_model_loads_lets_go_and_says_so(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """At a large time scale the load program takes seconds; SIGTERM then once killed
+    the worker without a word (its drain handler comes only with serving)."""
+    model = write_example(tmp_path / "mlp.popef", "mlp")
+    argv = [sys.executable, "-m", "ipuserve", "--log-level", "INFO", "worker", "--broker",
+            "tcp://127.0.0.1:1", "--model", model]  # fmt: skip
+    env = {"IPUSERVE_SIM_TIME_SCALE": "100000"}  # the load program: about a minute
+    loading = processes.start("loading", argv, env=env)
+    loading.wait_for(r"loading .*mlp\.popef")
+    loading.popen.send_signal(signal.SIGTERM)
+    assert loading.wait(60) == 143
+    loading.wait_for(r"^ipuserve worker: stopped by SIGTERM while loading its model$")
+    assert "Traceback" not in loading.output()
