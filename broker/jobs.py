@@ -48,8 +48,16 @@ class JobEntry:
     attempts: int = 0
     worker: Worker | None = None
     dispatched: float = 0.0
-    #: the connections of every worker it was placed on: only they may answer it
-    holders: list[bytes] = field(default_factory=list)
+    #: (connection, worker id) of every worker it was placed on: only they may answer
+    holders: list[tuple[bytes, str]] = field(default_factory=list)
+
+    def placed_on(self, sender: bytes, worker: Worker | None) -> bool:
+        """Whether ``sender`` may answer: a connection it was placed on, or a registered
+        worker under the id of one (a worker that reconnected has a new connection)."""
+        return any(
+            sender == identity or (worker is not None and worker.worker_id == worker_id)
+            for identity, worker_id in self.holders
+        )
 
     @property
     def request_ids(self) -> tuple[bytes, ...]:

@@ -97,7 +97,7 @@ class Scheduler:
         """The job is the worker's from now on (it uses credit); it leaves at the next flush."""
         job.state, job.worker, job.dispatched = State.RUNNING, worker, now
         job.attempts += 1
-        job.holders.append(worker.identity)
+        job.holders.append((worker.identity, worker.worker_id))
         worker.in_flight[job.job_id] = job
         batch = self._outgoing.get(worker)
         if batch is None:
@@ -284,7 +284,7 @@ class Scheduler:
         if worker is not None:
             worker.in_flight.pop(job_id, None)
         job = self.jobs.get(job_id)
-        if job is not None and sender not in job.holders:
+        if job is not None and not job.placed_on(sender, worker):
             # Any peer on the backend could once answer any job whose id it guessed,
             # without even a HELLO, and its outputs went to the client.
             self.metrics.dropped.inc(reason="result_from_stranger")

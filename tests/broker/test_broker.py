@@ -205,6 +205,28 @@ def test_only_a_worker_the_job_was_placed_on_may_answer_it(
     assert_add_reply(reply, INPUTS)
 
 
+def test_a_worker_that_reconnected_may_still_answer_the_jobs_it_held(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """A worker that lost the broker for a while comes back on a new connection (a new
+    identity) with the results of jobs it held; those were re-queued meanwhile. Its
+    result still wins: it is registered under the id the job was placed on."""
+    own = zmq.Context()
+    first = fake(broker, workers, credit=1, worker_id="a", context=own)
+    asked = client.request("add", INPUTS)
+    held = first.job()
+    first.alive = False
+    first.close()
+    own.term()
+    other = fake(broker, workers, credit=1, worker_id="b")
+    back = fake(broker, workers, credit=0, worker_id="a")  # takes nothing new
+    assert other.job().job_id == held.job_id  # re-queued when "a" came back
+    back.answer(held)
+    reply = client.recv()
+    assert isinstance(reply, wire.Reply) and reply.request_id == asked
+    assert broker.metrics.dropped.value(reason="result_from_stranger") == 0
+
+
 def test_outputs_that_do_not_fit_the_model_are_not_forwarded(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
