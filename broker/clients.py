@@ -47,15 +47,15 @@ class ClientHandlers:
             try:  # a row's failure, even a bug, is its own: never a whole batch's
                 requests = self._jobs_of(client, row)
             except Exception as exc:
-                self._fail_row(client, row, exc)
+                self._refuse_failed(client, row, exc)
                 continue
             for request in requests:
                 try:
                     self.on_request(client, request, batched=True)
                 except Exception as exc:
-                    self._fail_row(client, request, exc)
+                    self._refuse_failed(client, request, exc)
 
-    def _fail_row(self, client: bytes, request: wire.Request, exc: Exception) -> None:
+    def _refuse_failed(self, client: bytes, request: wire.Request, exc: Exception) -> None:
         if not isinstance(exc, IpuserveError):
             log.exception("failed to handle a request of a REQUESTS batch")
             exc = IpuserveError("internal broker error; see its log")

@@ -28,7 +28,12 @@ from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.scheduler import Scheduler
 from ipuserve.broker.workers import WorkerHandlers
-from ipuserve.errors import BrokerShutdownError, IpuserveError, ProtocolError
+from ipuserve.errors import (
+    BrokerShutdownError,
+    IpuserveError,
+    ProtocolError,
+    WorkerFailedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +159,6 @@ class Broker:
             self.scheduler.flush()
             if self._outbox.pending:
                 self._outbox.flush()
-            gone = self._outbox.take_gone()
-            if gone:
-                self.scheduler.abandon(gone)
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
@@ -172,6 +174,8 @@ class Broker:
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
+        if self._outbox.unreachable:
+            self._outbox.unreachable.pop(client, None)  # back: it keeps its queue
         message: wire.Message | None = None
         try:
             message = wire.decode(body, self._limits)
@@ -208,6 +212,10 @@ class Broker:
         except Exception:  # one peer's message must not stop the broker for everyone
             log.exception("failed to handle a %s from a worker", message.COMMAND.name)
             self.metrics.dropped.inc(reason="worker_message_failed")
+            # the jobs it named may have left the worker's books: answer them, or
+            # they would wait for ever (without a timeout)
+            error = WorkerFailedError("internal broker error handling the worker's result")
+            self.scheduler.fail_live(wire.peek_ids(body), error)
 
     # ------------------------------------------------------------ timers
 
@@ -217,6 +225,7 @@ class Broker:
             self._clients.grace_until,
             self.scheduler.deadlines.next_due(),
             self.scheduler.next_orphan_due(),
+            self.scheduler.next_unreachable_due(),
         ]
         if self._outbox.pending:  # retry the backlog of slow clients soon
             due.append(time.monotonic() + BACKLOG_RETRY_S)
@@ -226,6 +235,8 @@ class Broker:
     def _on_timers(self, now: float) -> None:
         self.scheduler.expire(now)
         self.scheduler.fail_orphans(now)
+        if self._outbox.unreachable:
+            self.scheduler.abandon_unreachable(now)
         self.scheduler.report_shedding(now)
         if now >= self._next_beat:
             self._workers.beat(now)

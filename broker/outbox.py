@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -41,8 +42,9 @@ class Outbox:
         self._dropped = metrics.dropped
         self._backlog_limit = backlog_limit
         self._backlogs: dict[bytes, deque[Frames]] = {}
-        #: clients a reply could not reach since :meth:`take_gone` (disconnected)
-        self._gone: set[bytes] = set()
+        #: clients a reply could not reach (disconnected), and since when; forgotten
+        #: when they are heard from again (reconnected) or their queue is dropped
+        self.unreachable: dict[bytes, float] = {}
 
     @property
     def pending(self) -> bool:
@@ -59,17 +61,8 @@ class Outbox:
             return self._defer(self._backlogs.setdefault(identity, deque()), frames)
         if reason == "gone":
             self._dropped.inc(reason="client_gone")
-            self._gone.add(identity)
+            self.unreachable.setdefault(identity, time.monotonic())
         return reason is None
-
-    @property
-    def found_gone(self) -> bool:
-        return bool(self._gone)
-
-    def take_gone(self) -> set[bytes]:
-        """The clients found disconnected since the last call (then forgotten)."""
-        gone, self._gone = self._gone, set()
-        return gone
 
     def _defer(self, backlog: deque[Frames], frames: Frames) -> bool:
         if len(backlog) >= self._backlog_limit:
@@ -87,7 +80,7 @@ class Outbox:
                     break
                 if reason == "gone":
                     self._dropped.inc(len(backlog), reason="client_gone")
-                    self._gone.add(identity)
+                    self.unreachable.setdefault(identity, time.monotonic())
                     backlog.clear()
                     break
                 backlog.popleft()

@@ -87,8 +87,6 @@ class Scheduler:
         """Fill a worker's spare credit from the queues of the models it serves."""
         if self.registry.workers.get(worker.identity) is not worker:
             return
-        if self.outbox.found_gone:  # the reply just sent may have found its client gone
-            self.abandon(self.outbox.take_gone())
         now = time.monotonic()
         while worker.spare > 0 and (job := self.dispatcher.next_for(worker)) is not None:
             self._start(worker, job, now)
@@ -243,11 +241,37 @@ class Scheduler:
         self._shed.clear()
         self._next_shed_report = now + SHED_REPORT_S
 
+    def fail_live(self, job_ids: Sequence[bytes], error: IpuserveError) -> None:
+        """Answer ``error`` to those of ``job_ids`` still live, freeing their workers'
+        credit: what a broker bug handling their result leaves behind."""
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            if job.worker is not None:
+                job.worker.in_flight.pop(job_id, None)
+            self.reject(job, error)
+
+    def abandon_unreachable(self, now: float) -> None:
+        """Drop the queued jobs of clients a reply could not reach for a liveness window
+        (killed, most likely): nobody would read their results, and other clients'
+        requests queue behind them. Jobs already at a worker run on; their replies are
+        dropped as they come. A client back within the window (a network blip) is
+        heard from, and keeps its queue."""
+        grace = self.config.liveness_ms / 1000
+        unreachable = self.outbox.unreachable
+        due = {client for client, since in unreachable.items() if now - since >= grace}
+        for client in due:
+            del unreachable[client]
+        if due:
+            self.abandon(due)
+
+    def next_unreachable_due(self) -> float | None:
+        since = min(self.outbox.unreachable.values(), default=None)
+        return None if since is None else since + self.config.liveness_ms / 1000
+
     def abandon(self, clients: set[bytes]) -> None:
-        """Drop the queued jobs of clients found disconnected (a reply to them failed):
-        nobody would read their results, and other clients' requests queue behind
-        them. Jobs already at a worker run on; their replies are dropped as they come.
-        A client that reconnects re-sends what it still waits for."""
+        """Drop the queued jobs of ``clients``."""
         dropped = 0
         for queue in self.dispatcher.queues.values():
             for job in queue.live_jobs():

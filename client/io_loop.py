@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve import protocol as wire
 from ipuserve.client.pending import EXPECTS, Pending
@@ -119,6 +120,8 @@ class ClientStats:
     malformed: int = 0
     expired: int = 0
     epoch_changes: int = 0
+    #: connections to the broker made again after the first (a blip, a restart)
+    reconnects: int = 0
     epoch: str | None = None
     #: the broker's payload limit, from its PONG (None until the first)
     max_payload_bytes: int | None = None
@@ -132,6 +135,14 @@ class IoLoop:
         self.endpoint = endpoint
         self.stats = ClientStats()
         self._sock = sock
+        # A new connection means replies sent meanwhile were lost (the broker drops what
+        # it cannot deliver, and a client it could not reach loses its queue after a
+        # while): re-send what is pending when one is made again.
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._connections = 0
+        #: pending requests went to the new connection since the last PONG: a new
+        #: epoch in that PONG needs no second re-send
+        self._resent_on_reconnect = False
         self._waker = Waker()
         self._inbox: deque[Pending] = deque()
         self._lock = threading.Lock()
@@ -218,6 +229,8 @@ class IoLoop:
                 leftovers = [*self._pending.values(), *self._inbox]
                 self._pending.clear()
                 self._inbox.clear()
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
             self._sock.close(linger=0)
             self._waker.close()  # here, not in close(): that may run on this very thread
             _fail(leftovers, error)
@@ -226,14 +239,34 @@ class IoLoop:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._waker.fileno(), zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not self._closed:
             events = dict(poller.poll(self._poll_timeout_ms()))
             if self._waker.fileno() in events:
                 self._take_inbox()
             if self._sock in events:
                 self._receive()
+            if self._monitor in events:
+                self._on_connection_events()
             self._tick()
             self._flush_outgoing()
+
+    def _on_connection_events(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                continue
+            self._connections += 1
+            if self._connections == 1:
+                continue
+            self.stats.reconnects += 1
+            # Not after a re-send in this silence: the pipe kept those copies for the new
+            # connection (and if a broker that hung then died lost them, its successor's
+            # new epoch re-sends).
+            if self._pending and not self._resent_in_silence:
+                log.info("reconnected to the broker; re-sending %d", len(self._pending))
+                self._resend_all()
+                self._resent_on_reconnect = True
 
     def _take_inbox(self) -> None:
         self._waker.clear()
@@ -418,7 +451,12 @@ class IoLoop:
             return
         self.stats.replies += 1
         if not pending.future.done():
-            settle(pending)  # runs the future's callbacks on this thread
+            try:
+                settle(pending)  # runs the future's callbacks on this thread
+            except Exception as exc:  # e.g. numpy cannot view the reply's tensors
+                log.exception("cannot hand request %s its reply", request_id.hex())
+                if not pending.future.done():  # it left the pending table: fail it now
+                    pending.future.set_exception(ProtocolError(f"unreadable reply ({exc!r})"))
 
     def _on_pong(self, pong: wire.Pong) -> None:
         self._broker_shut_down = False  # a broker answers again
@@ -426,10 +464,12 @@ class IoLoop:
         self.stats.epoch = pong.epoch
         self.stats.max_payload_bytes = pong.max_payload_bytes
         held, self._held = self._held, {}
+        resent, self._resent_on_reconnect = self._resent_on_reconnect, False
         if known is not None and known != pong.epoch:
             log.warning("broker restarted (epoch %s -> %s); re-sending", known, pong.epoch)
             self.stats.epoch_changes += 1
-            self._resend_all()
+            if not resent:
+                self._resend_all()
             return
         for request_id in held:
             pending = self._pending.get(request_id)

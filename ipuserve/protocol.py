@@ -66,7 +66,8 @@ MAX_NAME_CHARS = 256
 MAX_DURATION_MS = 1e12
 #: The largest integer a header field may hold (JSON's are unbounded; 2**53: exact as a float).
 MAX_COUNT = 2**53
-_MAX_TIMING_US = MAX_DURATION_MS * 1e3
+#: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).
+MAX_TIMING_VALUE = 1e18
 MAX_TIMING_KEYS = 32
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
@@ -417,6 +418,9 @@ def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     _PASSED[key] = (model, given)
 
 
+_OUTPUTS_PASSED: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+
+
 def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None:
     """Why a worker's outputs do not fit ``model``'s schema (names, dtypes, and shapes
     but for the batching dimension), else None: the broker checks before forwarding."""
@@ -444,9 +448,6 @@ def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None
         _OUTPUTS_PASSED.clear()
     _OUTPUTS_PASSED[key] = (model, given)
     return None
-
-
-_OUTPUTS_PASSED: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
 
 
 def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
@@ -1491,7 +1492,7 @@ def _timing(value: Any, limits: Limits) -> dict[str, float]:
             if type(number) is not int:
                 raise ProtocolError(f"must be an object of numbers; {key!r} is {number!r}"[:120])
             floats = False
-        if not -_MAX_TIMING_US < number < _MAX_TIMING_US:  # also inf and NaN
+        if not -MAX_TIMING_VALUE < number < MAX_TIMING_VALUE:  # also inf and NaN
             raise ProtocolError(f"{key!r} is out of range: {str(number)[:40]}")
     return value if floats else {key: float(number) for key, number in value.items()}
 
@@ -1764,7 +1765,7 @@ def _plain_timing(value: Any) -> bool:
     return all(
         type(number) is float
         and 0 < len(key) <= MAX_NAME_CHARS
-        and -_MAX_TIMING_US < number < _MAX_TIMING_US  # JSON's 1e400 is inf
+        and -MAX_TIMING_VALUE < number < MAX_TIMING_VALUE  # JSON's 1e400 is inf
         for key, number in value.items()
     )
 

@@ -15,6 +15,7 @@ progress line on stderr when it is a terminal.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -252,7 +253,7 @@ def _emit(report: dict[str, Any], table: Callable[[dict[str, Any]], str], as_jso
     click.echo(json.dumps(report, indent=2) if as_json else table(report))
     if report.get("interrupted"):
         click.echo("Error: interrupted (Ctrl-C): the report covers what completed", err=True)
-        raise SystemExit(130)
+        raise SystemExit(128 + signal.SIGINT)  # as a shell reports it, like every command
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:

@@ -839,3 +839,11 @@ def test_numbers_out_of_range_are_protocol_errors(
     with pytest.raises(ProtocolError) as info:
         p.decode(_edited(message, old, new))
     assert problem in str(info.value)
+
+
+def test_a_timing_value_may_be_a_unix_time_in_microseconds() -> None:
+    """Extra timing keys are allowed; the first range check (1e15) refused a wall-clock
+    stamp, failing every job of the RESULTS with it."""
+    stamp = b"1795603194296393.0"
+    (result,) = p.decode(_edited(ONE_RESULT, b"1.5", stamp)).results  # type: ignore[union-attr]
+    assert result.timing["device_us"] == float(stamp)

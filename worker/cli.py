@@ -141,8 +141,8 @@ def worker(
                 param_hint="'--replicas'",
             )
         os.environ["IPUSERVE_SIM_IPUS"] = str(ipus)
-    log.info("loading %s", ", ".join(models))
-    with _stopped_while_loading():
+    with _stopped_while_loading():  # until serve() installs the drain handler
+        log.info("loading %s", ", ".join(models))
         backend = _runner_backend(
             list(models),
             name=name,
@@ -151,11 +151,11 @@ def worker(
             batch_timeout_ms=batch_timeout_ms,
             credit=credit,
         )
-    try:
-        server = _metrics_server(backend, metrics_host, metrics_port)
-    except IpuserveError as exc:
-        backend.close()  # lets go of its IPUs
-        raise click.ClickException(str(exc)) from None
+        try:
+            server = _metrics_server(backend, metrics_host, metrics_port)
+        except IpuserveError as exc:
+            backend.close()  # lets go of its IPUs
+            raise click.ClickException(str(exc)) from None
     try:
         code = serve(backend, config)
     finally:

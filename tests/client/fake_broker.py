@@ -82,6 +82,12 @@ class FakeBroker:
         self.epoch = uuid.uuid4().hex
         self.start()
 
+    def blip(self) -> None:
+        """Drop every connection and come back at once, remembering nothing sent on
+        them (as a broken network path does); the epoch stays."""
+        self.stop()
+        self.start()
+
     def send_raw(self, frames: list[wire.Frame]) -> None:
         """Send ``frames`` to the last client heard from, from the broker's own thread."""
         self._outbox.append(frames)

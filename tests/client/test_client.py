@@ -417,6 +417,22 @@ def test_requests_lost_in_a_broker_restart_are_resent_once_answered(broker: Fake
         assert set(first_ids) <= resent
 
 
+def test_a_reconnection_re_sends_what_is_pending(broker: FakeBroker) -> None:
+    """A connection lost for less than a liveness window: no silence, no new epoch, so
+    nothing was re-sent, and a request whose reply the broker could not deliver (or
+    whose queue it dropped, the client gone) waited out its timeout."""
+    arrived = Counter(1)
+    broker.handler = counting(lambda r: None, arrived)  # held, never answered
+    with Client(broker.address, timeout=30, config=FAST) as client:
+        given = inputs(3)
+        future = client.infer_async("add", given)
+        assert arrived.reached.wait(10)
+        broker.handler = add_handler
+        broker.blip()
+        np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+        assert client.stats.reconnects == 1 and client.stats.epoch_changes == 0
+
+
 def test_a_silent_broker_gets_the_pending_requests_again(broker: FakeBroker) -> None:
     seen: set[bytes] = set()
 
@@ -452,23 +468,22 @@ def test_answered_requests_do_not_stay_in_the_deadline_heap(broker: FakeBroker) 
 def test_a_reply_the_client_cannot_handle_fails_its_request_not_the_client(
     broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A REPLY that broke numpy's view (shape [0, 2**64]) once killed the I/O thread:
-    that request waited out its timeout and every later call raised ClosedError. The
-    fault is injected once into the answer handler."""
-    from ipuserve.client.io_loop import IoLoop
-
-    answer = IoLoop._on_answer
+    """A REPLY whose tensors numpy could not view (shape [0, 2**64]) once killed the I/O
+    thread: that request waited out its timeout, every later call raised ClosedError.
+    The fault is injected once where the reply's arrays are made, on the I/O thread."""
+    arrays = wire.Tensors.arrays
     faults = [ValueError("Maximum allowed dimension exceeded")]
 
-    def faulty(self: IoLoop, reply: Any) -> None:
-        if faults and isinstance(reply, wire.Reply):
+    def faulty(self: wire.Tensors) -> Any:
+        if faults and threading.current_thread().name == "ipuserve-client-io":
             raise faults.pop()
-        answer(self, reply)
+        return arrays(self)
 
-    monkeypatch.setattr(IoLoop, "_on_answer", faulty)
-    with Client(broker.address, timeout=10, config=FAST) as client:
+    monkeypatch.setattr(wire.Tensors, "arrays", faulty)
+    with Client(broker.address, timeout=None, config=FAST) as client:  # no timeout to end it
+        future = client.infer_async("add", inputs())
         with pytest.raises(errors.ProtocolError, match="Maximum allowed dimension exceeded"):
-            client.infer("add", inputs())
+            future.result(10)
         given = inputs(2)
         np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
 
