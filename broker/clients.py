@@ -106,7 +106,9 @@ class ClientHandlers:
             self._jobs.finish(job)
             raise
         self._scheduler.deadlines.add(job)
-        self._scheduler.metrics.requests.inc(len(job.request_ids), model=request.model)
+        # a made-up name queued in the start-up grace gets no label of its own (for ever)
+        model = request.model if request.model in self._registry.specs else ""
+        self._scheduler.metrics.requests.inc(len(job.request_ids), model=model)
 
     def _check_schema(self, request: wire.Request, now: float) -> None:
         spec = self._registry.specs.get(request.model)

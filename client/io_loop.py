@@ -138,8 +138,11 @@ class IoLoop:
         # A new connection means replies sent meanwhile were lost (the broker drops what
         # it cannot deliver, and a client it could not reach loses its queue after a
         # while): re-send what is pending when one is made again.
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
         self._connections = 0
+        self._connected = False
         #: pending requests went to the new connection since the last PONG: a new
         #: epoch in that PONG needs no second re-send
         self._resent_on_reconnect = False
@@ -253,17 +256,19 @@ class IoLoop:
 
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._connected = False
                 continue
+            self._connected = True  # EVENT_HANDSHAKE_SUCCEEDED
             self._connections += 1
             if self._connections == 1:
                 continue
             self.stats.reconnects += 1
-            # Not after a re-send in this silence: the pipe kept those copies for the new
-            # connection (and if a broker that hung then died lost them, its successor's
-            # new epoch re-sends).
-            if self._pending and not self._resent_in_silence:
+            # What went out on the lost connection may be lost with it (and replies the
+            # broker could not deliver are); what was sent since waited in the socket's
+            # pipe and goes out now by itself, once more with this re-send.
+            if self._pending:
                 log.info("reconnected to the broker; re-sending %d", len(self._pending))
                 self._resend_all()
                 self._resent_on_reconnect = True
@@ -487,18 +492,26 @@ class IoLoop:
             return
         now = time.monotonic()
         if now - self._last_heard > self.config.liveness_s and not self._resent_in_silence:
-            # Once per silence: ZeroMQ queues what is sent while the broker is away and
-            # delivers it all when one is back, so re-sending every liveness window
-            # multiplied the work of a broker coming back (a chaos review: 3000 runs
-            # for 1000 requests after 20 s away). A new broker's epoch re-sends anyway.
-            log.warning(
-                "broker silent for %.1f s; re-sending %d%s",
-                now - self._last_heard,
-                len(self._pending),
-                self._first_silence_hint(),
-            )
+            # Once per silence, and only over a connection: ZeroMQ keeps what is sent
+            # while the broker is away and delivers it all when one is back, so a re-send
+            # every liveness window multiplied the work of a broker coming back (a chaos
+            # review: 3000 runs for 1000 requests after 20 s away). Reconnecting re-sends.
             self._resent_in_silence = True
-            self._resend_all()
+            if not self._connected:
+                log.warning(
+                    "broker silent for %.1f s, not connected; %d pending go again once it is%s",
+                    now - self._last_heard,
+                    len(self._pending),
+                    self._first_silence_hint(),
+                )
+            else:  # connected, yet silent: a hung broker may have lost them
+                log.warning(
+                    "broker silent for %.1f s; re-sending %d%s",
+                    now - self._last_heard,
+                    len(self._pending),
+                    self._first_silence_hint(),
+                )
+                self._resend_all()
         if now >= self._next_ping:
             self._ping(now)
 

@@ -1432,7 +1432,7 @@ def _text(value: Any, _limits: Limits) -> str:
 def _count(value: Any, _limits: Limits) -> int:
     _kind(value, int, "an integer >= 0")
     if not 0 <= value <= MAX_COUNT:  # JSON integers are unbounded; floats of them are not
-        raise ProtocolError(f"must be >= 0 and <= {MAX_COUNT}; got {str(value)[:40]}")
+        raise ProtocolError(f"must be >= 0 and <= {MAX_COUNT}; got {_shown(value)}")
     return int(value)
 
 
@@ -1440,6 +1440,12 @@ def _positive(value: Any, limits: Limits) -> int:
     if _count(value, limits) < 1:
         raise ProtocolError(f"must be >= 1; got {value}")
     return int(value)
+
+
+def _shown(number: Any) -> str:
+    """A number for an error message: a 400-digit one as its start and its length."""
+    text = str(number)
+    return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} digits)"
 
 
 def _interval(value: Any, limits: Limits) -> int:
@@ -1493,7 +1499,7 @@ def _timing(value: Any, limits: Limits) -> dict[str, float]:
                 raise ProtocolError(f"must be an object of numbers; {key!r} is {number!r}"[:120])
             floats = False
         if not -MAX_TIMING_VALUE < number < MAX_TIMING_VALUE:  # also inf and NaN
-            raise ProtocolError(f"{key!r} is out of range: {str(number)[:40]}")
+            raise ProtocolError(f"{key!r} is out of range: {_shown(number)}")
     return value if floats else {key: float(number) for key, number in value.items()}
 
 

@@ -881,6 +881,7 @@ def test_made_up_models_queued_in_the_start_up_grace_grow_no_metric_label(
         wait_until(lambda: broker.metrics.workers.value() == 1)  # a beat since then
     labels = broker.metrics.queued.samples
     assert (("model", "add"),) in labels and (("model", "ghost"),) not in labels
+    assert broker.metrics.requests.samples == {(("model", ""),): 1.0}  # counted, unnamed
 
 
 def test_a_name_with_a_lone_surrogate_is_refused_and_cannot_break_the_metrics_page(

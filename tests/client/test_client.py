@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -431,6 +432,31 @@ def test_a_reconnection_re_sends_what_is_pending(broker: FakeBroker) -> None:
         broker.blip()
         np.testing.assert_array_equal(future.result(10)["y"], expected(given))
         assert client.stats.reconnects == 1 and client.stats.epoch_changes == 0
+
+
+def test_a_broker_back_after_an_outage_gets_each_pending_request_once(
+    broker: FakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Re-sends made while the broker was away waited in the socket's pipe and all
+    arrived when it was back, with the re-send its new epoch caused: a broker back
+    after 20 s ran each request two to several times."""
+    caplog.set_level(logging.WARNING, logger="ipuserve.client.io_loop")
+    arrived = Counter(1)
+    broker.handler = counting(lambda r: None, arrived)  # the old broker never answers
+    config = ClientConfig(ping_interval_s=0.05, liveness_s=0.2)
+    with Client(broker.address, timeout=30, config=config) as client:
+        given = inputs(3)
+        future = client.infer_async("add", given)
+        assert arrived.reached.wait(10)
+        broker.stop()
+        wait_until(lambda: "not connected" in caplog.text)  # a silence while away
+        seen = len(broker.requests)
+        broker.handler = add_handler
+        broker.epoch = "back"
+        broker.start()
+        np.testing.assert_array_equal(future.result(10)["y"], expected(given))
+        client.models()  # a round trip: anything else sent before it has arrived
+    assert len(broker.requests) - seen == 1
 
 
 def test_a_silent_broker_gets_the_pending_requests_again(broker: FakeBroker) -> None:
