@@ -25,7 +25,6 @@ from typing import TypeAlias
 from ipuserve import protocol as wire
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.dispatch import Dispatcher
-from ipuserve.broker.grouping import GroupSizer
 from ipuserve.broker.jobs import Deadlines, JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.outbox import Outbox
@@ -38,6 +37,7 @@ from ipuserve.errors import (
     UnavailableError,
     WorkerFailedError,
 )
+from ipuserve.grouping import GroupSizer
 
 log = logging.getLogger(__name__)
 

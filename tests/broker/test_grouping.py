@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ipuserve import protocol as wire
-from ipuserve.broker.grouping import DEVICE_BUDGET_US, GroupSizer
+from ipuserve.grouping import DEVICE_BUDGET_US, GroupSizer
 
 X = wire.TensorSpec("x", "float32", (16, 8))
 MLP = wire.ModelSpec("mlp", (X,), (X,), batch_size=16, batching_dim=0)
@@ -48,3 +48,14 @@ def test_a_requests_samples_are_its_size_along_the_batching_dim() -> None:
     assert MLP.samples([()]) == 16  # none has it: the compiled batch
     fixed = wire.ModelSpec("f", (X,), (X,), batch_size=16, batching_dim=None)
     assert fixed.samples([(3, 8)]) == 16
+
+
+def test_samples_per_job_is_one_batch_for_a_slow_model_and_more_for_a_fast_one() -> None:
+    """What a worker merges into one runtime request, by the same rule as groups."""
+    sizer = GroupSizer()
+    assert sizer.samples_per_job(MLP) == MLP.batch_size  # nothing known yet
+    sizer.observe(MLP.name, device_us=200_000.0, samples=8)  # 25 ms a sample
+    assert sizer.samples_per_job(MLP) == MLP.batch_size
+    fast = GroupSizer()
+    fast.observe(MLP.name, device_us=8.0, samples=8)  # 1 us a sample
+    assert fast.samples_per_job(MLP) == int(DEVICE_BUDGET_US)

@@ -48,7 +48,18 @@ def simple(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Run
         tmp_path / "simple.popef", "simple", "--batch-size", "4", "--batch-dim", str(dim)
     )
     backend = RunnerBackend([path], batching_dim=dim)
+    check_against_reference(backend, jobs_of([1], dim, seed=9), dim)  # its device time known
     yield backend, dim
+    backend.close()
+
+
+@pytest.fixture
+def cold(tmp_path: Path) -> Iterator[RunnerBackend]:
+    """A backend that has run nothing yet: it does not know its device time."""
+    backend = RunnerBackend(
+        [write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")]
+    )
+    yield backend
     backend.close()
 
 
@@ -77,16 +88,17 @@ def check_against_reference(backend: RunnerBackend, jobs: list[Job], dim: int) -
         np.testing.assert_allclose(outcome.outputs["output"], want, rtol=1e-5, atol=1e-6)
 
 
-def runtime_requests(backend: RunnerBackend) -> int:
+def runtime_requests(backend: RunnerBackend, warm_up: int = 1) -> int:
+    """Runtime requests since the fixture's warm-up run."""
     counts = backend.runner.getMonitoringStatisticsTotalCount({}, replica_id=0)
-    return int(counts["request_monitoring_statistics_count"])
+    return int(counts["request_monitoring_statistics_count"]) - warm_up
 
 
 def test_jobs_that_start_together_run_as_one_request_and_each_gets_its_rows(
     simple: tuple[RunnerBackend, int],
 ) -> None:
     backend, dim = simple
-    jobs = jobs_of([1, 2, 3, 1, 4, 2], dim)
+    jobs = jobs_of([1, 2, 1], dim)  # one batch: the device-time budget allows at least that
     check_against_reference(backend, jobs, dim)
     assert runtime_requests(backend) == 1
 
@@ -109,6 +121,14 @@ def test_merged_requests_are_capped_in_samples(
     jobs = jobs_of([3, 1, 2, 2, 3], dim, seed=2)  # [3, 1] [2, 2] [3]
     check_against_reference(backend, jobs, dim)
     assert runtime_requests(backend) == 3
+
+
+def test_before_its_first_run_a_worker_merges_at_most_one_batch(cold: RunnerBackend) -> None:
+    """Not knowing the device time, merging 256 samples could hold a slow model's first
+    job until the 32nd batch was done (6.3 s instead of 0.2 s at a large time scale)."""
+    jobs = jobs_of([1, 2, 1, 3], 0, seed=3)  # [1, 2, 1] (one batch of 4) [3]
+    check_against_reference(cold, jobs, 0)
+    assert runtime_requests(cold, warm_up=0) == 2
 
 
 def test_a_closed_backend_refuses_every_job_of_a_merged_request(

@@ -1,4 +1,5 @@
-"""How many requests of a client's group the broker keeps together as one job.
+"""How much work to keep together as one unit: the requests of a client's group the
+broker makes one job, and the jobs a worker merges into one runtime request.
 
 A group (docs/protocol.md §2.3) costs the broker and the worker about as much as one
 request, so under load the bigger the better -- until the group holds more device
@@ -10,7 +11,9 @@ cost per job (a few hundred microseconds of CPU in the broker and again in the
 worker, measured with ``ipuserve bench``) is what limits throughput, not the device.
 
 The device time comes from the workers' RESULTS (``device_us`` per job), as a moving
-average per model; until a model has one, a job holds one batch.
+average per model; until a model has one, a job holds one batch. The worker merges
+jobs by the same rule, from its own runs: merging beyond one batch only saves the
+runtime's cost per request, and every merged job waits for the last of them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ class GroupSizer:
         now = device_us / samples
         before = self._us_per_sample.get(model)
         self._us_per_sample[model] = now if before is None else before + SMOOTHING * (now - before)
+
+    def samples_per_job(self, spec: wire.ModelSpec) -> int:
+        """The most samples one job (or merged request) should hold."""
+        return self.members_per_job(spec, 1)
 
     def members_per_job(self, spec: wire.ModelSpec, member_samples: int) -> int:
         """The most requests of ``member_samples`` samples each one job should hold."""
