@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,23 @@ class FakeWorker:
         assert isinstance(message, wire.Job), message
         batch, self.jobs = (message, *self.jobs), []
         return wire.Jobs(batch)
+
+    def idle_until(self, condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+        """Wait for ``condition`` (a broker state), heartbeating meanwhile: a fake worker
+        is only as live as its calls, and a short liveness window would drop it."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"{self.worker_id}: condition never true"
+            if self.alive:
+                self.send(wire.Heartbeat(in_flight=0))
+            self.socket.poll(5)  # a pace between checks; what arrives stays for recv()
+
+    def die(self, context: zmq.Context[Any]) -> None:
+        """Stop as the process's death would: silent, its connection closed. ``context``
+        is this worker's own; its term() returns once the TCP connection is closed."""
+        self.alive = False
+        self.close()
+        context.term()
 
     def expect(self, kind: type[Any], timeout: float = TIMEOUT) -> Any:
         message = self.recv(timeout)

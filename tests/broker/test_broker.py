@@ -126,9 +126,7 @@ def test_a_worker_restarted_under_its_id_takes_over_its_dead_predecessors_jobs(
     dead = fake(broker, workers, credit=1, worker_id="node-1", context=own)
     a = client.request("add", INPUTS)
     held = dead.job()
-    dead.alive = False
-    dead.close()
-    own.term()  # returns once the TCP connection is closed, as a process's death does
+    dead.die(own)
     reborn = fake(broker, workers, credit=1, worker_id="node-1")
     again = reborn.job()
     assert again.job_id == held.job_id
@@ -146,7 +144,6 @@ def test_a_disconnected_clients_queued_requests_are_dropped_not_run(
     A reply that cannot reach it, and a liveness window without it, tell the broker
     it is gone."""
     broker = start_broker_thread(liveness_ms=200)
-    client = RawClient(broker.frontend_endpoint)
     worker = fake(broker, workers, credit=1)
     own = zmq.Context()
     dying = RawClient(broker.frontend_endpoint, context=own)
@@ -155,14 +152,14 @@ def test_a_disconnected_clients_queued_requests_are_dropped_not_run(
     running = worker.job()
     dying.close()
     own.term()  # returns once its TCP connection is closed, as a process's death does
-    mine = client.request("add", INPUTS)
-    worker.answer(running)  # undeliverable: the broker learns the client is gone...
-    second = worker.job()  # ...but a blip is not death: the queue is kept a while
-    wait_until(lambda: broker.metrics.abandoned.value(model="add") == 1)  # the third
-    worker.answer(second)
-    worker.answer(worker.job())  # the next job is `mine`, not the dead client's third
-    reply = client.recv()
-    client.close()
+    with RawClient(broker.frontend_endpoint) as client:
+        mine = client.request("add", INPUTS)
+        worker.answer(running)  # undeliverable: the broker learns the client is gone...
+        second = worker.job()  # ...but a blip is not death: the queue is kept a while
+        worker.idle_until(lambda: broker.metrics.abandoned.value(model="add") == 1)
+        worker.answer(second)
+        worker.answer(worker.job())  # the next job is `mine`, not the dead client's third
+        reply = client.recv()
     assert isinstance(reply, wire.Reply) and reply.request_id == mine
 
 
@@ -223,9 +220,7 @@ def test_a_worker_that_reconnected_may_still_answer_the_jobs_it_held(
     first = fake(broker, workers, credit=1, worker_id="a", context=own)
     asked = client.request("add", INPUTS)
     held = first.job()
-    first.alive = False
-    first.close()
-    own.term()
+    first.die(own)
     other = fake(broker, workers, credit=1, worker_id="b")
     back = fake(broker, workers, credit=0, worker_id="a")  # takes nothing new
     assert other.job().job_id == held.job_id  # re-queued when "a" came back
