@@ -399,34 +399,43 @@ def _view(spec: TensorSpec, frame: Frame, members: int = 1) -> np.ndarray[Any, A
     return array
 
 
-#: (id(model), id(given)) -> (model, given) for input specs that passed: decoding hands
-#: out one tuple per distinct spec list (see _memo), so a client's requests repeat it
-#: and the broker and worker check each (model, spec list) pair once, not per request.
-_PASSED: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
-_PASSED_SIZE = 1024
+class _Passed:
+    """(model, spec list) pairs a check passed, by identity: decoding hands out one
+    tuple per distinct spec list (see _memo), so requests and results repeat it, and
+    the broker and worker check each pair once, not per message. Holding the objects
+    rules out a reused id."""
+
+    _SIZE = 1024
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+
+    def __contains__(self, pair: tuple[ModelSpec, Sequence[TensorSpec]]) -> bool:
+        seen = self._pairs.get((id(pair[0]), id(pair[1])))
+        return seen is not None and seen[0] is pair[0] and seen[1] is pair[1]
+
+    def add(self, model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+        if len(self._pairs) >= self._SIZE:
+            self._pairs.clear()
+        self._pairs[(id(model), id(given))] = (model, given)
+
+
+_INPUTS_PASSED = _Passed()
+_OUTPUTS_PASSED = _Passed()
 
 
 def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     """Raise InvalidInputError unless ``given`` matches the model's input specs."""
-    key = (id(model), id(given))
-    passed = _PASSED.get(key)
-    if passed is not None and passed[0] is model and passed[1] is given:
-        return  # the very same objects passed before (identity rules out a reused id)
+    if (model, given) in _INPUTS_PASSED:
+        return
     _check_inputs(model, given)
-    if len(_PASSED) >= _PASSED_SIZE:
-        _PASSED.clear()
-    _PASSED[key] = (model, given)
-
-
-_OUTPUTS_PASSED: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+    _INPUTS_PASSED.add(model, given)
 
 
 def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None:
     """Why a worker's outputs do not fit ``model``'s schema (names, dtypes, and shapes
     but for the batching dimension), else None: the broker checks before forwarding."""
-    key = (id(model), id(given))
-    passed = _OUTPUTS_PASSED.get(key)
-    if passed is not None and passed[0] is model and passed[1] is given:
+    if (model, given) in _OUTPUTS_PASSED:
         return None
     want = {spec.name: spec for spec in model.outputs}
     got = {spec.name: spec for spec in given}
@@ -444,9 +453,7 @@ def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None
             or any(other.shape[i] != spec.shape[i] for i in fixed)
         ):
             return f"output {other}; the model's is {spec}"
-    if len(_OUTPUTS_PASSED) >= _PASSED_SIZE:
-        _OUTPUTS_PASSED.clear()
-    _OUTPUTS_PASSED[key] = (model, given)
+    _OUTPUTS_PASSED.add(model, given)
     return None
 
 
