@@ -174,8 +174,7 @@ class Broker:
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
-        if self._outbox.unreachable:
-            self._outbox.unreachable.pop(client, None)  # back: it keeps its queue
+        self._outbox.heard_from(client)
         message: wire.Message | None = None
         try:
             message = wire.decode(body, self._limits)

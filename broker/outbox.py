@@ -93,6 +93,11 @@ class Outbox:
             self._dropped.inc(reason=f"worker_{reason}")
         return reason is None
 
+    def heard_from(self, client: bytes) -> None:
+        """A client sent something: it is reachable again, and keeps its queue."""
+        if self.unreachable:
+            self.unreachable.pop(client, None)
+
     def worker_connected(self, identity: bytes, heartbeat: Frames) -> bool:
         """Whether a worker's connection is still up, by sending it a heartbeat: ZeroMQ
         forgets a peer whose connection closed (a process that died), and a send to it

@@ -260,29 +260,26 @@ class Scheduler:
         heard from, and keeps its queue."""
         grace = self.config.liveness_ms / 1000
         unreachable = self.outbox.unreachable
-        due = {client for client, since in unreachable.items() if now - since >= grace}
-        for client in due:
+        gone = {client for client, since in unreachable.items() if now - since >= grace}
+        if not gone:
+            return
+        for client in gone:
             del unreachable[client]
-        if due:
-            self.abandon(due)
-
-    def next_unreachable_due(self) -> float | None:
-        since = min(self.outbox.unreachable.values(), default=None)
-        return None if since is None else since + self.config.liveness_ms / 1000
-
-    def abandon(self, clients: set[bytes]) -> None:
-        """Drop the queued jobs of ``clients``."""
         dropped = 0
         for queue in self.dispatcher.queues.values():
             for job in queue.live_jobs():
-                if job.client in clients:
+                if job.client in gone:
                     self._retire(job)
                     self.metrics.abandoned.inc(len(job.request_ids), model=job.model)
                     dropped += len(job.request_ids)
         if dropped:
             log.info(
-                "dropped %d queued request(s) of %d disconnected client(s)", dropped, len(clients)
+                "dropped %d queued request(s) of %d disconnected client(s)", dropped, len(gone)
             )
+
+    def next_unreachable_due(self) -> float | None:
+        since = min(self.outbox.unreachable.values(), default=None)
+        return None if since is None else since + self.config.liveness_ms / 1000
 
     def _retire(self, job: JobEntry) -> None:
         if job.state is State.QUEUED:

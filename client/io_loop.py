@@ -141,8 +141,8 @@ class IoLoop:
         self._monitor = sock.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         )
-        self._connections = 0
         self._connected = False
+        self._ever_connected = False
         #: pending requests went to the new connection since the last PONG: a new
         #: epoch in that PONG needs no second re-send
         self._resent_on_reconnect = False
@@ -261,8 +261,8 @@ class IoLoop:
                 self._connected = False
                 continue
             self._connected = True  # EVENT_HANDSHAKE_SUCCEEDED
-            self._connections += 1
-            if self._connections == 1:
+            if not self._ever_connected:
+                self._ever_connected = True
                 continue
             self.stats.reconnects += 1
             # What went out on the lost connection may be lost with it (and replies the
