@@ -20,6 +20,18 @@ from ipuserve.worker.config import WorkerConfig, default_worker_id
 log = logging.getLogger(__name__)
 
 
+class LookAhead(click.ParamType):  # type: ignore[type-arg]
+    """``unlimited`` or a run count: the spec's ``ModelRunnerConfig.max_look_ahead``."""
+
+    name = "unlimited|N"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip().lower()
+        if text != "unlimited" and not (text.isascii() and text.isdigit()):
+            self.fail(f"expected 'unlimited' or a whole number >= 0, got {value!r}", param, ctx)
+        return text if text == "unlimited" else str(int(text))
+
+
 class ModelFiles(click.Path):
     """A model file; a list of them in the env var is split on whitespace, as the help
     says (click splits a Path list on os.pathsep)."""
@@ -68,6 +80,14 @@ class ModelFiles(click.Path):
     "arrival; 0 = run it as soon as the device is free (eager batching).",
 )
 @option(
+    "--look-ahead",
+    default="unlimited",
+    type=LookAhead(),
+    help="Runs whose inputs the host prepares ahead of the device (the runtime's "
+    "max_look_ahead): 0 saves one thread hand-off per request (lower latency when "
+    "requests come one at a time) and can cost throughput when the device is busy.",
+)
+@option(
     "--ipus",
     default=None,
     type=click.IntRange(min=1),
@@ -114,6 +134,7 @@ def worker(
     replicas: int,
     batching_dim: int | None,
     batch_timeout_ms: float,
+    look_ahead: str,
     ipus: int | None,
     credit: int | None,
     heartbeat_ms: float,
@@ -149,6 +170,7 @@ def worker(
             replicas=replicas,
             batching_dim=batching_dim,
             batch_timeout_ms=batch_timeout_ms,
+            look_ahead=look_ahead,
             credit=credit,
         )
         try:

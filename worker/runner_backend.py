@@ -84,6 +84,7 @@ class RunnerBackend:
         replicas: int = 1,
         batching_dim: int | None = None,
         batch_timeout_ms: float = 0.0,
+        look_ahead: str = "unlimited",
         credit: int | None = None,
     ) -> None:
         model = load_model(list(model_paths))
@@ -99,6 +100,7 @@ class RunnerBackend:
             batch_size_timeout_ns=round(batch_timeout_ms * 1e6),
             flush_on_waiting_outputs=True,
             ring_buffer_size_multiplier=multiplier,
+            max_look_ahead=look_ahead,
         )
         try:
             self._runner = ModelRunner(model, config=config)

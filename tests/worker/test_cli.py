@@ -38,6 +38,7 @@ from tests.helpers import (
                 "--replicas",
                 "--batching-dim",
                 "--batch-timeout-ms",
+                "--look-ahead",
                 "--ipus",
                 "--credit",
                 "--heartbeat-ms",
@@ -265,12 +266,13 @@ def test_more_replicas_than_ipus_fail_with_a_clear_message(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("look_ahead", ["unlimited", "0"])
 def test_batching_dim_1_and_a_batch_timeout_serve_requests_of_any_width(
-    processes: Processes, tmp_path: Path
+    processes: Processes, tmp_path: Path, look_ahead: str
 ) -> None:
     model = noop_model(tmp_path, "--batch-dim", "1")  # tensors are [8, batch]
     broker = start_broker(processes)
-    options = ("--batching-dim", "1", "--batch-timeout-ms", "20")
+    options = ("--batching-dim", "1", "--batch-timeout-ms", "20", "--look-ahead", look_ahead)
     start_worker(processes, broker, runner_worker_argv(model, args=options))
     rng = np.random.default_rng(0)
     given = {width: rng.standard_normal((8, width)).astype(np.float32) for width in (1, 3, 4, 9)}
@@ -304,3 +306,14 @@ def test_sigterm_while_the_model_loads_lets_go_and_says_so(
     assert loading.wait(60) == 143
     loading.wait_for(r"^ipuserve worker: stopped by SIGTERM while loading its model$")
     assert "Traceback" not in loading.output()
+
+
+@pytest.mark.parametrize("value", ["some", "-1", "1.5", ""])
+def test_a_bad_look_ahead_is_a_usage_error_naming_the_option(value: str) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["worker", "--broker", "tcp://127.0.0.1:1", "--model", "m.popef", "--look-ahead", value],
+    )
+    assert result.exit_code == 2, result.output
+    assert "--look-ahead" in result.output
+    assert "expected 'unlimited' or a whole number >= 0" in result.output

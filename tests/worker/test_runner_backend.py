@@ -142,3 +142,25 @@ def test_a_closed_backend_refuses_every_job_of_a_merged_request(
     assert [job.job_id for job, _error in refused] == [job.job_id for job in jobs]
     assert {error.code for _job, error in refused} == {"UNAVAILABLE"}
     assert done.got == {}  # refused at once: never answered through done
+
+
+def _prefetch_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.endswith("-prefetch")}
+
+
+@pytest.mark.parametrize(("look_ahead", "prefetches"), [("unlimited", True), ("0", False)])
+def test_look_ahead_0_runs_without_the_prefetch_thread_and_gives_the_same_results(
+    tmp_path: Path, look_ahead: str, prefetches: bool
+) -> None:
+    """--look-ahead 0: the device thread packs its own inputs, one hand-off fewer per
+    request; partial batches must still be flushed (eager batching) and rows kept apart."""
+    path = write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")
+    before = _prefetch_threads()
+    backend = RunnerBackend([path], look_ahead=look_ahead)
+    try:
+        assert backend.runner.config().max_look_ahead == look_ahead
+        assert bool(_prefetch_threads() - before) is prefetches
+        for seed, rows in enumerate(([1], [3, 2], [4], [1, 1, 1])):
+            check_against_reference(backend, jobs_of(rows, 0, seed=seed), 0)
+    finally:
+        backend.close()
