@@ -50,7 +50,10 @@ class IpuserveError(Exception):
     code: ClassVar[str] = "INTERNAL"
 
 
-class ConfigError(IpuserveError):
+class ConfigError(IpuserveError, ValueError):
+    """A setting or constructor argument out of range; also a ValueError, which is what
+    Python code passing a bad value expects to catch."""
+
     code = "BAD_CONFIG"
 
 

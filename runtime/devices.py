@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ipuserve.errors import DeviceRequestError, DeviceUnavailableError
+from ipuserve.errors import ConfigError, DeviceRequestError, DeviceUnavailableError
 from ipuserve.runtime.popef.types import Model
 from ipuserve.runtime.simulator.blas import limit_blas_threads
 from ipuserve.runtime.simulator.config import SimulatorConfig
@@ -51,6 +51,12 @@ class DeviceWaitStrategy(enum.Enum):
     WAIT_FOREVER = 2
 
 
+#: The spec's default time between attach attempts.
+_DEFAULT_SLEEP = timedelta(seconds=15)
+#: A sleepTime of 0 retries at once; the lock files are still polled no faster than this.
+_MIN_RETRY_S = 0.001
+
+
 def _seconds(value: timedelta | float | int) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
@@ -66,18 +72,23 @@ class DeviceWaitConfig:
     def __init__(
         self,
         strategy: DeviceWaitStrategy | timedelta | float = DeviceWaitStrategy.NO_WAIT,
-        timeout: timedelta | float = timedelta(0),
-        sleepTime: timedelta | float = timedelta(seconds=15),
+        timeout: timedelta | float | None = None,
+        sleepTime: timedelta | float = _DEFAULT_SLEEP,
     ) -> None:
         if isinstance(strategy, DeviceWaitStrategy):
             self.strategy = strategy
-        else:  # C++'s DeviceWaitConfig(timeout, sleepTime) shorthand
+        else:  # C++'s DeviceWaitConfig(timeout, sleepTime = 15 s) shorthand
             self.strategy = DeviceWaitStrategy.WAIT_WITH_TIMEOUT
-            timeout, sleepTime = strategy, timeout
-        self.timeout = timedelta(seconds=_seconds(timeout))
+            if timeout is not None:  # DeviceWaitConfig(timeout, sleepTime) positionally
+                sleepTime = timeout
+            timeout = strategy
+        self.timeout = timedelta(seconds=_seconds(timedelta(0) if timeout is None else timeout))
         self.sleepTime = timedelta(seconds=_seconds(sleepTime))
-        if self.timeout < timedelta(0) or self.sleepTime <= timedelta(0):
-            raise ValueError("DeviceWaitConfig: timeout must be >= 0 and sleepTime > 0")
+        if self.timeout < timedelta(0) or self.sleepTime < timedelta(0):
+            raise ConfigError(
+                f"DeviceWaitConfig: timeout and sleepTime must be >= 0, got "
+                f"{self.timeout.total_seconds():g} s and {self.sleepTime.total_seconds():g} s"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -231,11 +242,11 @@ class DeviceManager:
         wait_config: DeviceWaitConfig | None = None,
         constrains: DeviceConstraints | None = None,
     ) -> Device:
-        wait_config = wait_config or DeviceWaitConfig()
-        # The model itself goes on to tryGetDevice: only it carries the IPU version to check.
+        num_ipus, wait_config = self._request(num_ipus_or_model, device_options, wait_config)
+        self._check_possible(num_ipus, num_ipus_or_model, constrains)
         return self._required(
-            self.tryGetDevice(num_ipus_or_model, device_options, wait_config, constrains),
-            f"device with {_num_ipus(num_ipus_or_model)} IPU(s)",
+            self._acquire(self._slots_of(num_ipus), wait_config),
+            f"device with {num_ipus} IPU(s)",
             wait_config,
         )
 
@@ -246,10 +257,15 @@ class DeviceManager:
         wait_config: DeviceWaitConfig | None = None,
         constrains: DeviceConstraints | None = None,
     ) -> Device | None:
+        """None, as the spec says, also for a request this host can never meet (which
+        ``getDevice`` explains); waiting for the impossible would be a hang."""
         num_ipus, wait_config = self._request(num_ipus_or_model, device_options, wait_config)
-        self._check_possible(num_ipus, num_ipus_or_model, constrains)
-        slots = [s for s in device_slots(self.config.num_ipus) if s.num_ipus == num_ipus]
-        return self._acquire(slots, wait_config)
+        try:
+            self._check_possible(num_ipus, num_ipus_or_model, constrains)
+        except DeviceRequestError as impossible:
+            log.debug("tryGetDevice: %s", impossible)
+            return None
+        return self._acquire(self._slots_of(num_ipus), wait_config)
 
     def getSpecificDevice(
         self,
@@ -258,10 +274,9 @@ class DeviceManager:
         wait_config: DeviceWaitConfig | None = None,
     ) -> Device:
         wait_config = wait_config or DeviceWaitConfig()
+        slot = self._specific_slot(device_id, options_or_model)
         return self._required(
-            self.tryGetSpecificDevice(device_id, options_or_model, wait_config),
-            f"device {device_id}",
-            wait_config,
+            self._acquire([slot], wait_config), f"device {device_id}", wait_config
         )
 
     def tryGetSpecificDevice(
@@ -270,6 +285,18 @@ class DeviceManager:
         options_or_model: Mapping[str, Any] | Model | None = None,
         wait_config: DeviceWaitConfig | None = None,
     ) -> Device | None:
+        """None, as the spec says, also for a device this host does not have or that
+        cannot run the model (``getSpecificDevice`` explains)."""
+        try:
+            slot = self._specific_slot(device_id, options_or_model)
+        except DeviceRequestError as impossible:
+            log.debug("tryGetSpecificDevice: %s", impossible)
+            return None
+        return self._acquire([slot], wait_config or DeviceWaitConfig())
+
+    def _specific_slot(
+        self, device_id: int, options_or_model: Mapping[str, Any] | Model | None
+    ) -> DeviceSlot:
         slots = device_slots(self.config.num_ipus)
         if not 0 <= device_id < len(slots):
             raise DeviceRequestError(
@@ -285,7 +312,7 @@ class DeviceManager:
                     f"{options_or_model.metadata.modelName()!r} needs "
                     f"{options_or_model.metadata.numIpus()}"
                 )
-        return self._acquire([slot], wait_config or DeviceWaitConfig())
+        return slot
 
     def createIpuModelDevice(
         self, num_ipus_or_model: int | Model, ipu_version: int = 2, tiles_per_ipu: int = 0
@@ -318,6 +345,9 @@ class DeviceManager:
         if options:
             log.debug("device options %s have no effect on simulated IPUs", dict(options))
         return _num_ipus(num_ipus_or_model), wait_config or DeviceWaitConfig()
+
+    def _slots_of(self, num_ipus: int) -> list[DeviceSlot]:
+        return [s for s in device_slots(self.config.num_ipus) if s.num_ipus == num_ipus]
 
     def _check_possible(
         self, num_ipus: int, num_ipus_or_model: int | Model, constrains: DeviceConstraints | None
@@ -355,7 +385,7 @@ class DeviceManager:
                 log.info(
                     "waiting for a free device among %s (%r)", [s.device_id for s in slots], wait
                 )
-            pause = wait.sleepTime.total_seconds()
+            pause = max(wait.sleepTime.total_seconds(), _MIN_RETRY_S)
             if wait.strategy is DeviceWaitStrategy.WAIT_WITH_TIMEOUT:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from ipuserve.errors import ConfigError
+
 if TYPE_CHECKING:
     from ipuserve.runtime.queues import IQueue
 
@@ -46,7 +48,7 @@ class RingMemoryPool(IMemoryPool):
 
     def __init__(self, blob_size: int, num_blobs: int) -> None:
         if blob_size < 0 or num_blobs < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"RingMemoryPool needs blob_size >= 0 and num_blobs >= 1, "
                 f"got blob_size={blob_size}, num_blobs={num_blobs}"
             )
@@ -72,5 +74,5 @@ class RingMemoryPool(IMemoryPool):
 def allocateQueueStorage(queue: IQueue, extra_buffers: int = 0) -> RingMemoryPool:
     """A pool with one whole-tensor blob per buffer of ``queue``, plus ``extra_buffers``."""
     if extra_buffers < 0:
-        raise ValueError(f"extra_buffers must be >= 0, got {extra_buffers}")
+        raise ConfigError(f"extra_buffers must be >= 0, got {extra_buffers}")
     return RingMemoryPool(queue.tensorInfo().sizeInBytes(), queue.numBuffers() + extra_buffers)

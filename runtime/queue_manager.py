@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ipuserve.errors import TensorError
+from ipuserve.errors import ConfigError, TensorError
 from ipuserve.runtime.popef.types import Anchor, TensorType
 from ipuserve.runtime.queues import (
     InputData,
@@ -109,7 +109,7 @@ class QueueManager:
 
 def _constant(multiplier: int) -> RingSizeMultiplierProdType:
     if multiplier < 1:
-        raise ValueError(f"ring size multiplier must be >= 1, got {multiplier}")
+        raise ConfigError(f"ring size multiplier must be >= 1, got {multiplier}")
     return lambda _anchor: multiplier
 
 

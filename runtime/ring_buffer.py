@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
-from ipuserve.errors import RuntimeUsageError
+from ipuserve.errors import ConfigError, RuntimeUsageError
 
 if TYPE_CHECKING:
     from ipuserve.runtime.queues import InputData, OutputData
@@ -59,9 +59,9 @@ class SpscRingBuffer(Generic[T]):
         factory: Callable[[], T] | None = None,
     ) -> None:
         if num_buffers < 1:
-            raise ValueError(f"ring buffer {label!r} needs at least one buffer, got {num_buffers}")
+            raise ConfigError(f"ring buffer {label!r} needs at least one buffer, got {num_buffers}")
         if timeout_ns < 0:
-            raise ValueError(f"ring buffer {label!r}: timeout_ns must be >= 0, got {timeout_ns}")
+            raise ConfigError(f"ring buffer {label!r}: timeout_ns must be >= 0, got {timeout_ns}")
         self._size = num_buffers
         self._label = label
         self._timeout_cb = timeout_cb

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ipuserve.errors import ConfigError
+
 PHASES = ("request", "read_preparation", "read_queue", "computation")
 
 
@@ -80,7 +82,7 @@ class Monitor:
 
     def percentile(self, info: dict[str, float], quantile: float) -> dict[str, float]:
         if not 0.0 <= quantile <= 1.0:
-            raise ValueError(f"quantile must be within [0, 1], got {quantile}")
+            raise ConfigError(f"quantile must be within [0, 1], got {quantile}")
         for phase, values in self._columns().items():
             info[f"{phase}_monitoring_statistics_percentile_us"] = float(
                 np.quantile(values, quantile)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ipuserve.errors import DeviceRequestError
 from ipuserve.runtime.popef.types import Model, Program, Step
 from ipuserve.runtime.simulator.cost import CostModel, IpuSpec, ipu_spec
 
@@ -58,7 +59,7 @@ def describe(model: Model) -> dict[str, Any]:
 def _spec_or_none(version: int) -> IpuSpec | None:
     try:
         return ipu_spec(version)
-    except ValueError:
+    except DeviceRequestError:
         return None
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ipuserve.errors import DeviceRequestError
 from ipuserve.runtime.popef.types import Program, Step
 
 KIB = 1024
@@ -69,7 +70,9 @@ def ipu_spec(version: int) -> IpuSpec:
         return IPU_SPECS[version]
     except KeyError:
         known = ", ".join(str(v) for v in IPU_SPECS)
-        raise ValueError(f"unknown IPU architecture version {version}; known: {known}") from None
+        raise DeviceRequestError(
+            f"unknown IPU architecture version {version}; known: {known}"
+        ) from None
 
 
 @dataclass(frozen=True)

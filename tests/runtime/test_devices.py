@@ -103,9 +103,13 @@ def test_impossible_requests_fail_at_once_whatever_the_strategy(
     with pytest.raises(DeviceRequestError, match=r"3 IPU\(s\) can never be attached.*1, 2, 4"):
         dm.getDevice(3, wait_config=wait)
     with pytest.raises(DeviceRequestError, match="8 IPU"):
-        dm.tryGetDevice(8, wait_config=wait)
+        dm.getDevice(8, wait_config=wait)
     with pytest.raises(DeviceRequestError, match="no device 7"):
         dm.getSpecificDevice(7, wait_config=wait)
+    # the try* variants return None, as the spec says ("otherwise a nullptr"), at once
+    assert dm.tryGetDevice(3, wait_config=wait) is None
+    assert dm.tryGetDevice(8, wait_config=wait) is None
+    assert dm.tryGetSpecificDevice(7, wait_config=wait) is None
 
 
 def compiled_for(num_ipus: int, ipu_version: int) -> Model:
@@ -140,16 +144,17 @@ def test_requests_by_model_refuse_what_the_host_cannot_run(
     version = r"'tiny' was compiled for IPU version 21 but this host has 4 Mk2 \(GC200\)"
     requests: list[Callable[[], Device | None]] = [
         lambda: dm.getDevice(c600_model, wait_config=wait),
-        lambda: dm.tryGetDevice(c600_model, wait_config=wait),
         lambda: dm.getSpecificDevice(0, c600_model, wait),
-        lambda: dm.tryGetSpecificDevice(0, c600_model, wait),
     ]
     for request in requests:
         with pytest.raises(DeviceRequestError, match=version):
             request()
+    assert dm.tryGetDevice(c600_model, wait_config=wait) is None
+    assert dm.tryGetSpecificDevice(0, c600_model, wait) is None
     mismatch = r"device 4 has 2 IPU\(s\) but model 'tiny' needs 1"
     with pytest.raises(DeviceRequestError, match=mismatch):
         dm.getSpecificDevice(4, compiled_for(1, 2), wait)
+    assert dm.tryGetSpecificDevice(4, compiled_for(1, 2), wait) is None
     with pytest.raises(DeviceRequestError, match=r"3 IPU\(s\) can never be attached"):
         dm.getDevice(compiled_for(3, 2), wait_config=wait)
     assert not list(holders(isolated_ipu_host, 4))  # nothing was attached on the way
@@ -328,3 +333,32 @@ def test_probing_who_holds_the_ipus_leaves_the_lock_files_as_they_were(
     signed.write_text("12345\n")
     assert list(holders(isolated_ipu_host, 4)) == []  # nobody holds any
     assert signed.read_text() == "12345\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "timeout_s", "sleep_s"),
+    [
+        ((timedelta(seconds=600),), {}, 600, 15),  # C++: DeviceWaitConfig(p_timeout)
+        ((600,), {}, 600, 15),
+        ((timedelta(seconds=600), timedelta(seconds=1)), {}, 600, 1),
+        ((timedelta(seconds=600),), {"sleepTime": timedelta(seconds=2)}, 600, 2),
+        ((DeviceWaitStrategy.WAIT_WITH_TIMEOUT,), {"timeout": 5}, 5, 15),
+        ((DeviceWaitStrategy.WAIT_FOREVER,), {"sleepTime": 0}, 0, 0),
+        ((), {}, 0, 15),
+    ],
+)
+def test_device_wait_config_takes_the_spec_constructors(
+    args: tuple[object, ...], kwargs: dict[str, object], timeout_s: float, sleep_s: float
+) -> None:
+    config = DeviceWaitConfig(*args, **kwargs)  # type: ignore[arg-type]
+    shorthand = args and not isinstance(args[0], DeviceWaitStrategy)
+    expected = DeviceWaitStrategy.WAIT_WITH_TIMEOUT if shorthand else None
+    assert config.strategy is (expected or (args[0] if args else DeviceWaitStrategy.NO_WAIT))
+    assert config.timeout == timedelta(seconds=timeout_s)
+    assert config.sleepTime == timedelta(seconds=sleep_s)
+
+
+def test_a_negative_wait_is_a_config_error_and_a_value_error() -> None:
+    with pytest.raises(ConfigError, match="must be >= 0") as caught:
+        DeviceWaitConfig(DeviceWaitStrategy.WAIT_WITH_TIMEOUT, timeout=-1)
+    assert isinstance(caught.value, ValueError)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ipuserve.errors import ConfigError
 from ipuserve.runtime.memory import IMemoryPool, RingMemoryPool, allocateQueueStorage
 from ipuserve.runtime.popef.types import TensorInfo
 from ipuserve.runtime.queues import InputData, InputQueue, OutputData, OutputQueue
@@ -39,7 +40,7 @@ def test_blob_can_be_viewed_as_a_tensor() -> None:
 
 @pytest.mark.parametrize(("blob_size", "num_blobs"), [(-1, 2), (8, 0)])
 def test_bad_pool_sizes_are_refused(blob_size: int, num_blobs: int) -> None:
-    with pytest.raises(ValueError, match="RingMemoryPool"):
+    with pytest.raises(ConfigError, match="RingMemoryPool"):
         RingMemoryPool(blob_size, num_blobs)
 
 
@@ -62,5 +63,5 @@ def test_allocate_queue_storage_adds_extra_buffers() -> None:
     queue = OutputQueue(ring, TensorInfo("float16", [8]), name="y")
     pool = allocateQueueStorage(queue, extra_buffers=3)
     assert (pool.blobSize(), pool.numBlobs()) == (16, 5)
-    with pytest.raises(ValueError, match="extra_buffers"):
+    with pytest.raises(ConfigError, match="extra_buffers"):
         allocateQueueStorage(queue, extra_buffers=-1)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ipuserve.errors import RuntimeUsageError
+from ipuserve.errors import ConfigError, RuntimeUsageError
 from ipuserve.runtime.ring_buffer import SpscRingBuffer
 from tests.helpers import wait_until
 
@@ -271,7 +271,7 @@ def test_precondition_violations_raise() -> None:
         rb.writeComplete()
     with pytest.raises(RuntimeUsageError, match="readComplete"):
         rb.readComplete()
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ConfigError, match="at least one"):
         SpscRingBuffer(0, "none")
 
 

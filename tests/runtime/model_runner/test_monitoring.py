@@ -7,6 +7,7 @@ import time
 import pytest
 
 import ipuserve.runtime as model_runtime
+from ipuserve.errors import ConfigError
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.types import Model
 from ipuserve.runtime.simulator.cost import CostModel, ipu_spec
@@ -50,7 +51,7 @@ def test_percentiles_are_ordered(make_runner, simple: Model) -> None:
     for phase in PHASES:
         key = f"{phase}_monitoring_statistics_percentile_us"
         assert p10[key] <= p90[key]
-    with pytest.raises(ValueError, match="quantile"):
+    with pytest.raises(ConfigError, match="quantile"):
         runner.getMonitoringStatisticsPercentile({}, 1.5)
 
 
