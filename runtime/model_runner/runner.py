@@ -11,6 +11,7 @@ save programs, and releases the devices.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 import weakref
@@ -93,10 +94,15 @@ class ModelRunner:
     ) -> OutputFuture:
         t_submit = time.perf_counter()
         outputs_given: Mapping[str, Any] | None
-        if isinstance(output_data, int) and not isinstance(output_data, bool):
-            outputs_given, replica_id = None, output_data  # C++'s executeAsync(input, replica_id)
+        if output_data is None or isinstance(output_data, Mapping):
+            outputs_given = output_data
+        elif _replica_index(output_data) is not None:  # C++'s executeAsync(input, replica_id)
+            outputs_given, replica_id = None, output_data
         else:
-            outputs_given = output_data if isinstance(output_data, Mapping) else None
+            raise TensorError(
+                "output_data must be a mapping of output names to arrays (or a replica id), "
+                f"got {type(output_data).__name__}"
+            )
         replica = self._replica(replica_id)
         inputs, samples, names, outputs = self._prepare(input_data, outputs_given)
         with self._call_lock or nullcontext():
@@ -123,12 +129,7 @@ class ModelRunner:
     def _replica(self, replica_id: int) -> Replica:
         if self._closed:
             raise ClosedError("the ModelRunner is closed")
-        if not isinstance(replica_id, int) or not 0 <= replica_id < len(self._replicas):
-            raise ReplicaError(
-                f"replica_id {replica_id!r} is out of range: replication_factor is "
-                f"{len(self._replicas)} (replicas 0..{len(self._replicas) - 1})"
-            )
-        return self._replicas[replica_id]
+        return self._replica_of(replica_id)
 
     # -- monitoring ----------------------------------------------------------------
     def getTimeTrace(
@@ -152,12 +153,13 @@ class ModelRunner:
         return self._replica_of(replica_id).monitor.total_count(monitoring_info)
 
     def _replica_of(self, replica_id: int) -> Replica:
-        if not 0 <= replica_id < len(self._replicas):
+        index = _replica_index(replica_id)
+        if index is None or not 0 <= index < len(self._replicas):
             raise ReplicaError(
-                f"replica_id {replica_id} is out of range (replication_factor "
-                f"{len(self._replicas)})"
+                f"replica_id {replica_id!r} is out of range: replication_factor is "
+                f"{len(self._replicas)} (replicas 0..{len(self._replicas) - 1})"
             )
-        return self._replicas[replica_id]
+        return self._replicas[index]
 
     # -- lifecycle ----------------------------------------------------------------
     def close(self) -> None:
@@ -202,6 +204,16 @@ class ModelRunner:
             return given, False
         device = DeviceManager().getDevice(self._model, wait_config=self._config.device_wait_config)
         return device, True
+
+
+def _replica_index(value: object) -> int | None:
+    """An integer replica id -- a Python or numpy integer, not a bool -- else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _close_all(replicas: list[Replica]) -> None:

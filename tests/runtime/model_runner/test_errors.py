@@ -85,6 +85,31 @@ def test_bad_replica_id(runner: model_runtime.ModelRunner, replica_id: int) -> N
         runner.execute(good(), replica_id=replica_id)
 
 
+def test_numpy_integer_replica_ids_pick_that_replica(runner: model_runtime.ModelRunner) -> None:
+    """A replica id from numpy (np.arange, an array's element) is an integer: keyword or
+    positional (C++'s execute(input, replica_id)), it must reach that replica, where it
+    once ran on replica 0 without a word (positional) or was refused (keyword)."""
+    runner.execute(good(), replica_id=np.int64(1))
+    runner.execute(good(), np.int32(1))
+    runner.executeAsync(good(), np.uint8(1)).wait()
+    counts = [
+        runner.getMonitoringStatisticsTotalCount({}, replica_id=r)[
+            "request_monitoring_statistics_count"
+        ]
+        for r in (0, np.int64(1))
+    ]
+    assert counts == [0, 3]
+    with pytest.raises(ReplicaError, match="replica_id True is out of range"):
+        runner.execute(good(), replica_id=True)
+
+
+def test_output_data_that_is_neither_outputs_nor_a_replica_id_is_refused(
+    runner: model_runtime.ModelRunner,
+) -> None:
+    with pytest.raises(TensorError, match=r"output_data must be a mapping.*got str"):
+        runner.execute(good(), "output")
+
+
 def test_raw_buffers_are_viewed_not_copied(runner: model_runtime.ModelRunner) -> None:
     data = good()
     flat = {name: memoryview(array.tobytes()) for name, array in data.items()}
