@@ -47,6 +47,7 @@ from ipuserve.runtime.predicates import (
     null_anchor_callback_predicate,
     null_popef_data_usage_predicate,
     popef_data_usage,
+    predicate_factory,
     ring_size_multiplier_factory,
 )
 from ipuserve.runtime.queue_manager import QueueManager, RingSizeMultiplierProdType
@@ -123,6 +124,7 @@ __all__ = [
     "null_anchor_callback_predicate",
     "null_popef_data_usage_predicate",
     "popef_data_usage",
+    "predicate_factory",
     "ring_size_multiplier_factory",
 ]
 

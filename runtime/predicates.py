@@ -161,6 +161,11 @@ anchor_callbacks = PredicateFactories(
 popef_data_usage = PredicateFactories(
     PopefDataUsagePolicy.USE_USER_DATA, PopefDataUsagePolicy.USE_POPEF_DATA_IF_ANY
 )
+#: The spec's C++ namespace, for code written against it:
+#: ``predicate_factory.anchor_callbacks.predProgramFlowMain(flow)``.
+predicate_factory = SimpleNamespace(
+    anchor_callbacks=anchor_callbacks, popef_data_usage=popef_data_usage
+)
 
 
 def ringSizeMultForProgs(

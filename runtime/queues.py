@@ -314,6 +314,16 @@ class _Queue(IQueue, Generic[SlotT]):
             slot.data, slot.data_size = self._checked(slot.data, slot.data_size or None)
         self._publish(slot)
 
+    def _flush_locked(self) -> bool:
+        """flush()'s first part (spec: "flush any partial input [output] still being
+        created"): complete an item the producer holds from enqueueLock(), as
+        enqueueComplete() would, instead of overwriting it with padding. True if the
+        queue then stands at a batch boundary, where no padding is needed."""
+        if self._write_slot is None:
+            return False
+        self.enqueueComplete()
+        return not self.holdsPartialBatch()
+
     # -- ipuserve extensions ---------------------------------------------------------
     def name(self) -> str:
         return self._name
@@ -502,9 +512,13 @@ class InputQueue(_Queue[InputData]):
     def flush(self, padding: object = None) -> int:
         """Pad the batch being assembled with a dummy item; returns the samples added.
 
-        ``padding`` (ipuserve extension) gives the padding's values, exactly
-        paddingSamples() samples; default zeros. A no-op (0) once disconnected.
+        An item held from enqueueLock() is completed first (and padded after, if it
+        ends inside a batch). ``padding`` (ipuserve extension) gives the padding's
+        values, exactly paddingSamples() samples; default zeros. A no-op (0) once
+        disconnected.
         """
+        if self._ring.isValid() and self._flush_locked():
+            return 0
         count = self.paddingSamples()
         data = None
         if padding is not None:
@@ -652,8 +666,12 @@ class OutputQueue(_Queue[OutputData]):
         """Enqueue a dummy handler: it discards the rest of the current batch.
 
         At a batch boundary that is the whole next batch, matching the whole dummy
-        batch InputQueue.flush() enqueues there. A no-op once disconnected.
+        batch InputQueue.flush() enqueues there. An item held from enqueueLock() is
+        completed first, and needs no handler after it if it ends a batch. A no-op
+        once disconnected.
         """
+        if self._ring.isValid() and self._flush_locked():
+            return
         count = self.paddingSamples()
         slot = self._lock_slot()
         if slot is None:

@@ -521,6 +521,33 @@ def test_enqueue_lock_and_complete() -> None:
         inq.enqueueComplete()
 
 
+def test_flush_completes_an_item_held_from_enqueue_lock_then_pads() -> None:
+    """Spec: flush() flushes "any partial input still being created". It once wrote
+    the padding over the held item: its samples never reached the device, and the
+    producer's enqueueComplete() then raised."""
+    inq, outq = input_queue([4, 3]), output_queue([4, 3])
+    item = inq.enqueueLock()
+    item.data, item.data_size = samples(0, 3), 36
+    assert inq.flush() == 1  # the held item's 3 samples, then 1 of padding
+    out, result = outq.enqueueLock(), np.zeros((3, 3), np.float32)
+    out.data, out.data_size = result, 36
+    outq.flush()  # completes the held output item, then discards the padding
+    (seen,) = run_device(inq, outq, runs=1)
+    np.testing.assert_array_equal(seen, np.vstack([samples(0, 3), np.zeros((1, 3), np.float32)]))
+    np.testing.assert_array_equal(result, model(samples(0, 3)))
+    with pytest.raises(RuntimeUsageError, match="without enqueueLock"):
+        inq.enqueueComplete()
+
+
+def test_a_flushed_held_item_that_ends_a_batch_needs_no_padding() -> None:
+    inq = input_queue([2, 3])
+    item = inq.enqueueLock()
+    item.data, item.data_size = samples(4, 2), 24
+    assert inq.flush() == 0
+    assert inq.pendingSamples() == 2
+    np.testing.assert_array_equal(read_batch(inq), samples(4, 2))
+
+
 def test_enqueue_complete_checks_what_was_filled_in() -> None:
     inq = input_queue([2, 3], name="low")
     item = inq.enqueueLock()

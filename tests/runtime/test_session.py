@@ -184,6 +184,14 @@ def test_user_input_handler_with_predicates(simple: Model, device: model_runtime
     assert not session.anchorsNotConnectedToCallbacks([LOAD, MAIN, SAVE])
 
 
+def test_the_spec_namespace_predicate_factory_holds_both_factories(simple: Model) -> None:
+    flow = simple.metadata.programFlow()
+    main = model_runtime.predicate_factory.anchor_callbacks.predProgramFlowMain(flow)
+    tensor_a = simple.metadata.anchor("tensor_A")
+    assert main(tensor_a) is Policy.BIND_USER_CB
+    assert model_runtime.predicate_factory.popef_data_usage is popef_data_usage
+
+
 def test_predicate_factories(simple: Model) -> None:
     anchors = {a.name(): a for a in simple.metadata.anchors()}
     flow = simple.metadata.programFlow()
