@@ -93,6 +93,13 @@ class Backend(Protocol):
         called for them)."""
         ...
 
+    def room_for(self, jobs: Sequence[Job]) -> int:
+        """How many of ``jobs`` (a prefix) to start now. The rest wait in the worker,
+        which answers one whose deadline passes there DEADLINE_EXCEEDED: a backend
+        whose started jobs cannot be recalled (the runtime's queues) keeps only what
+        the device will reach soon, so that an expired job is dropped, not run late."""
+        ...
+
     def close(self) -> None:
         """Stop; every job submitted and not yet done is answered (with an error if need be)."""
         ...
@@ -155,6 +162,10 @@ class FunctionBackend:
 
     def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
         return submit_each(self.submit, jobs, done)
+
+    def room_for(self, jobs: Sequence[Job]) -> int:
+        """All: its own queue drops what expires before a thread picks it up."""
+        return len(jobs)
 
     def submit(self, job: Job, done: Done) -> None:
         if self._closed:

@@ -437,11 +437,12 @@ class WorkerNode:
         return Held(job, self._epoch, now, members=members)
 
     def _submit_waiting(self) -> None:
-        """Hand waiting jobs to the backend while fewer than credit run: all that may
-        start now in one call, so the backend can run them together."""
-        starting: list[Job] = []
+        """Hand waiting jobs to the backend while fewer than credit run and it has room:
+        all that may start now in one call, so the backend can run them together. A
+        job whose deadline passed while it waited here is answered, not started."""
+        candidates: list[Held] = []
         now = time.monotonic()
-        while self._waiting and self._running < self._credit:
+        while self._waiting and self._running + len(candidates) < self._credit:
             held = self._waiting.popleft()
             if held.job.expired(now):
                 self._jobs.pop(held.job.job_id, None)
@@ -452,9 +453,15 @@ class WorkerNode:
                     )
                 )
                 continue
+            candidates.append(held)
+        if not candidates:
+            return
+        room = self._backend.room_for([held.job for held in candidates])
+        self._waiting.extendleft(reversed(candidates[room:]))
+        starting = [held.job for held in candidates[:room]]
+        for held in candidates[:room]:
             held.submitted = now
-            self._running += 1
-            starting.append(held.job)
+        self._running += len(starting)
         if not starting:
             return
         for job, error in self._backend.submit_all(starting, self._mailbox.put):

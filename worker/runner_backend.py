@@ -11,7 +11,11 @@ at once) -- and only when a request is actually waiting
 Jobs go to the replica with the fewest samples outstanding. ``executeAsync``
 blocks when a replica's queues are full, which would stall the worker's socket
 thread; so the backend never holds more requests on a replica than its queues have
-slots for, and announces that sum as its capacity (the broker's credit).
+slots for, and announces that sum as its capacity (the broker's credit). Of those,
+it starts only what keeps each device busy (``AHEAD_JOBS`` jobs' worth of samples,
+:meth:`RunnerBackend.room_for`): a job in the runtime's queues cannot be recalled,
+so the others wait in the worker, where one whose deadline passes is answered
+DEADLINE_EXCEEDED instead of being run late.
 
 Small jobs that start together (the socket thread hands over every job a JOBS
 message let it start) become one runtime request: their inputs concatenated along
@@ -68,6 +72,12 @@ MIN_SLOTS_PER_REPLICA = 64
 #: Jobs with at most this many bytes of inputs are merged when they start together;
 #: bigger ones gain nothing from it and would cost a copy.
 MERGE_MAX_JOB_BYTES = 64 << 10
+#: A replica takes new jobs while it holds less than this many jobs' worth of samples
+#: (one job: one batch, or 1 ms of device time for a cheap model, see
+#: ipuserve.grouping): enough to keep its device busy between two turns of the worker's
+#: loop. Jobs beyond it wait in the worker, where they can still expire: once in the
+#: runtime's queues a job runs, however late.
+AHEAD_JOBS = 3
 #: A merged request holds at most this many samples, and no more device time than
 #: :mod:`ipuserve.grouping` allows (one batch for a slow model): every merged job
 #: waits for the last, and 256 samples of a model taking 0.2 s a batch of 8 once made
@@ -147,6 +157,21 @@ class RunnerBackend:
     @property
     def runner(self) -> ModelRunner:
         return self._runner
+
+    def room_for(self, jobs: Sequence[Job]) -> int:
+        """The jobs (a prefix) whose replica -- the one with the fewest samples, as
+        :meth:`_claim` picks -- is below its window of samples; at least one job when a
+        replica is empty, however big the job."""
+        window = AHEAD_JOBS * self._sizer.samples_per_job(self._spec)
+        with self._lock:
+            samples, held = list(self._samples), list(self._jobs)
+        for count, job in enumerate(jobs):
+            replica = min(range(len(samples)), key=samples.__getitem__)
+            if samples[replica] >= window or held[replica] >= self._slots:
+                return count
+            samples[replica] += self._samples_in(job) if job.model == self._spec.name else 0
+            held[replica] += 1
+        return len(jobs)
 
     def submit(self, job: Job, done: Done) -> None:
         if job.model != self._spec.name:

@@ -164,3 +164,37 @@ def test_look_ahead_0_runs_without_the_prefetch_thread_and_gives_the_same_result
             check_against_reference(backend, jobs_of(rows, 0, seed=seed), 0)
     finally:
         backend.close()
+
+
+def test_a_busy_runner_takes_only_a_few_jobs_ahead_so_the_rest_can_expire_in_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs in the runtime's queues run however late; the worker keeps the rest, where an
+    expired job is answered DEADLINE_EXCEEDED. The runner once took its whole credit (63
+    jobs of a whole batch each): 295 of 300 requests expired at the client while the
+    worker ran every one of them and counted it 'ok'."""
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "200000")  # a batch of 4: about 2 s
+    path = write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")
+    backend = RunnerBackend([path])
+    jobs = jobs_of([4] * 8 + [1], 0)
+    done = Outcomes(runner_backend.AHEAD_JOBS)
+    try:
+        assert backend.room_for(jobs) == runner_backend.AHEAD_JOBS  # one batch per job
+        assert backend.submit_all(jobs[: runner_backend.AHEAD_JOBS], done) == []
+        # nothing can have finished: each batch takes 2 s of simulated device time
+        assert backend.room_for(jobs[runner_backend.AHEAD_JOBS :]) == 0
+    finally:
+        backend.close()
+    assert len(done.wait()) == runner_backend.AHEAD_JOBS  # answered (failed) at close
+
+
+def test_a_job_bigger_than_the_window_still_starts_on_an_idle_replica(tmp_path: Path) -> None:
+    backend = RunnerBackend(
+        [write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")]
+    )
+    try:
+        big = jobs_of([4 * runner_backend.AHEAD_JOBS * 3], 0)
+        assert backend.room_for(big) == 1
+        check_against_reference(backend, big, 0)
+    finally:
+        backend.close()
