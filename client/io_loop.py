@@ -168,6 +168,8 @@ class IoLoop:
         #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
         self._broker_shut_down = False
         self._next_ping = 0.0
+        #: what ended the I/O thread, if it failed (then calls say so, not "closed")
+        self._crash: Exception | None = None
         self.thread = threading.Thread(target=self._run, name="ipuserve-client-io", daemon=True)
 
     # ------------------------------------------------------------ any thread
@@ -176,12 +178,12 @@ class IoLoop:
         """Hand a request to the I/O thread (or send it now when called on it)."""
         if threading.current_thread() is self.thread:
             if self._closed:
-                raise ClosedError("the client is closed")
+                raise self._closed_error()
             self._send_new(pending)
             return
         with self._lock:
             if self._closed:
-                raise ClosedError("the client is closed")
+                raise self._closed_error()
             was_empty = not self._inbox
             self._inbox.append(pending)
         if was_empty:
@@ -197,6 +199,14 @@ class IoLoop:
             self.thread.join()  # the thread closes the waker as it ends
         if self.thread.ident is None:  # never started: nobody else will
             self._waker.close()
+
+    def _closed_error(self) -> IpuserveError:
+        if self._crash is not None:  # not closed by the user: say what happened
+            return UnavailableError(
+                f"the client's I/O thread failed ({self._crash!r}; see the log); "
+                "create a new Client"
+            )
+        return ClosedError("the client is closed")
 
     def silence_hint(self) -> str:
         """``": nothing has answered at ENDPOINT ..."`` while nothing ever has (and what is
@@ -225,6 +235,7 @@ class IoLoop:
             self._loop()
         except Exception as exc:  # never leave callers waiting on a dead thread
             log.exception("client I/O thread failed")
+            self._crash = exc
             error = UnavailableError(f"the client's I/O thread failed: {exc!r}")
         finally:
             with self._lock:
@@ -355,7 +366,7 @@ class IoLoop:
             error = PayloadTooLargeError(
                 f"the request's tensors take {size} bytes; the broker's limit is {limit}"
             )
-            self._finish(pending.request_id, lambda p: p.future.set_exception(error))
+            self._finish(pending.request_id, lambda p: p.fail(error))
             return
         if limit is None and size > wire.FRAME_SLACK_BYTES:
             self._held[pending.request_id] = None  # sent by _on_pong
@@ -424,20 +435,20 @@ class IoLoop:
             self.stats.held_over_shutdown += 1
             return
         exception = error.exception()
-        self._finish(request_id, lambda p: p.future.set_exception(exception))
+        self._finish(request_id, lambda p: p.fail(exception))
 
     def _on_backend_port(self) -> None:
         """Pointed at a broker's backend: nothing sent there will ever be answered."""
         self._backend_port = True
         error = UnavailableError(self.silence_hint().removeprefix(": "))
         for request_id in list(self._pending):
-            self._finish(request_id, lambda p: p.future.set_exception(error))
+            self._finish(request_id, lambda p: p.fail(error))
 
     def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
         pending = self._pending.get(message.request_id)
         if pending is not None and EXPECTS[type(pending.message)] is not type(message):
             error = ProtocolError(f"{message.COMMAND.name} does not answer this request")
-            self._finish(message.request_id, lambda p: p.future.set_exception(error))
+            self._finish(message.request_id, lambda p: p.fail(error))
             return
         self._finish(message.request_id, lambda p: _resolve(p, message))
 
@@ -447,7 +458,7 @@ class IoLoop:
         log.warning("malformed message from the broker: %s", error)
         for request_id in wire.peek_ids(frames) or [wire.peek_id(frames)]:
             if request_id in self._pending:
-                self._finish(request_id, lambda p: p.future.set_exception(error))
+                self._finish(request_id, lambda p: p.fail(error))
 
     def _finish(self, request_id: bytes, settle: Any) -> None:
         pending = self._pending.pop(request_id, None)
@@ -460,8 +471,7 @@ class IoLoop:
                 settle(pending)  # runs the future's callbacks on this thread
             except Exception as exc:  # e.g. numpy cannot view the reply's tensors
                 log.exception("cannot hand request %s its reply", request_id.hex())
-                if not pending.future.done():  # it left the pending table: fail it now
-                    pending.future.set_exception(ProtocolError(f"unreadable reply ({exc!r})"))
+                pending.fail(ProtocolError(f"unreadable reply ({exc!r})"))  # it left the table
 
     def _on_pong(self, pong: wire.Pong) -> None:
         self._broker_shut_down = False  # a broker answers again
@@ -540,7 +550,7 @@ class IoLoop:
                 continue
             del self._pending[request_id]
             self.stats.expired += 1
-            pending.future.set_exception(
+            pending.fail(
                 DeadlineExceeded(
                     f"no reply within {pending.timeout_s} s (request {request_id.hex()})"
                     + self.silence_hint()
@@ -613,14 +623,13 @@ def _send_frames(sock: zmq.Socket[Any], frames: list[wire.Frame]) -> None:
 
 def _fail(leftovers: list[Pending], error: IpuserveError) -> None:
     for pending in leftovers:
-        if not pending.future.done():
-            pending.future.set_exception(type(error)(str(error)))
+        pending.fail(type(error)(str(error)))
 
 
 def _resolve(pending: Pending, message: wire.Message) -> None:
     try:
         result = pending.parse(message, pending)
     except IpuserveError as exc:
-        pending.future.set_exception(exc)
+        pending.fail(exc)
     else:
-        pending.future.set_result(result)
+        pending.succeed(result)

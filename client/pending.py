@@ -8,11 +8,12 @@ time it has left as its timeout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,19 @@ class Pending:
     def __post_init__(self) -> None:
         if self.timeout_s is not None:
             self.deadline_ns = self.started_ns + int(self.timeout_s * 1e9)
+
+    def succeed(self, result: Any) -> None:
+        """Settle the future, unless its caller cancelled it meanwhile."""
+        with contextlib.suppress(InvalidStateError):
+            self.future.set_result(result)
+
+    def fail(self, error: BaseException) -> None:
+        """Settle the future with ``error``, unless its caller cancelled it meanwhile:
+        ``cancel()`` runs on the caller's thread, between any check and this call, and
+        the InvalidStateError it then caused once ended the I/O thread, failing every
+        other request of the client."""
+        with contextlib.suppress(InvalidStateError):
+            self.future.set_exception(error)
 
     @property
     def request_id(self) -> bytes:

@@ -17,7 +17,7 @@ import pytest
 from ipuserve import errors
 from ipuserve import protocol as wire
 from ipuserve.client.client import Client
-from ipuserve.client.io_loop import ClientConfig
+from ipuserve.client.io_loop import ClientConfig, IoLoop
 from ipuserve.client.pending import InferFuture
 from tests.client.fake_broker import ADD, FakeBroker, add_handler, inputs
 from tests.helpers import wait_until
@@ -393,6 +393,40 @@ def test_no_reply_within_the_timeout_raises_deadline_exceeded(broker: FakeBroker
         assert isinstance(raised.value, TimeoutError)  # one except for both kinds of "too slow"
         assert client.stats.expired == 1
     assert broker.requests[0].timeout_ms is not None and broker.requests[0].timeout_ms <= 200
+
+
+def test_a_cancelled_request_that_times_out_leaves_the_client_serving(
+    broker: FakeBroker,
+) -> None:
+    """cancel() then the request's deadline: the I/O thread set an exception on the
+    cancelled future, died of the InvalidStateError, and failed every other request
+    of the client (and every later call said "closed")."""
+    broker.handler = lambda r: None  # nobody answers
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        cancelled = client.infer_async("add", inputs(), timeout=0.2)
+        assert cancelled.cancel()
+        with pytest.raises(errors.DeadlineExceeded):  # expires after the cancelled one
+            client.infer("add", inputs(), timeout=0.2)
+        broker.handler = add_handler
+        given = inputs(3)
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+        assert cancelled.cancelled()
+
+
+def test_after_its_io_thread_failed_a_client_says_so_not_that_it_is_closed(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(_self: object, _now_ns: int) -> None:
+        raise RuntimeError("injected")
+
+    broker.handler = lambda r: None
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        monkeypatch.setattr(IoLoop, "_expire", fail)  # a bug in the loop, injected
+        pending = client.infer_async("add", inputs(), timeout=0.2)
+        with pytest.raises(errors.UnavailableError, match="I/O thread failed"):
+            pending.result(10)
+        with pytest.raises(errors.UnavailableError, match=r"injected.*create a new Client"):
+            client.infer_async("add", inputs())
 
 
 # ---------------------------------------------------------------- liveness and shutdown
