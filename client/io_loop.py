@@ -276,6 +276,12 @@ class IoLoop:
                 self._ever_connected = True
                 continue
             self.stats.reconnects += 1
+            # The peer may be another broker, with a smaller payload limit: until its PONG
+            # hold what could exceed it, as before the first PONG. A frame beyond that
+            # broker's limit + slack makes ZeroMQ drop the connection; re-sent on each
+            # reconnection under the old limit, it once made hundreds of them a minute.
+            self.stats.max_payload_bytes = None
+            self._ping(time.monotonic())
             # What went out on the lost connection may be lost with it (and replies the
             # broker could not deliver are); what was sent since waited in the socket's
             # pipe and goes out now by itself, once more with this re-send.
@@ -481,11 +487,17 @@ class IoLoop:
         held, self._held = self._held, {}
         resent, self._resent_on_reconnect = self._resent_on_reconnect, False
         if known is not None and known != pong.epoch:
-            log.warning("broker restarted (epoch %s -> %s); re-sending", known, pong.epoch)
             self.stats.epoch_changes += 1
-            if not resent:
+            if not resent:  # else the reconnection re-sent them, all but those held
+                log.warning(
+                    "broker restarted (epoch %s -> %s); re-sending %d",
+                    known,
+                    pong.epoch,
+                    len(self._pending),
+                )
                 self._resend_all()
-            return
+                return
+            log.warning("broker restarted (epoch %s -> %s)", known, pong.epoch)
         for request_id in held:
             pending = self._pending.get(request_id)
             if pending is not None:  # not expired meanwhile

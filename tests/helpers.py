@@ -232,12 +232,13 @@ def start_broker(
     return broker
 
 
-def restart_broker(procs: Processes, old: BrokerProc) -> BrokerProc:
-    """kill -9 the broker and start a new one on the same ports."""
+def restart_broker(procs: Processes, old: BrokerProc, *args: str) -> BrokerProc:
+    """kill -9 the broker and start a new one on the same ports (with ``args`` added)."""
     old.proc.kill()
     argv = list(old.argv)
     argv[argv.index("--frontend") + 1] = old.frontend
     argv[argv.index("--backend") + 1] = old.backend
+    argv += args
     proc = procs.start("broker2", argv)
     found = proc.wait_for(_LISTENING)
     port = None if found[4] == "off" else int(found[4])

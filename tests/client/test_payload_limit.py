@@ -23,8 +23,11 @@ from tests.helpers import (
     add_expected,
     add_inputs,
     fn_worker_argv,
+    restart_broker,
+    scrape,
     start_broker,
     start_worker,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -91,3 +94,31 @@ def test_a_group_of_requests_stays_within_the_limit(served: BrokerProc) -> None:
         for future, inputs in zip(fanned_out.result(30), given, strict=True):
             np.testing.assert_allclose(future.result(30)["z"], add_expected(inputs), rtol=1e-6)
         assert client.stats.batched >= 64 and client.stats.resent == 0
+
+
+def test_a_broker_back_with_a_smaller_limit_refuses_what_exceeds_it_once(
+    processes: Processes,
+) -> None:
+    """The client re-sent its pending requests on reconnecting, under the limit it had
+    learned from the old broker: a 3 MiB frame broke each new connection at once
+    (beyond the new broker's limit + slack, ZeroMQ drops it), 819 reconnections in 40 s,
+    and neither that request nor a small one beside it ever completed."""
+    procs = processes
+    old = start_broker(procs, grace_ms=60_000)  # no worker: requests wait in the grace
+    with Client(old.frontend, timeout=None) as client:
+        client.models()  # learns the old broker's limit, 64 MiB
+        small, big = add_inputs(rows=2, seed=1), huge_inputs(3 << 20)
+        answers = [client.infer_async("add", small), client.infer_async("add", big)]
+        wait_until(lambda: _received(old) >= 2)
+        new = restart_broker(procs, old, "--max-payload-bytes", str(1 << 20))
+        start_worker(procs, new, fn_worker_argv("add"))
+        np.testing.assert_allclose(answers[0].result(30)["z"], add_expected(small), rtol=1e-6)
+        with pytest.raises(errors.PayloadTooLargeError, match=str(1 << 20)):
+            answers[1].result(30)
+        assert client.stats.reconnects == 1, client.stats
+
+
+def _received(broker: BrokerProc) -> float:
+    assert broker.metrics_url
+    metrics = scrape(broker.metrics_url)
+    return sum(v for k, v in metrics.items() if k.startswith("ipuserve_broker_requests_total"))
