@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -59,6 +60,7 @@ from ipuserve.errors import (
     IpuserveError,
     PayloadTooLargeError,
     ProtocolError,
+    RuntimeUsageError,
     UnavailableError,
 )
 
@@ -73,6 +75,9 @@ _TO_WORKERS = frozenset(
 _MAX_POLL_MS = 60_000
 #: The deadline heap is rebuilt without answered requests past this size (and 4x pending).
 _COMPACT_AT = 1024
+#: How long close() waits for the I/O thread: a done-callback blocked for good must not
+#: hang close() and the interpreter's exit (which closes every client) with it.
+CLOSE_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +105,23 @@ class ClientConfig:
             raise ConfigError(
                 f"need 0 < ping_interval_s ({self.ping_interval_s}) < liveness_s "
                 f"({self.liveness_s}): a broker is only silent if it was asked"
+            )
+        # ZeroMQ would say only "Invalid argument", and recv_batch 0 never reads
+        for name in ("send_hwm", "recv_batch", "batch_requests"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"ClientConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("reconnect_max_s", "batch_payload_bytes", "deadline_grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ClientConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.routing_id is not None and not (
+            isinstance(self.routing_id, bytes)
+            and 0 < len(self.routing_id) <= 255
+            and self.routing_id[0] != 0
+        ):
+            raise ConfigError(
+                "ClientConfig.routing_id must be 1 to 255 bytes not starting with a zero "
+                "byte (ZeroMQ reserves those), got "
+                f"{self.routing_id!r:.80}"
             )
 
 
@@ -168,6 +190,8 @@ class IoLoop:
         #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
         self._broker_shut_down = False
         self._next_ping = 0.0
+        #: a forked child inherits this object but not its thread: it must not use it
+        self._pid = os.getpid()
         #: what ended the I/O thread, if it failed (then calls say so, not "closed")
         self._crash: Exception | None = None
         self.thread = threading.Thread(target=self._run, name="ipuserve-client-io", daemon=True)
@@ -176,6 +200,11 @@ class IoLoop:
 
     def submit(self, pending: Pending) -> None:
         """Hand a request to the I/O thread (or send it now when called on it)."""
+        if os.getpid() != self._pid:
+            raise RuntimeUsageError(
+                "this Client was created in another process (this one was forked from "
+                "it): its I/O thread and socket stay there; create a new Client here"
+            )
         if threading.current_thread() is self.thread:
             if self._closed:
                 raise self._closed_error()
@@ -194,9 +223,22 @@ class IoLoop:
             if self._closed:
                 return
             self._closed = True
+            if os.getpid() != self._pid:  # a forked child's copy: no thread to stop
+                leftovers = [*self._pending.values(), *self._inbox]
+                self._pending.clear()
+                self._inbox.clear()
+        if os.getpid() != self._pid:  # the socket and thread are the parent's: leave them
+            _fail(leftovers, ClosedError("the client is closed"))
+            return
         self._waker.wake()
         if threading.current_thread() is not self.thread and self.thread.is_alive():
-            self.thread.join()  # the thread closes the waker as it ends
+            self.thread.join(CLOSE_WAIT_S)  # the thread closes the waker as it ends
+            if self.thread.is_alive():
+                log.warning(
+                    "the client's I/O thread did not stop within %g s: a done-callback "
+                    "is blocking it (one that waits for another request never returns)",
+                    CLOSE_WAIT_S,
+                )
         if self.thread.ident is None:  # never started: nobody else will
             self._waker.close()
 

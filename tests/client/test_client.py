@@ -6,6 +6,8 @@ import gc
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -16,6 +18,7 @@ import pytest
 
 from ipuserve import errors
 from ipuserve import protocol as wire
+from ipuserve.client import io_loop
 from ipuserve.client.client import Client
 from ipuserve.client.io_loop import ClientConfig, IoLoop
 from ipuserve.client.pending import InferFuture
@@ -331,6 +334,81 @@ def test_a_client_timeout_must_be_seconds_above_zero(broker: FakeBroker) -> None
     for bad in (0, -5, float("nan"), True):
         with pytest.raises(errors.ConfigError, match="timeout must be seconds > 0"):
             Client(broker.address, timeout=bad)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("recv_batch", 0),
+        ("send_hwm", -1),
+        ("batch_requests", 0),
+        ("reconnect_max_s", -1.0),
+        ("deadline_grace_s", -0.1),
+        ("routing_id", b"x" * 256),
+        ("routing_id", b"\x00zero"),
+        ("routing_id", "text"),
+    ],
+)
+def test_a_bad_client_config_is_a_config_error_naming_the_setting(
+    setting: str, value: object
+) -> None:
+    """recv_batch 0 never read the socket (requests timed out "is the broker running?");
+    the others were ZeroMQ's bare "Invalid argument" or a TypeError from Client()."""
+    with pytest.raises(errors.ConfigError, match=f"ClientConfig.{setting} must be"):
+        ClientConfig(**{setting: value})  # type: ignore[arg-type]
+
+
+_FORKED_CHILD = """
+import os, sys
+from ipuserve.client.client import Client
+from ipuserve import errors
+import numpy as np
+client = Client("tcp://127.0.0.1:9", timeout=None)  # nobody there: stays pending
+pending = client.infer_async("m", {"x": np.zeros((1, 2), np.float32)})
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        client.infer_async("m", {"x": np.zeros((1, 2), np.float32)})
+        code = 2
+    except errors.RuntimeUsageError as exc:
+        code = 0 if "create a new Client here" in str(exc) else 3
+    client.close()  # fails what the child inherited, at once
+    if not isinstance(pending.exception(timeout=5), errors.ClosedError):
+        code = 4
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+client.close()
+print("parent", pending.exception(timeout=5).__class__.__name__)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_client_inherited_through_fork_refuses_work_and_close_settles_it() -> None:
+    """In a forked child a Client took requests that never left (no I/O thread there)
+    and close() left its futures pending for ever."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_CHILD], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "parent ClosedError"
+
+
+def test_close_returns_though_a_done_callback_blocks_the_io_thread(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A callback waiting (concurrent.futures.wait) for another request never returns:
+    close() and the interpreter's exit, which closes every client, hung with it."""
+    monkeypatch.setattr(io_loop, "CLOSE_WAIT_S", 0.2)
+    release = threading.Event()
+    client = Client(broker.address, timeout=10, config=FAST)
+    try:
+        client.infer_async("add", inputs()).add_done_callback(lambda _f: release.wait())
+        wait_until(lambda: broker.requests != [])
+        client.close()
+        assert "did not stop within 0.2 s: a done-callback is blocking it" in caplog.text
+    finally:
+        release.set()
 
 
 def test_a_timeout_of_months_is_carried_without_overflowing_the_io_thread(
