@@ -52,7 +52,7 @@ import numpy as np
 import zmq
 
 from ipuserve import protocol as wire
-from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop
+from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop, connection_monitor
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
@@ -99,26 +99,31 @@ class Client:
         # a job it still holds, so a new Client reusing a fixed routing_id must not
         # reuse the ids of one that died (it got that one's results).
         self._ids = itertools.count(secrets.randbits(62))
-        self._io = IoLoop(
-            self._connect(context or zmq.Context.instance()), self.config, endpoint=address
-        )
+        sock, monitor = self._connect(context or zmq.Context.instance())
+        self._io = IoLoop(sock, monitor, self.config, endpoint=address)
         self._io.thread.start()
         # A client dropped without close() stops its thread and socket when collected.
         self._closer = weakref.finalize(self, self._io.close)
 
-    def _connect(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
+    def _connect(self, context: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+        """The DEALER, connecting, and its connection monitor (attached first)."""
         sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.config.reconnect_max_s * 1000))
+        monitor: zmq.Socket[Any] | None = None
         try:
+            sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.config.reconnect_max_s * 1000))
+            monitor = connection_monitor(sock)
             sock.connect(self.address)
         except zmq.ZMQError as exc:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
             sock.close(linger=0)
             raise ConfigError(f"cannot connect to {self.address!r}: {exc.strerror}") from None
-        return sock
+        return sock, monitor
 
     # ------------------------------------------------------------------ requests
 

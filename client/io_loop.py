@@ -149,10 +149,25 @@ class ClientStats:
     max_payload_bytes: int | None = None
 
 
+def connection_monitor(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+    """The events of ``sock``'s connections the I/O loop acts on; attach before connect()."""
+    return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+
+
 class IoLoop:
     """Owns the socket, the pending table, the deadlines and the broker's liveness."""
 
-    def __init__(self, sock: zmq.Socket[Any], config: ClientConfig, *, endpoint: str = "") -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket[Any],
+        monitor: zmq.Socket[Any],
+        config: ClientConfig,
+        *,
+        endpoint: str = "",
+    ) -> None:
+        """``monitor`` (:func:`connection_monitor`) must watch ``sock`` from before it
+        connects: a first handshake it missed left the client thinking it never
+        connected, so it re-sent nothing when silent or after its first reconnection."""
         self.config = config
         self.endpoint = endpoint
         self.stats = ClientStats()
@@ -160,9 +175,7 @@ class IoLoop:
         # A new connection means replies sent meanwhile were lost (the broker drops what
         # it cannot deliver, and a client it could not reach loses its queue after a
         # while): re-send what is pending when one is made again.
-        self._monitor = sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-        )
+        self._monitor = monitor
         self._connected = False
         self._ever_connected = False
         #: pending requests went to the new connection since the last PONG: a new

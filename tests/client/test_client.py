@@ -499,8 +499,8 @@ def test_after_its_io_thread_failed_a_client_says_so_not_that_it_is_closed(
 
     broker.handler = lambda r: None
     with Client(broker.address, timeout=10, config=FAST) as client:
-        monkeypatch.setattr(IoLoop, "_expire", fail)  # a bug in the loop, injected
         pending = client.infer_async("add", inputs(), timeout=0.2)
+        monkeypatch.setattr(IoLoop, "_expire", fail)  # a bug in the loop, injected
         with pytest.raises(errors.UnavailableError, match="I/O thread failed"):
             pending.result(10)
         with pytest.raises(errors.UnavailableError, match=r"injected.*create a new Client"):
