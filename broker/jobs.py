@@ -48,6 +48,10 @@ class JobEntry:
     attempts: int = 0
     worker: Worker | None = None
     dispatched: float = 0.0
+    #: seconds spent in the model's queue, over every stay (a job whose worker left
+    #: waits again); the current stay began at ``enqueued_at``
+    queued_s: float = 0.0
+    enqueued_at: float = 0.0
     #: (connection, worker id) of every worker it was placed on: only they may answer
     holders: list[tuple[bytes, str]] = field(default_factory=list)
 
@@ -102,6 +106,7 @@ class JobTable:
         job = JobEntry(
             job_id, client, request_id, model, tensors, now, deadline, timeout_ms, batched, group
         )
+        job.enqueued_at = now
         self._jobs[job_id] = job
         for member in job.request_ids:
             self._keys[(client, member)] = job

@@ -130,7 +130,9 @@ class Broker:
 
     def _shutdown(self) -> None:
         self.scheduler.report_shedding(time.monotonic(), final=True)  # none left unsaid
-        self.scheduler.shutdown(BrokerShutdownError("the broker is shutting down"))
+        answered = self.scheduler.shutdown(BrokerShutdownError("the broker is shutting down"))
+        if answered:  # their clients keep them pending for the next broker
+            log.info("answered %d pending request(s) BROKER_SHUTDOWN", answered)
         self._frontend.close(linger=self.config.shutdown_linger_ms)
         self._backend.close(linger=0)
         with self._wake_lock:

@@ -94,6 +94,7 @@ class Scheduler:
     def _start(self, worker: Worker, job: JobEntry, now: float) -> None:
         """The job is the worker's from now on (it uses credit); it leaves at the next flush."""
         job.state, job.worker, job.dispatched = State.RUNNING, worker, now
+        job.queued_s += now - job.enqueued_at
         job.attempts += 1
         job.holders.append((worker.identity, worker.worker_id))
         worker.in_flight[job.job_id] = job
@@ -102,7 +103,8 @@ class Scheduler:
             self._outgoing[worker] = [job]
         else:
             batch.append(job)
-        self.metrics.queue_seconds.observe(now - job.received, len(job.request_ids))
+        if len(job.holders) == 1:  # once per request: a re-queued job's wait is in its timing
+            self.metrics.queue_seconds.observe(now - job.received, len(job.request_ids))
 
     @property
     def unsent(self) -> int:
@@ -175,7 +177,8 @@ class Scheduler:
             samples = requests * spec.samples(t.shape for t in job.tensors.specs)
             self.group_sizer.observe(job.model, device_us, samples)
         timing = dict(result.timing)
-        timing["broker_queue_us"] = (job.dispatched - job.received) * 1e6
+        # time queued only: not the time a worker that left held it before the re-queue
+        timing["broker_queue_us"] = job.queued_s * 1e6
         reply = wire.Reply(job.request_id, result.tensors, timing, job.group)
         self._retire(job)
         if job.batched:
@@ -355,6 +358,7 @@ class Scheduler:
                 ),
             )
             return
+        job.enqueued_at = time.monotonic()
         self.dispatcher.requeue(job)
         self.metrics.requeued.inc()
 
@@ -426,6 +430,10 @@ class Scheduler:
                     self.reject(job, self.registry.unknown(model))
                 del self.dispatcher.queues[model]
 
-    def shutdown(self, error: IpuserveError) -> None:
+    def shutdown(self, error: IpuserveError) -> int:
+        """Answer every live job with ``error``; how many requests that answered."""
+        answered = 0
         for job in self.jobs.live():
+            answered += len(job.request_ids)
             self.reject(job, error)
+        return answered

@@ -9,7 +9,7 @@ dimension) unless the caller passes its own.
 The JSON summary (``ipuserve bench --json``)::
 
     {"model": str, "mode": "closed"|"open", "in_flight": int, "rate": float|null,
-     "samples_per_request": int, "request_bytes": int,
+     "seed": int, "samples_per_request": int, "request_bytes": int,
      "requests": int, "ok": int, "errors": {code: int}, "error_messages": {code: str},
      "skipped": int, "interrupted": bool,
      "after_window": {"ok": int, "errors": {code: int}},
@@ -137,6 +137,7 @@ def _head(model: str, load: LoadConfig, samples: int, inputs: Mapping[str, Any])
         "mode": load.mode,
         "in_flight": load.in_flight if load.rate is None else None,
         "rate": load.rate,
+        "seed": load.seed,
         "samples_per_request": samples,
         "request_bytes": int(sum(np.asarray(a).nbytes for a in inputs.values())),
     }

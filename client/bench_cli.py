@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import signal
 import threading
 from collections import Counter
@@ -47,7 +48,14 @@ from ipuserve.client.report import (
     suite_table,
     sweep_table,
 )
-from ipuserve.clikit import Endpoint, ModelName, check_writable, option, writing
+from ipuserve.clikit import (
+    Endpoint,
+    ModelName,
+    TimeoutSeconds,
+    check_writable,
+    option,
+    writing,
+)
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
 
@@ -123,6 +131,13 @@ def parse_npy_inputs(
     help="Open loop (with --rate): arrival process.",
 )
 @option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seed of the Poisson arrivals and the random inputs, to repeat a run "
+    "[default: a new one each run, shown in the report].",
+)
+@option(
     "--warmup-s",
     type=click.FloatRange(min=0),
     default=1.0,
@@ -137,7 +152,7 @@ def parse_npy_inputs(
 @option("--requests", type=_positive_int(), help="Stop after this many measured requests.")
 @option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=TimeoutSeconds(),
     default=30.0,
     help="Per-request timeout.",
 )
@@ -280,6 +295,7 @@ def _loads(opts: dict[str, Any]) -> list[LoadConfig]:
         "duration_s": opts["duration_s"],
         "requests": opts["requests"],
         "poisson": opts["arrivals"] == "poisson",
+        "seed": opts["seed"] if opts["seed"] is not None else secrets.randbelow(2**31),
     }
     if opts["rate"]:
         return [LoadConfig(rate=rate, **common) for rate in opts["rate"]]

@@ -23,6 +23,7 @@ _LOAD_OPTIONS = (
     "concurrency",
     "rate",
     "arrivals",
+    "seed",
     "warmup_s",
     "duration_s",
     "requests",

@@ -19,7 +19,14 @@ import numpy as np
 from ipuserve import protocol as wire
 from ipuserve.client.bench_cli import bench, parse_npy_inputs
 from ipuserve.client.client import Client
-from ipuserve.clikit import Endpoint, ModelName, check_writable, option, writing
+from ipuserve.clikit import (
+    Endpoint,
+    ModelName,
+    TimeoutSeconds,
+    check_writable,
+    option,
+    writing,
+)
 from ipuserve.errors import IpuserveError
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
@@ -66,7 +73,7 @@ def describe(array: np.ndarray[Any, Any]) -> str:
 )
 @option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=TimeoutSeconds(),
     default=30.0,
     help="Give up (DEADLINE_EXCEEDED) after this long.",
 )
@@ -101,7 +108,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=TimeoutSeconds(),
     default=10.0,
     help="Give up after this long.",
 )

@@ -126,7 +126,7 @@ def error_lines(summaries: list[dict[str, Any]]) -> list[str]:
 
 def _load(summary: dict[str, Any]) -> str:
     if summary.get("mode") == "open":
-        return f"rate {summary.get('rate')} req/s"
+        return f"rate {summary.get('rate')} req/s  seed {summary.get('seed')}"
     return f"in flight {summary.get('in_flight')}"
 
 

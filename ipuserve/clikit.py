@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import IO, Any
 import click
 
 from ipuserve.endpoints import endpoint_problem
-from ipuserve.protocol import name_problem
+from ipuserve.protocol import MAX_DURATION_MS, name_problem
 
 option = functools.partial(click.option, show_default=True, show_envvar=True)
 
@@ -54,6 +55,20 @@ def parse_duration_ms(_ctx: Any, _param: Any, value: float | None) -> float | No
     if value is not None and value < 0:
         raise click.BadParameter("must be >= 0 milliseconds")
     return value
+
+
+class TimeoutSeconds(click.FloatRange):
+    """A request timeout: finite seconds > 0 the wire can carry (click's range lets nan
+    through, and the Client's own message offers None, which no option can give)."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, max=MAX_DURATION_MS / 1e3, min_open=True, max_open=True)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        seconds: float = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 class ModelName(click.ParamType):  # type: ignore[type-arg]

@@ -62,6 +62,12 @@ class WorkerMetrics(Registry):
                 self.queue_seconds.observe(queue_us / 1e6)
                 self.device_seconds.observe(device_us / 1e6)
 
+    def refused(self, model: str, outcome: str) -> None:
+        """A job answered without running (refused, or expired while waiting). Another
+        model's name is counted under "" so that made-up names add no labels."""
+        with self._lock:
+            self.jobs.inc(model=model if model == self.model else "", outcome=outcome)
+
     def render(self) -> str:
         with self._lock:  # one consistent snapshot of the job metrics
             jobs = super().render()

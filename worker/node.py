@@ -39,6 +39,7 @@ from ipuserve.errors import (
 )
 from ipuserve.worker.backend import Backend, Job, Mailbox, Outcome, Result
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class WorkerNode:
         on_joined: Callable[[str], None] | None = None,
     ) -> None:
         self._backend = backend
+        #: the backend's job metrics, if it keeps any (the ModelRunner backend does)
+        self._metrics: WorkerMetrics | None = getattr(backend, "metrics", None)
         #: told (a one-line description) each time the broker lets this worker in
         self._on_joined = on_joined
         self._config = config
@@ -400,7 +403,7 @@ class WorkerNode:
             try:
                 held = self._accept(job)
             except IpuserveError as exc:
-                self._failures.append(wire.Fail.of(job.job_id, exc))
+                self._refuse(job.job_id, job.model, exc)
                 continue
             self._jobs[job.job_id] = held
             self._waiting.append(held)
@@ -446,12 +449,8 @@ class WorkerNode:
             held = self._waiting.popleft()
             if held.job.expired(now):
                 self._jobs.pop(held.job.job_id, None)
-                self._failures.append(
-                    wire.Fail.of(
-                        held.job.job_id,
-                        DeadlineExceeded("the job's deadline passed while it waited at the worker"),
-                    )
-                )
+                waited = "the job's deadline passed while it waited at the worker"
+                self._refuse(held.job.job_id, held.job.model, DeadlineExceeded(waited))
                 continue
             candidates.append(held)
         if not candidates:
@@ -467,7 +466,14 @@ class WorkerNode:
         for job, error in self._backend.submit_all(starting, self._mailbox.put):
             self._running -= 1
             self._jobs.pop(job.job_id, None)
-            self._failures.append(wire.Fail.of(job.job_id, error))
+            self._refuse(job.job_id, job.model, error)
+
+    def _refuse(self, job_id: bytes, model: str, error: IpuserveError) -> None:
+        """Answer a job the backend never ran, and count it among the jobs answered (the
+        backend counts those it ran)."""
+        self._failures.append(wire.Fail.of(job_id, error))
+        if self._metrics is not None:
+            self._metrics.refused(model, error.code)
 
     def _deliver(self) -> None:
         for job, outcome in self._finish(self._mailbox.take()):
@@ -572,6 +578,7 @@ class WorkerNode:
         for job_id in self._draining:
             self._jobs.pop(job_id, None)
         self._waiting.clear()
+        running = len(self._jobs)
         self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
         self._finish_running(session)
         self._read(session)  # JOBS that arrived meanwhile are handed back too
@@ -580,8 +587,9 @@ class WorkerNode:
         self._send(wire.Bye(tuple(handed_back)))
         log.log(
             logging.WARNING if handed_back else logging.INFO,
-            "worker %s drained: handed back %d job(s)",
+            "worker %s drained: finished %d job(s), handed back %d",
             self._config.worker_id,
+            running - len(self._jobs),
             len(handed_back),
         )
         self._close_session(linger=self._config.bye_linger_ms)

@@ -304,6 +304,10 @@ def test_a_silent_worker_is_dropped_and_its_jobs_go_to_another(
         assert [w.worker_id for w in client.models()[0].workers] == ["healthy"]
     assert broker.metrics.requeued.value() == 1
     assert broker.metrics.workers_lost.value(reason="silent") == 1
+    # queued twice, briefly each time: not the liveness window "silent" held it (which
+    # broker_queue_us once counted), and the queue histogram sees the request once
+    assert reply.timing["broker_queue_us"] < 300_000
+    assert "ipuserve_broker_queue_seconds_count 1" in broker.metrics.render()
 
 
 def test_the_first_result_wins_and_the_dropped_worker_is_told_to_reconnect(
@@ -532,8 +536,9 @@ def test_a_worker_command_on_the_frontend_is_refused(client: RawClient) -> None:
 
 
 def test_stopping_the_broker_answers_what_it_holds_broker_shutdown(
-    start_broker_thread: StartBroker, workers: list[FakeWorker]
+    start_broker_thread: StartBroker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="ipuserve.broker.loop")
     broker = start_broker_thread()
     fake(broker, workers, credit=1)
     with RawClient(broker.frontend_endpoint) as client:
@@ -543,6 +548,7 @@ def test_stopping_the_broker_answers_what_it_holds_broker_shutdown(
         broker.stop()
         codes = {client.recv().code, client.recv().code}  # type: ignore[union-attr]
     assert codes == {"BROKER_SHUTDOWN"}  # an UNAVAILABLE the Client re-sends after a restart
+    wait_until(lambda: "answered 2 pending request(s) BROKER_SHUTDOWN" in caplog.text)
 
 
 def test_a_bug_on_one_row_of_a_batch_fails_that_row_only_and_once(

@@ -108,6 +108,7 @@ def test_a_short_bench_prints_json_whose_counts_add_up(served: BrokerProc, load:
     assert 0 <= summary["client"]["grouped"] <= summary["client"]["sent"]
     assert summary["samples_per_request"] == 2
     assert summary["request_bytes"] == 2 * 2 * 8 * 4
+    assert isinstance(summary["seed"], int)  # a new one each run: shown so it can be repeated
     assert set(summary["split_us"]) == {
         "broker_queue", "worker_queue", "device", "worker_other", "wire", "total"
     }  # fmt: skip
@@ -117,7 +118,10 @@ def test_a_short_bench_prints_json_whose_counts_add_up(served: BrokerProc, load:
     ("load", "mode_line"),
     [
         (["--concurrency", "4"], "mode        closed  in flight 4"),
-        (["--rate", "400", "--arrivals", "fixed"], "mode        open  rate 400.0 req/s"),
+        (
+            ["--rate", "400", "--arrivals", "fixed", "--seed", "7"],
+            "mode        open  rate 400.0 req/s  seed 7",
+        ),
     ],
     ids=["closed", "open"],
 )

@@ -98,3 +98,6 @@ def test_requests_expiring_behind_a_busy_device_are_answered_and_never_run(
     metrics = scrape(metrics_url)
     runs = metrics['ipuserve_runtime_batches_total{model="simple",replica="0"}']
     assert runs <= sent // 2  # it was 16: every expired request ran too
+    jobs = 'ipuserve_worker_jobs_total{model="simple",outcome="%s"}'
+    # every job is counted as answered, those that expired waiting too (they were not)
+    assert metrics[jobs % "ok"] + metrics[jobs % "DEADLINE_EXCEEDED"] == sent
