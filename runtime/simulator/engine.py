@@ -39,7 +39,7 @@ DEVICE_LOOP_CATCH_UP_S = 0.05
 class SimClock:
     """The simulated device's notion of "when this run may finish"."""
 
-    __slots__ = ("_now", "_sync_owed", "catch_up_s", "deadline")
+    __slots__ = ("_now", "catch_up_s", "deadline")
 
     def __init__(
         self, now: Callable[[], float] = time.perf_counter, catch_up_s: float = BACK_TO_BACK_S
@@ -47,7 +47,6 @@ class SimClock:
         self._now = now
         self.catch_up_s = catch_up_s
         self.deadline = 0.0
-        self._sync_owed = 0.0
 
     def start(self, launch_seconds: float) -> None:
         """A run starts: at the previous run's end if it follows it back to back, else now.
@@ -65,23 +64,15 @@ class SimClock:
         now = self._now()
         back_to_back = 0.0 <= now - self.deadline < self.catch_up_s
         self.deadline = (self.deadline if back_to_back else now) + launch_seconds
-        self._sync_owed = launch_seconds
 
     def advance(self, seconds: float) -> None:
         self.deadline += seconds
 
     def waited_for_host(self) -> None:
-        """The device stalled on the host: nothing it had computed can overlap that wait.
-
-        The launch is the run's host sync: a device that waited for its first input
-        syncs once that input is there, so it pays the launch after the wait. (It once
-        overlapped the wait, and a lone request's batch took the steps' time alone:
-        half the example MLP's 18 us.) Later waits in the run owe no further sync.
-        """
+        """The device stalled on the host: nothing it had computed can overlap that wait."""
         now = self._now()
         if now > self.deadline:
-            self.deadline = now + self._sync_owed
-        self._sync_owed = 0.0
+            self.deadline = now
 
     def sleep_until_deadline(self) -> None:
         remaining = self.deadline - self._now()
