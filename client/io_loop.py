@@ -203,6 +203,8 @@ class IoLoop:
         #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
         self._broker_shut_down = False
         self._next_ping = 0.0
+        #: requests that found the socket's pipe full, to send once it has room
+        self._unsent: dict[bytes, None] = {}
         #: a forked child inherits this object but not its thread: it must not use it
         self._pid = os.getpid()
         #: what ended the I/O thread, if it failed (then calls say so, not "closed")
@@ -310,11 +312,16 @@ class IoLoop:
         poller.register(self._waker.fileno(), zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
         while not self._closed:
+            # the socket's pipe was full: wait for room too, to send what did not go
+            poller.modify(self._sock, zmq.POLLIN | (zmq.POLLOUT if self._unsent else 0))
             events = dict(poller.poll(self._poll_timeout_ms()))
             if self._waker.fileno() in events:
                 self._take_inbox()
             if self._sock in events:
-                self._receive()
+                if events[self._sock] & zmq.POLLIN:
+                    self._receive()
+                if events[self._sock] & zmq.POLLOUT:
+                    self._send_unsent()
             if self._monitor in events:
                 self._on_connection_events()
             self._tick()
@@ -406,8 +413,9 @@ class IoLoop:
         for frames in wire.encode_batch(message):  # the broker decodes with the defaults
             try:
                 _send_frames(self._sock, frames)
-            except zmq.Again:
-                pass  # queue full while the broker is away: the liveness re-send covers it
+            except zmq.Again:  # which rows did not go is not known: all go again
+                self._unsent.update(dict.fromkeys(p.request_id for p in batch))
+                break
         self.stats.batched += len(batch)
 
     def _wake_liveness(self, now: float) -> None:
@@ -435,8 +443,19 @@ class IoLoop:
         try:
             _send_frames(self._sock, pending.frames(time.perf_counter_ns()))
         except zmq.Again:
-            pass  # queue full while the broker is away: the liveness re-send covers it
+            self._unsent[pending.request_id] = None
 
+    def _send_unsent(self) -> None:
+        """Send, in order, what found the socket's pipe full (send_hwm). Nothing else
+        would: the re-send after a silence never comes while the broker answers the
+        rest, and such requests once waited out their timeout (or for ever)."""
+        for request_id in list(self._unsent):
+            del self._unsent[request_id]
+            pending = self._pending.get(request_id)
+            if pending is not None:  # not answered or expired meanwhile
+                self._send(pending)
+                if request_id in self._unsent:
+                    return  # full again
     def _ping(self, now: float) -> None:
         self._next_ping = now + self.config.ping_interval_s
         try:
