@@ -75,6 +75,9 @@ _TO_WORKERS = frozenset(
 _MAX_POLL_MS = 60_000
 #: The deadline heap is rebuilt without answered requests past this size (and 4x pending).
 _COMPACT_AT = 1024
+#: Silence since the client started after which "is the broker running?" is a fair
+#: question: a PONG on a working connection takes milliseconds.
+_SUSPECT_SILENCE_S = 0.05
 #: How long close() waits for the I/O thread: a done-callback blocked for good must not
 #: hang close() and the interpreter's exit (which closes every client) with it.
 CLOSE_WAIT_S = 5.0
@@ -203,6 +206,7 @@ class IoLoop:
         #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
         self._broker_shut_down = False
         self._next_ping = 0.0
+        self._born = time.monotonic()
         #: requests that found the socket's pipe full, to send once it has room
         self._unsent: dict[bytes, None] = {}
         #: a forked child inherits this object but not its thread: it must not use it
@@ -276,8 +280,8 @@ class IoLoop:
                 f": {where} answers as a broker's backend (worker) port; clients connect to "
                 "its frontend (client) port"
             )
-        if self._heard_anything:
-            return ""
+        if self._heard_anything or time.monotonic() - self._born < _SUSPECT_SILENCE_S:
+            return ""  # too soon to blame the endpoint (a timeout of 0.1 ms once did)
         return (
             f": nothing has answered at {where} since the client started; is the broker "
             "running, and is this its frontend (client) port?"

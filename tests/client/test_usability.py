@@ -401,6 +401,13 @@ def test_infer_with_nothing_listening_suggests_checking_the_endpoint(
     assert line.endswith(f"): nothing has answered at {address} {HINT}")
 
 
+def test_a_timeout_too_short_to_hear_anything_does_not_blame_the_endpoint() -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with Client(address) as client, pytest.raises(DeadlineExceeded) as failed:
+        client.infer("add", add_inputs(), timeout=0.001)
+    assert "nothing has answered" not in str(failed.value)
+
+
 @pytest.mark.slow
 def test_a_timeout_from_a_live_broker_does_not_blame_the_endpoint(
     processes: Processes,  # noqa: F811
