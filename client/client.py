@@ -76,7 +76,10 @@ class Client:
     ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
     timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
     socket identity; by default it is random and unique per client, which lets
-    the broker recognise re-sent requests after a reconnect. An ``address`` that is
+    the broker recognise re-sent requests after a reconnect. A fixed one must be
+    unique among live clients: the broker hands the identity's connection to the
+    newest, and the older client's replies go there (its requests time out). An
+    ``address`` that is
     not a ZeroMQ endpoint to connect to raises :class:`ConfigError`.
     """
 
