@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -54,6 +55,10 @@ class Exit(enum.Enum):
 
     STOP = "stop requested"
     SILENT = "broker silent past its liveness window"
+    STALLED = (
+        "this worker did not run for longer than the liveness window (stopped, or "
+        "starved of CPU): the broker has dropped it"
+    )
     RECONNECT = "broker asked us to reconnect (it does not know us)"
     NEW_EPOCH = "broker restarted (new epoch)"
 
@@ -80,6 +85,9 @@ class Session:
     #: the broker's payload limit (from WELCOME): bigger outputs are failed here, not sent
     max_payload_bytes: int
     next_heartbeat: float = 0.0
+    #: when the loop last ran its timers: a gap past the liveness window is this
+    #: process stalled, not the broker silent
+    last_turn: float = 0.0
 
 
 class WorkerNode:
@@ -108,6 +116,8 @@ class WorkerNode:
         self._epoch: str | None = None
         self._jobs: dict[bytes, Held] = {}
         self._waiting: deque[Held] = deque()
+        #: no waiting job expires before this (monotonic seconds)
+        self._next_expiry = math.inf
         self._running = 0
         self._unsent: list[Outcome] = []
         self._draining: list[bytes] | None = None
@@ -276,6 +286,7 @@ class WorkerNode:
             welcome.liveness_ms / 1000,
             now,
             welcome.max_payload_bytes,
+            last_turn=now,
         )
         log.info(
             "worker %s registered with %s (epoch %s, credit %d)",
@@ -351,17 +362,24 @@ class WorkerNode:
         poller = self._poller(session.socket)
         while not self._stopping:
             events = dict(poller.poll(self._timeout_ms(session)))
+            now = time.monotonic()
+            if now - session.last_turn > session.liveness_s:
+                return Exit.STALLED  # before reading: what the broker sent meanwhile is moot
+            session.last_turn = now
             if session.socket in events and (why := self._read(session)) is not None:
                 return why
             if self._mailbox.fd in events or self._mailbox.ready:
                 self._deliver()  # what finished while we read, too: it joins this RESULTS
+            self._expire_waiting(time.monotonic())
             self._flush()
             if (why := self._tick(session)) is not None:
                 return why
         return Exit.STOP
 
     def _timeout_ms(self, session: Session) -> int:
-        wake = min(session.next_heartbeat, session.last_heard + session.liveness_s)
+        wake = min(
+            session.next_heartbeat, session.last_heard + session.liveness_s, self._next_expiry
+        )
         return max(0, int((wake - time.monotonic()) * 1000) + 1)
 
     def _read(self, session: Session) -> Exit | None:
@@ -407,6 +425,8 @@ class WorkerNode:
                 continue
             self._jobs[job.job_id] = held
             self._waiting.append(held)
+            if held.job.deadline is not None:
+                self._next_expiry = min(self._next_expiry, held.job.deadline)
         self._submit_waiting()
 
     def _accept(self, message: wire.Job) -> Held:
@@ -442,19 +462,24 @@ class WorkerNode:
     def _submit_waiting(self) -> None:
         """Hand waiting jobs to the backend while fewer than credit run and it has room:
         all that may start now in one call, so the backend can run them together. A
-        job whose deadline passed while it waited here is answered, not started."""
+        job whose deadline passed while it waited here is answered, not started.
+        Jobs the backend refused at once free their room: the next waiting ones go
+        then, not at the next JOBS or result (after a device fault there may be none)."""
+        while self._start_waiting():
+            pass
+
+    def _start_waiting(self) -> bool:
+        """One hand-over; True if the backend refused some and others still wait."""
         candidates: list[Held] = []
         now = time.monotonic()
         while self._waiting and self._running + len(candidates) < self._credit:
             held = self._waiting.popleft()
             if held.job.expired(now):
-                self._jobs.pop(held.job.job_id, None)
-                waited = "the job's deadline passed while it waited at the worker"
-                self._refuse(held.job.job_id, held.job.model, DeadlineExceeded(waited))
+                self._expired(held)
                 continue
             candidates.append(held)
         if not candidates:
-            return
+            return False
         room = self._backend.room_for([held.job for held in candidates])
         self._waiting.extendleft(reversed(candidates[room:]))
         starting = [held.job for held in candidates[:room]]
@@ -462,11 +487,33 @@ class WorkerNode:
             held.submitted = now
         self._running += len(starting)
         if not starting:
-            return
-        for job, error in self._backend.submit_all(starting, self._mailbox.put):
+            return False
+        refused = self._backend.submit_all(starting, self._mailbox.put)
+        for job, error in refused:
             self._running -= 1
             self._jobs.pop(job.job_id, None)
             self._refuse(job.job_id, job.model, error)
+        return bool(refused) and bool(self._waiting)
+
+    def _expired(self, held: Held) -> None:
+        self._jobs.pop(held.job.job_id, None)
+        waited = "the job's deadline passed while it waited at the worker"
+        self._refuse(held.job.job_id, held.job.model, DeadlineExceeded(waited))
+
+    def _expire_waiting(self, now: float) -> None:
+        """Answer waiting jobs at their deadline, not at the next event that starts jobs
+        (the broker has answered their clients; they must not hold credit meanwhile)."""
+        if now < self._next_expiry:
+            return
+        keep: deque[Held] = deque()
+        for held in self._waiting:
+            if held.job.expired(now):
+                self._expired(held)
+            else:
+                keep.append(held)
+        self._waiting = keep
+        deadlines = [h.job.deadline for h in keep if h.job.deadline is not None]
+        self._next_expiry = min(deadlines, default=math.inf)
 
     def _refuse(self, job_id: bytes, model: str, error: IpuserveError) -> None:
         """Answer a job the backend never ran, and count it among the jobs answered (the

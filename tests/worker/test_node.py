@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from ipuserve import protocol as wire
 from ipuserve.worker.backend import Backend, FunctionBackend
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.node import WorkerNode
-from tests.helpers import wait_until
+from tests.helpers import wait_until, write_example
 from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add, add_inputs
 
 
@@ -347,3 +348,56 @@ def test_outputs_that_do_not_split_into_the_group_fail_it(
     send_group(broker, identity, b"g", group_of(3))
     fail = expect_fail(broker, b"g", "INFERENCE_FAILED")
     assert "does not split into 3 equal parts" in fail.message
+
+
+# ---------------------------------------------------------------- jobs waiting for room
+
+
+def _simple_jobs(count: int, budget_ms: float | None) -> wire.Jobs:
+    rng = np.random.default_rng(7)
+    arrays = [
+        {n: rng.standard_normal((4, 4)).astype(np.float32) for n in ("tensor_A", "tensor_B")}
+        for _ in range(count)
+    ]
+    return wire.Jobs(
+        tuple(
+            wire.Job(b"j%02d" % i, "simple", wire.Tensors.of(a), budget_ms)
+            for i, a in enumerate(arrays)
+        )
+    )
+
+
+def _runner_backend(tmp_path: Path) -> Backend:
+    from ipuserve.worker.runner_backend import RunnerBackend
+
+    return RunnerBackend([write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")])
+
+
+def test_jobs_waiting_for_room_are_all_answered_after_a_device_fault(
+    broker: FakeBroker, start_node: StartNode, tmp_path: Path
+) -> None:
+    """With the device faulted, each hand-over is refused at once; the jobs kept waiting
+    for room were then never started (nothing more came to start them): 6 of 12 jobs
+    were held for ever."""
+    backend = _runner_backend(tmp_path)
+    start_node(backend)
+    identity, _hello = broker.expect(wire.Hello)
+    broker.send(identity, wire.Welcome("epoch1", 50, 60_000))
+    backend.runner._replicas[0].device.injectFault()  # type: ignore[attr-defined]
+    broker.send(identity, _simple_jobs(12, None))
+    codes = [broker.expect(wire.Fail)[1].code for _ in range(12)]
+    assert set(codes) <= {"INFERENCE_FAILED", "WORKER_FAILED"}, codes
+
+
+def test_jobs_waiting_for_room_are_answered_at_their_deadline(
+    broker: FakeBroker, start_node: StartNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not when the device next finishes a batch: the broker has answered their clients,
+    and until then they held the worker's credit."""
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "50000")  # a batch: about 0.5 s
+    start_node(_runner_backend(tmp_path))
+    identity, _hello = broker.expect(wire.Hello)
+    broker.send(identity, wire.Welcome("epoch1", 50, 60_000))
+    broker.send(identity, _simple_jobs(12, 200.0))  # 3 start, 9 wait; all expire at 0.2 s
+    first = [broker.recv()[1] for _ in range(9)]
+    assert all(isinstance(o, wire.Fail) and o.code == "DEADLINE_EXCEEDED" for o in first), first
