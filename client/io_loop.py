@@ -258,6 +258,11 @@ class IoLoop:
                     "is blocking it (one that waits for another request never returns)",
                     CLOSE_WAIT_S,
                 )
+                # it would fail what is pending as it ends, and it may never end: fail it
+                # here (a future settles once; the thread's own attempt is then a no-op)
+                with self._lock:
+                    stranded = [*self._pending.values(), *self._inbox]
+                _fail(stranded, ClosedError("the client is closed"))
         if self.thread.ident is None:  # never started: nobody else will
             self._waker.close()
 
@@ -441,8 +446,10 @@ class IoLoop:
             )
             self._finish(pending.request_id, lambda p: p.fail(error))
             return
-        if limit is None and size > wire.FRAME_SLACK_BYTES:
-            self._held[pending.request_id] = None  # sent by _on_pong
+        if size > wire.FRAME_SLACK_BYTES and (limit is None or not self._connected):
+            # sent by _on_pong; while disconnected too: the broker back may have a smaller
+            # limit, and a frame waiting in ZeroMQ's pipe could no longer be taken back
+            self._held[pending.request_id] = None
             return
         try:
             _send_frames(self._sock, pending.frames(time.perf_counter_ns()))
@@ -559,6 +566,7 @@ class IoLoop:
 
     def _on_pong(self, pong: wire.Pong) -> None:
         self._broker_shut_down = False  # a broker answers again
+        self._connected = True  # (its handshake event may still wait in the monitor)
         known = self.stats.epoch
         self.stats.epoch = pong.epoch
         self.stats.max_payload_bytes = pong.max_payload_bytes

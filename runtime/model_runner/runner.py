@@ -83,7 +83,7 @@ class ModelRunner:
         """Run synchronously. Returns the outputs, or None when written into ``output_data``."""
         future = self.executeAsync(input_data, output_data, replica_id)
         results = future.result()
-        user_allocated = output_data is not None and not isinstance(output_data, int)
+        user_allocated = isinstance(output_data, Mapping)
         return None if user_allocated else OutputMemory(results)
 
     def executeAsync(

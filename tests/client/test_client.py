@@ -400,13 +400,20 @@ def test_close_returns_though_a_done_callback_blocks_the_io_thread(
     """A callback waiting (concurrent.futures.wait) for another request never returns:
     close() and the interpreter's exit, which closes every client, hung with it."""
     monkeypatch.setattr(io_loop, "CLOSE_WAIT_S", 0.2)
-    release = threading.Event()
+    blocking, release = threading.Event(), threading.Event()
+
+    def block(_future: Future[Any]) -> None:
+        blocking.set()
+        release.wait()
+
     client = Client(broker.address, timeout=10, config=FAST)
     try:
-        client.infer_async("add", inputs()).add_done_callback(lambda _f: release.wait())
-        wait_until(lambda: broker.requests != [])
+        client.infer_async("add", inputs()).add_done_callback(block)
+        assert blocking.wait(10)
+        stranded = client.infer_async("add", inputs())  # the I/O thread will not take it
         client.close()
         assert "did not stop within 0.2 s: a done-callback is blocking it" in caplog.text
+        assert isinstance(stranded.exception(timeout=0), errors.ClosedError)
     finally:
         release.set()
 

@@ -110,11 +110,16 @@ def test_a_broker_back_with_a_smaller_limit_refuses_what_exceeds_it_once(
         small, big = add_inputs(rows=2, seed=1), huge_inputs(3 << 20)
         answers = [client.infer_async("add", small), client.infer_async("add", big)]
         wait_until(lambda: _received(old) >= 2)
+        old.proc.kill()
+        wait_until(lambda: not client._io._connected)
+        # sent while no broker is there: it must not wait in ZeroMQ's pipe for the next
+        answers.append(client.infer_async("add", huge_inputs(6 << 20)))
         new = restart_broker(procs, old, "--max-payload-bytes", str(1 << 20))
         start_worker(procs, new, fn_worker_argv("add"))
         np.testing.assert_allclose(answers[0].result(30)["z"], add_expected(small), rtol=1e-6)
-        with pytest.raises(errors.PayloadTooLargeError, match=str(1 << 20)):
-            answers[1].result(30)
+        for oversized in answers[1:]:
+            with pytest.raises(errors.PayloadTooLargeError, match=str(1 << 20)):
+                oversized.result(30)
         assert client.stats.reconnects == 1, client.stats
 
 

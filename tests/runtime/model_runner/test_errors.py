@@ -89,8 +89,8 @@ def test_numpy_integer_replica_ids_pick_that_replica(runner: model_runtime.Model
     """A replica id from numpy (np.arange, an array's element) is an integer: keyword or
     positional (C++'s execute(input, replica_id)), it must reach that replica, where it
     once ran on replica 0 without a word (positional) or was refused (keyword)."""
-    runner.execute(good(), replica_id=np.int64(1))
-    runner.execute(good(), np.int32(1))
+    assert runner.execute(good(), replica_id=np.int64(1)) is not None
+    assert runner.execute(good(), np.int32(1)) is not None  # the outputs, not "written"
     runner.executeAsync(good(), np.uint8(1)).wait()
     counts = [
         runner.getMonitoringStatisticsTotalCount({}, replica_id=r)[
