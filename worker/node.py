@@ -101,6 +101,8 @@ class WorkerNode:
         on_joined: Callable[[str], None] | None = None,
     ) -> None:
         self._backend = backend
+        #: a backend written before room_for (stop 13) takes every job it is handed
+        self._paced = hasattr(backend, "room_for")
         #: the backend's job metrics, if it keeps any (the ModelRunner backend does)
         self._metrics: WorkerMetrics | None = getattr(backend, "metrics", None)
         #: told (a one-line description) each time the broker lets this worker in
@@ -480,7 +482,11 @@ class WorkerNode:
             candidates.append(held)
         if not candidates:
             return False
-        room = self._backend.room_for([held.job for held in candidates])
+        room = (
+            self._backend.room_for([held.job for held in candidates])
+            if self._paced
+            else len(candidates)
+        )
         self._waiting.extendleft(reversed(candidates[room:]))
         starting = [held.job for held in candidates[:room]]
         for held in candidates[:room]:

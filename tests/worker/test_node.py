@@ -401,3 +401,21 @@ def test_jobs_waiting_for_room_are_answered_at_their_deadline(
     broker.send(identity, _simple_jobs(12, 200.0))  # 3 start, 9 wait; all expire at 0.2 s
     first = [broker.recv()[1] for _ in range(9)]
     assert all(isinstance(o, wire.Fail) and o.code == "DEADLINE_EXCEEDED" for o in first), first
+
+
+class _BackendWithoutRoomFor:
+    """A backend written to the seam before room_for existed."""
+
+    def __init__(self, inner: FunctionBackend) -> None:
+        self.describe, self.capacity = inner.describe, inner.capacity
+        self.submit_all, self.close = inner.submit_all, inner.close
+
+
+def test_a_backend_without_room_for_is_handed_every_job(
+    broker: FakeBroker, start_node: StartNode
+) -> None:
+    """room_for came later; such a backend crashed the socket loop at the first JOBS."""
+    start_node(_BackendWithoutRoomFor(GatedAdd().backend()))  # type: ignore[arg-type]
+    identity = broker.welcome()
+    inputs = broker.job(identity, b"j1")
+    expect_result(broker, b"j1", inputs)
