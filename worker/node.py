@@ -101,7 +101,7 @@ class WorkerNode:
         on_joined: Callable[[str], None] | None = None,
     ) -> None:
         self._backend = backend
-        #: a backend written before room_for (stop 13) takes every job it is handed
+        #: a backend written before room_for existed takes every job it is handed
         self._paced = hasattr(backend, "room_for")
         #: the backend's job metrics, if it keeps any (the ModelRunner backend does)
         self._metrics: WorkerMetrics | None = getattr(backend, "metrics", None)
