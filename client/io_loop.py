@@ -333,6 +333,8 @@ class IoLoop:
                     self._send_unsent()
             if self._monitor in events:
                 self._on_connection_events()
+            if self._closed:  # close() gave up on a callback that blocked this turn
+                break
             self._tick()
             self._flush_outgoing()
 
@@ -467,6 +469,7 @@ class IoLoop:
                 self._send(pending)
                 if request_id in self._unsent:
                     return  # full again
+
     def _ping(self, now: float) -> None:
         self._next_ping = now + self.config.ping_interval_s
         try:

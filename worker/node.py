@@ -55,10 +55,6 @@ class Exit(enum.Enum):
 
     STOP = "stop requested"
     SILENT = "broker silent past its liveness window"
-    STALLED = (
-        "this worker did not run for longer than the liveness window (stopped, or "
-        "starved of CPU): the broker has dropped it"
-    )
     RECONNECT = "broker asked us to reconnect (it does not know us)"
     NEW_EPOCH = "broker restarted (new epoch)"
 
@@ -85,9 +81,6 @@ class Session:
     #: the broker's payload limit (from WELCOME): bigger outputs are failed here, not sent
     max_payload_bytes: int
     next_heartbeat: float = 0.0
-    #: when the loop last ran its timers: a gap past the liveness window is this
-    #: process stalled, not the broker silent
-    last_turn: float = 0.0
 
 
 class WorkerNode:
@@ -288,7 +281,6 @@ class WorkerNode:
             welcome.liveness_ms / 1000,
             now,
             welcome.max_payload_bytes,
-            last_turn=now,
         )
         log.info(
             "worker %s registered with %s (epoch %s, credit %d)",
@@ -318,6 +310,7 @@ class WorkerNode:
             self._jobs.pop(held.job.job_id, None)
         self._unsent.clear()
         self._waiting.clear()
+        self._failures.clear()  # refusals of its jobs, made while disconnected
         running = sum(1 for held in self._jobs.values() if held.epoch == epoch)
         log.warning(
             "a new broker (the old one restarted): dropped %d waiting job(s) and unsent "
@@ -364,10 +357,6 @@ class WorkerNode:
         poller = self._poller(session.socket)
         while not self._stopping:
             events = dict(poller.poll(self._timeout_ms(session)))
-            now = time.monotonic()
-            if now - session.last_turn > session.liveness_s:
-                return Exit.STALLED  # before reading: what the broker sent meanwhile is moot
-            session.last_turn = now
             if session.socket in events and (why := self._read(session)) is not None:
                 return why
             if self._mailbox.fd in events or self._mailbox.ready:

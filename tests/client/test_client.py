@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -530,6 +531,39 @@ def test_requests_that_find_the_send_queue_full_go_once_it_has_room(
         futures = [client.infer_async("add", given, copy=False) for given in sent]
         for future, given in zip(futures, sent, strict=True):
             np.testing.assert_array_equal(future.result(30)["y"], expected(given))
+
+
+def test_an_io_thread_released_after_close_gave_up_sends_nothing_more(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Released from the callback that blocked it past close(), the I/O thread finished
+    its turn: it took the blocked time for the broker's silence and re-sent requests
+    whose callers already had ClosedError."""
+    monkeypatch.setattr(io_loop, "CLOSE_WAIT_S", 0.2)
+    gate = threading.Event()
+
+    def second_only(request: wire.Request) -> wire.Message | None:
+        if len(broker.requests) == 1:
+            return None  # the first stays unanswered
+        gate.wait(10)  # until its callback is in place
+        return add_handler(request)
+
+    broker.handler = second_only
+    blocking, release = threading.Event(), threading.Event()
+    client = Client(broker.address, timeout=10, config=FAST)  # liveness 0.3 s
+    unanswered = client.infer_async("add", inputs())
+    wait_until(lambda: len(broker.requests) == 1)
+    answered = client.infer_async("add", inputs())
+    answered.add_done_callback(lambda _f: (blocking.set(), release.wait()))
+    gate.set()
+    assert blocking.wait(10)
+    client.close()  # gives up after 0.2 s; the silence is past the liveness window soon
+    wait_until(lambda: time.monotonic() - client._io._last_heard > FAST.liveness_s)
+    release.set()
+    client._io.thread.join(10)
+    assert not client._io.thread.is_alive()
+    assert len(broker.requests) == 2  # no re-send of what close() already failed
+    assert isinstance(unanswered.exception(timeout=0), errors.ClosedError)
 
 
 # ---------------------------------------------------------------- liveness and shutdown
