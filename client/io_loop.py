@@ -238,15 +238,14 @@ class IoLoop:
             self._waker.wake()
 
     def close(self) -> None:
-        with self._lock:
+        forked = os.getpid() != self._pid  # a child's copy: the socket and thread are
+        with self._lock:  # the parent's, so there is nothing to stop, only to fail
             if self._closed:
                 return
             self._closed = True
-            if os.getpid() != self._pid:  # a forked child's copy: no thread to stop
-                leftovers = [*self._pending.values(), *self._inbox]
-                self._pending.clear()
-                self._inbox.clear()
-        if os.getpid() != self._pid:  # the socket and thread are the parent's: leave them
+            if forked:
+                leftovers = self._take_outstanding()
+        if forked:
             _fail(leftovers, ClosedError("the client is closed"))
             return
         self._waker.wake()
@@ -261,10 +260,21 @@ class IoLoop:
                 # it would fail what is pending as it ends, and it may never end: fail it
                 # here (a future settles once; the thread's own attempt is then a no-op)
                 with self._lock:
-                    stranded = [*self._pending.values(), *self._inbox]
+                    stranded = self._outstanding()
                 _fail(stranded, ClosedError("the client is closed"))
         if self.thread.ident is None:  # never started: nobody else will
             self._waker.close()
+
+    def _outstanding(self) -> list[Pending]:
+        """Hold the lock. Every request not yet answered: sent, or still in the inbox."""
+        return [*self._pending.values(), *self._inbox]
+
+    def _take_outstanding(self) -> list[Pending]:
+        """Hold the lock. :meth:`_outstanding`, now no longer this loop's."""
+        outstanding = self._outstanding()
+        self._pending.clear()
+        self._inbox.clear()
+        return outstanding
 
     def _closed_error(self) -> IpuserveError:
         if self._crash is not None:  # not closed by the user: say what happened
@@ -306,9 +316,7 @@ class IoLoop:
         finally:
             with self._lock:
                 self._closed = True
-                leftovers = [*self._pending.values(), *self._inbox]
-                self._pending.clear()
-                self._inbox.clear()
+                leftovers = self._take_outstanding()
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
             self._sock.close(linger=0)
