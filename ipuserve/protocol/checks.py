@@ -45,6 +45,7 @@ M_co = TypeVar("M_co", covariant=True)
 
 # ---------------------------------------------------------------- frames
 
+
 def _small(frame: Frame) -> bytes:
     if isinstance(frame, zmq.Frame):  # what sockets give: tested first
         return frame.bytes
@@ -57,6 +58,8 @@ def _nbytes(frame: Frame) -> int:
         return len(frame)
     return frame.nbytes if isinstance(frame, np.ndarray | memoryview) else len(frame)
 
+
+# ---------------------------------------------------------------- headers and tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +149,6 @@ def _batch_tensors(
 
 
 # ---------------------------------------------------------------- field checks
-#
-# A check takes (value, limits) and raises without saying where; the caller that
-# knows the location (a header field, a list index) adds it on the way out, so the
-# valid path never formats a location string.
 
 
 def _at(where: str, error: IpuserveError) -> IpuserveError:
@@ -287,7 +286,6 @@ def _plain_timing(value: Any) -> bool:
         and -MAX_TIMING_VALUE < number < MAX_TIMING_VALUE  # JSON's 1e400 is inf
         for key, number in value.items()
     )
-
 
 
 def _list(value: Any, limit: int) -> list[Any]:

@@ -149,12 +149,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:
     try:
-        header = _DECODER.decode(raw.decode("utf-8"))
+        header = _JSON_DECODER.decode(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"the header is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(header, dict):

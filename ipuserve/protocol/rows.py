@@ -49,8 +49,12 @@ def _request_row(item: Any, limits: Limits) -> Row[float | None]:
             f"must be [request id or [request ids], spec index, timeout_ms]; got {_show(item)}"
         )
     ident, group = _row_ids(item[0], limits)
-    timeout = _optional(_duration)(item[2], limits)
+    timeout = _timeout(item[2], limits)
     return ident, _count(item[1], limits), timeout, len(group) or 1, group
+
+
+#: A REQUESTS row's timeout: null, or milliseconds > 0.
+_timeout = _optional(_duration)
 
 
 def _reply_row(item: Any, limits: Limits) -> Row[dict[str, float]]:

@@ -67,7 +67,6 @@ class TensorSpec:
         return f"{self.name}:{self.dtype}{list(self.shape)}"
 
 
-
 @dataclass(frozen=True, slots=True)
 class Tensors:
     """Named tensors on the wire: specs plus one frame each (arrays, or received frames).
