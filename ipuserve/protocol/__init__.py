@@ -47,6 +47,7 @@ import protocol as wire``; its ``__all__`` is the public API):
 
 from __future__ import annotations
 
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, name_problem
 from ipuserve.protocol.batches import (
     Fail,
     Job,
@@ -58,7 +59,6 @@ from ipuserve.protocol.batches import (
     encode_batch,
     split_batch,
 )
-from ipuserve.protocol.checks import name_problem
 from ipuserve.protocol.client_messages import (
     ErrorReply,
     ListModels,
@@ -82,9 +82,7 @@ from ipuserve.protocol.envelope import (
     ENVELOPE_BYTES,
     HEADER_FRAMES,
     MAX_COUNT,
-    MAX_DURATION_MS,
     MAX_ID_BYTES,
-    MAX_NAME_CHARS,
     MAX_TIMING_KEYS,
     MAX_TIMING_VALUE,
     PROTOCOL_TAG,

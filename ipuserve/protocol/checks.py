@@ -26,11 +26,10 @@ from ipuserve.errors import (
     PayloadTooLargeError,
     ProtocolError,
 )
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, NAME_RULE, name_problem
 from ipuserve.protocol.envelope import (
     MAX_COUNT,
-    MAX_DURATION_MS,
     MAX_ID_BYTES,
-    MAX_NAME_CHARS,
     MAX_TIMING_KEYS,
     MAX_TIMING_VALUE,
     Command,
@@ -168,30 +167,12 @@ def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 
 
-_NAME_RULE = f"a string of 1..{MAX_NAME_CHARS} characters"
-
-
 def _name(value: Any, _limits: Limits) -> str:
-    _kind(value, str, _NAME_RULE)  # a JSON value: shown as JSON if it is no string
+    _kind(value, str, NAME_RULE)  # a JSON value: shown as JSON if it is no string
     problem = name_problem(value)
     if problem is not None:
         raise ProtocolError(problem)
     return str(value)
-
-
-def name_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be a model or tensor name on the wire, else None: for
-    senders, which refuse such a name before encoding it."""
-    if type(value) is not str:
-        return f"must be {_NAME_RULE}, not a {type(value).__name__}"
-    if not 0 < len(value) <= MAX_NAME_CHARS:
-        return f"must have 1..{MAX_NAME_CHARS} characters; got {len(value)}"
-    if not value.isascii():
-        try:  # JSON may carry a lone surrogate, which no UTF-8 log or metrics page can
-            value.encode()
-        except UnicodeEncodeError:
-            return f"must be UTF-8 text; {value!r} holds a lone surrogate"
-    return None
 
 
 def _text(value: Any, _limits: Limits) -> str:
@@ -382,6 +363,7 @@ def _as_object(value: Any) -> dict[str, Any]:
 def _model_specs(value: Any, limits: Limits) -> tuple[ModelSpec, ...]:
     return _items(value, 1024, _model_spec, limits)
 
+
 def _job_id(item: Any, _limits: Limits) -> bytes:
     _kind(item, str, "a hex job id")
     try:
@@ -481,4 +463,3 @@ class _Decoder(Generic[M_co]):
     def max_frames(self, limits: Limits) -> int:
         """Tensor frames a message of this kind may carry, checked before its header is read."""
         return (0, limits.max_tensors, limits.max_batch * limits.max_tensors)[self.tensors]
-

@@ -23,9 +23,8 @@ TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
 #: Tag, version and command: the envelope's fixed part; the id follows.
 ENVELOPE_BYTES = len(TAG) + 1
 MAX_ID_BYTES = 64
-MAX_NAME_CHARS = 256
-#: Timeouts, budgets and timings are below this many milliseconds (~31 years).
-MAX_DURATION_MS = 1e12
+# MAX_NAME_CHARS and MAX_DURATION_MS: ipuserve.limits (the runtime's CLI needs them
+# without ZeroMQ), re-exported from here
 #: The largest integer a header field may hold (JSON's are unbounded; 2**53: exact as a float).
 MAX_COUNT = 2**53
 #: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).

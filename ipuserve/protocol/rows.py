@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from ipuserve.errors import ProtocolError
+from ipuserve.limits import MAX_DURATION_MS
 from ipuserve.protocol.checks import (
     T,
     _budget,
@@ -21,7 +22,7 @@ from ipuserve.protocol.checks import (
     _show,
     _timing,
 )
-from ipuserve.protocol.envelope import MAX_DURATION_MS, MAX_ID_BYTES, Limits
+from ipuserve.protocol.envelope import MAX_ID_BYTES, Limits
 
 #: A checked batch row: (id, spec index, third entry, members, the group's ids or ()).
 Row: TypeAlias = tuple[bytes, int, T, int, tuple[bytes, ...]]
