@@ -129,15 +129,16 @@ class Replica:
         with self.lock:
             self._check_usable()
             request.t_enqueued = time.perf_counter()  # before the device can see it
+            now = time.monotonic()
+            # Before the reader can see the samples: it asks the policy about them at once.
+            self._policy.arrived(samples, now)
             try:
                 self._enqueue(request, inputs, outputs, output_names, samples)
             except ClosedError:
                 self._check_usable()  # a failing run disconnected us: say why
                 raise
             self._pending.add(request)
-            now = time.monotonic()
             self._account.add(samples, now)
-            self._policy.arrived(samples, now)
         return future
 
     def _finished(self, request: Request) -> None:

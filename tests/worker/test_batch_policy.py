@@ -1,4 +1,4 @@
-"""`ipuserve worker --batch-policy`: right answers, and its decisions in /metrics (real processes)."""
+"""`ipuserve worker --batch-policy`: right answers, its decisions in /metrics (real processes)."""
 
 from __future__ import annotations
 
