@@ -40,6 +40,9 @@ BatchPolicyFactory = Callable[[int], "BatchPolicy"]
 
 POLICIES = ("eager", "fixed", "adaptive")
 _EWMA = 0.2  # weight of a new measurement: about the last 5 runs / returns count
+#: Answers remembered as owed at most: far more than ever come back within a run, and a
+#: bound on memory where nobody asks (a device never idle never prunes the overdue).
+MAX_OWED_ENTRIES = 1024
 
 
 class BatchPolicy:
@@ -160,6 +163,8 @@ class AdaptivePolicy(BatchPolicy):
         with self._lock:
             self._owed.append([now, float(samples)])
             self._owed_samples += samples
+            if len(self._owed) > MAX_OWED_ENTRIES:
+                self._owed_samples -= int(self._owed.popleft()[1])
 
     def arrived(self, samples: int, now: float) -> None:
         with self._lock:

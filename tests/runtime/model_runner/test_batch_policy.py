@@ -6,6 +6,7 @@ import pytest
 
 from ipuserve.errors import ConfigError
 from ipuserve.runtime.model_runner.batch_policy import (
+    MAX_OWED_ENTRIES,
     AdaptivePolicy,
     BatchAccount,
     BatchPolicy,
@@ -122,6 +123,21 @@ def test_the_batch_timeout_bounds_every_wait() -> None:
     t = 1.0
     policy.completed(8, t)
     assert policy.hold_s(8, BATCH, t - 0.1 * MS, t, idle_since=t) == pytest.approx(0.3 * MS)
+
+
+def test_the_owed_answers_are_bounded() -> None:
+    """A device never idle never prunes the overdue; the oldest answers are forgotten."""
+    policy = closed_loop_policy()
+    for i in range(MAX_OWED_ENTRIES + 10):
+        policy.completed(1, 1.0 + i * 1e-6)
+    now = 1.0 + MAX_OWED_ENTRIES * 1e-6
+    # the missing 1 is repaid by the oldest remembered answer, 10 after the first
+    policy.arrived(9, now)
+    returns = policy.return_s
+    assert returns is not None
+    assert policy.hold_s(15, BATCH, now, now, idle_since=now) == pytest.approx(
+        1.0 + 19 * 1e-6 + returns - now
+    )
 
 
 def test_nothing_measured_yet_means_no_wait() -> None:
