@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+import ipuserve.runtime as model_runtime
 from ipuserve.errors import ConfigError
 from ipuserve.runtime.model_runner.batch_policy import (
     MAX_OWED_ENTRIES,
@@ -15,6 +17,9 @@ from ipuserve.runtime.model_runner.batch_policy import (
     make_policy,
     policy_from_spec,
 )
+from ipuserve.runtime.popef.types import Model
+
+from .conftest import WAIT_S, assert_matches, reference, rows
 
 MS = 1e-3
 RUN = 2 * MS  # device time per batch of 16
@@ -207,3 +212,67 @@ def test_the_account_reports_each_batch_it_closes() -> None:
     account.add(9, 14.0)  # two whole batches and one sample
     assert closed == [(4, 1.0), (2, 1.0), (4, 0.0), (4, 0.0)]
     assert account.filled == 1
+
+
+# -- a policy plugged into a real ModelRunner ------------------------------------------
+
+
+class Recording(EagerPolicy):
+    """Eager, and remembers what the replica told it."""
+
+    def __init__(self) -> None:
+        super().__init__(None, self._closed)
+        self.arrivals: list[int] = []
+        self.completions: list[int] = []
+        self.batches: list[int] = []
+        self.asked_idle: list[bool] = []
+
+    def hold_s(
+        self, filled: int, batch: int, first_time: float, now: float, idle_since: float | None
+    ) -> float | None:
+        self.asked_idle.append(idle_since is not None)
+        return super().hold_s(filled, batch, first_time, now, idle_since)
+
+    def arrived(self, samples: int, now: float) -> None:
+        self.arrivals.append(samples)
+
+    def completed(self, samples: int, now: float) -> None:
+        self.completions.append(samples)
+
+    def _closed(self, samples: int, _waited: float) -> None:
+        self.batches.append(samples)
+
+
+@pytest.mark.parametrize("look_ahead", ["unlimited", "0"])
+def test_a_plugged_in_policy_decides_and_hears_of_every_request(
+    mlp: Model, look_ahead: str
+) -> None:
+    """The replica asks the factory's policy, tells it of each arrival and answer, and
+    its observer of each batch as the producer side forms it: 40 samples are two full
+    batches and a flushed 8, a lone sample a flushed batch of 1. Results match numpy."""
+    policies: list[Recording] = []
+
+    def factory(replica: int) -> BatchPolicy:
+        assert replica == 0
+        policies.append(Recording())
+        return policies[-1]
+
+    # No spec batch timeout, and timeout_ns 0 (wait forever): only the policy can flush.
+    config = model_runtime.ModelRunnerConfig(
+        batching_dim=0, flush_on_waiting_outputs=True, max_look_ahead=look_ahead, timeout_ns=0
+    )
+    runner = model_runtime.ModelRunner(mlp, config=config, batch_policy=factory)
+    try:
+        for samples in (40, 1):
+            x = rows(samples, 32, seed=samples)
+            got = runner.executeAsync({"input": x}).result(WAIT_S)
+            padded = np.concatenate([x, np.zeros((-samples % BATCH, 32), np.float32)])
+            chunks = np.split(padded, len(padded) // BATCH)
+            want = [reference("mlp", mlp, {"input": chunk}) for chunk in chunks]
+            assert_matches(got, {k: np.concatenate([w[k] for w in want])[:samples] for k in got})
+    finally:
+        runner.close()
+    (policy,) = policies
+    assert policy.arrivals == policy.completions == [40, 1]
+    assert policy.batches == [16, 16, 8, 1]
+    assert any(policy.asked_idle)
