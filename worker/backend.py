@@ -59,12 +59,16 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One request as the backend sees it. ``deadline`` is in ``time.monotonic()`` seconds."""
+    """One job as the backend sees it: a request, or a client's group of requests joined
+    along the batching dimension. ``deadline`` is in ``time.monotonic()`` seconds;
+    ``samples`` is its size along the batching dimension, counted once where the job
+    was made (the worker's socket loop) so that nothing downstream re-derives it."""
 
     job_id: bytes
     model: str
     inputs: Mapping[str, Array]
     deadline: float | None = None
+    samples: int = 1
 
     def expired(self, now: float | None = None) -> bool:
         return self.deadline is not None and (now or time.monotonic()) >= self.deadline

@@ -421,11 +421,15 @@ class WorkerNode:
         self._submit_waiting()
 
     def _accept(self, message: wire.Job) -> Held:
-        """Validate a job (the broker checked too) and stamp its deadline."""
+        """Stamp a job's deadline and count its samples, once.
+
+        The broker checked its tensors against the model's schema before forwarding it
+        (it owns that check: docs/architecture.md §2); the worker checks only what the
+        broker cannot know -- that this worker serves the model, its own load, and how
+        much of the job's budget is left on arrival."""
         spec = self._models.get(message.model)
         if spec is None:
             raise UnknownModelError(f"this worker does not serve model {message.model!r}")
-        wire.check_inputs(spec, message.tensors.specs)
         members = message.tensors.members
         if members > 1 and not spec.groupable:
             raise InvalidInputError(
@@ -446,7 +450,8 @@ class WorkerNode:
             if members > 1
             else message.tensors.arrays()
         )
-        job = Job(message.job_id, message.model, inputs, deadline)
+        samples = members * spec.samples(t.shape for t in message.tensors.specs)
+        job = Job(message.job_id, message.model, inputs, deadline, samples)
         assert self._epoch is not None
         return Held(job, self._epoch, now, members=members)
 

@@ -19,13 +19,11 @@ it starts only what keeps each device busy (``AHEAD_JOBS`` jobs' worth of sample
 so the others wait in the worker, where one whose deadline passes is answered
 DEADLINE_EXCEEDED instead of being run late.
 
-Small jobs that start together (the socket thread hands over every job a JOBS
-message let it start) become one runtime request: their inputs concatenated along
-the batching dimension, their outputs split back as views. Per request the runtime
-costs far more than copying a few KiB (queue entries, a future, callbacks, the
-device loop's per-request work): measured on the ``noop`` model, 45 us of CPU per
-one-sample request against 16 per sample in 16-sample requests. Each job keeps its
-own outcome; a request the runtime fails fails each of its jobs.
+Each job is one runtime request: a client's group arrives as one job (formed once, by
+the client) and stays one request down to the runtime, whose queues pack it with
+every other client's requests into the compiled batch. The broker checked the job's
+tensors against the model (it owns that check), so the runner runs with
+``validate_io_params`` off, and the job's sample count comes with it.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -58,7 +56,7 @@ from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, make_policy
 from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
-from ipuserve.worker.backend import Done, Job, Refused, Result
+from ipuserve.worker.backend import Done, Job, Refused, Result, submit_each
 from ipuserve.worker.metrics import WorkerMetrics
 from ipuserve.worker.model_checks import (
     advise_on_busy_ipus,
@@ -72,20 +70,12 @@ log = logging.getLogger(__name__)
 #: Jobs a replica's queues should be able to hold at least, however small the
 #: compiled batch: enough in flight to hide the broker round trip.
 MIN_SLOTS_PER_REPLICA = 64
-#: Jobs with at most this many bytes of inputs are merged when they start together;
-#: bigger ones gain nothing from it and would cost a copy.
-MERGE_MAX_JOB_BYTES = 64 << 10
 #: A replica takes new jobs while it holds less than this many jobs' worth of samples
 #: (one job: one batch, or 1 ms of device time for a cheap model, see
 #: ipuserve.grouping): enough to keep its device busy between two turns of the worker's
 #: loop. Jobs beyond it wait in the worker, where they can still expire: once in the
 #: runtime's queues a job runs, however late.
 AHEAD_JOBS = 3
-#: A merged request holds at most this many samples, and no more device time than
-#: :mod:`ipuserve.grouping` allows (one batch for a slow model): every merged job
-#: waits for the last, and 256 samples of a model taking 0.2 s a batch of 8 once made
-#: the first of 32 jobs wait 6.3 s instead of 0.2 s.
-MERGE_MAX_SAMPLES = 256
 
 
 class RunnerBackend:
@@ -120,6 +110,8 @@ class RunnerBackend:
             batching_dim=BATCHING_DIM_DISABLED if dim is None else dim,
             is_batch_size_timeout_enabled=True,
             flush_on_waiting_outputs=True,
+            # the broker checked every job against the model (docs/architecture.md §2)
+            validate_io_params=False,
             ring_buffer_size_multiplier=multiplier,
             max_look_ahead=look_ahead,
         )
@@ -142,11 +134,7 @@ class RunnerBackend:
             batch_size=batch,
             batching_dim=self._batching_dim,
         )
-        #: jobs can be merged when every tensor has the batching dimension to join on
-        self._mergeable = dim is not None and all(
-            len(t.shape) > dim for t in (*self._spec.inputs, *self._spec.outputs)
-        )
-        #: device time per sample, from this worker's runs: how much to merge
+        #: device time per sample, from this worker's runs: how much to start ahead
         self._sizer = GroupSizer()
         self.metrics.watch(self._runner)
         log.info(
@@ -180,83 +168,26 @@ class RunnerBackend:
             replica = min(range(len(samples)), key=samples.__getitem__)
             if samples[replica] >= window or held[replica] >= self._slots:
                 return count
-            samples[replica] += self._samples_in(job) if job.model == self._spec.name else 0
+            samples[replica] += job.samples
             held[replica] += 1
         return len(jobs)
 
     def submit(self, job: Job, done: Done) -> None:
+        """One runtime request for ``job`` on the replica with the fewest samples."""
         if job.model != self._spec.name:
             raise UnknownModelError(f"this worker serves {self._spec.name!r}, not {job.model!r}")
-        self._execute([job], [self._samples_in(job)], dict(job.inputs), done)
-
-    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
-        refused: list[Refused] = []
-        for group in self._groups(jobs):
-            try:
-                if len(group) == 1:
-                    self.submit(group[0], done)
-                else:
-                    self._submit_merged(group, done)
-            except IpuserveError as exc:
-                refused += [(job, exc) for job in group]
-        return refused
-
-    def _groups(self, jobs: Sequence[Job]) -> Iterator[list[Job]]:
-        """Runs of small jobs of this model (at most MERGE_MAX_SAMPLES samples each);
-        any other job alone."""
-        group: list[Job] = []
-        samples = 0
-        limit = min(MERGE_MAX_SAMPLES, self._sizer.samples_per_job(self._spec))
-        for job in jobs:
-            if not self._merges(job):
-                if group:
-                    yield group
-                    group, samples = [], 0
-                yield [job]
-                continue
-            n = self._samples_in(job)
-            if group and samples + n > limit:
-                yield group
-                group, samples = [], 0
-            group.append(job)
-            samples += n
-        if group:
-            yield group
-
-    def _samples_in(self, job: Job) -> int:
-        return self._spec.samples(array.shape for array in job.inputs.values())
-
-    def _merges(self, job: Job) -> bool:
-        return (
-            self._mergeable
-            and job.model == self._spec.name
-            and sum(array.nbytes for array in job.inputs.values()) <= MERGE_MAX_JOB_BYTES
-        )
-
-    def _submit_merged(self, jobs: list[Job], done: Done) -> None:
-        dim = self._batching_dim or 0  # merged only when there is one
-        names = list(jobs[0].inputs)
-        try:
-            inputs = {n: np.concatenate([job.inputs[n] for job in jobs], axis=dim) for n in names}
-        except (KeyError, ValueError) as exc:  # validated against one spec: cannot happen
-            raise InvalidInputError(f"jobs of one batch do not fit together: {exc}") from exc
-        self._execute(jobs, [self._samples_in(job) for job in jobs], inputs, done)
-
-    def _execute(
-        self, jobs: list[Job], samples: list[int], inputs: dict[str, np.ndarray], done: Done
-    ) -> None:
-        """One runtime request for ``jobs`` (their inputs joined already)."""
-        total = sum(samples)
-        replica = self._claim(total)
+        replica = self._claim(job.samples)
         started = time.perf_counter()
         try:
-            future = self._runner.executeAsync(inputs, replica_id=replica)
+            future = self._runner.executeAsync(job.inputs, replica_id=replica)
         except BaseException as error:
-            self._release(replica, total)
+            self._release(replica, job.samples)
             raise _wire_error(error) from error
-        for _job in jobs:
-            self.metrics.submitted()
-        future.add_done_callback(lambda f: self._finished(jobs, samples, done, f, replica, started))
+        self.metrics.submitted()
+        future.add_done_callback(lambda f: self._finished(job, done, f, replica, started))
+
+    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+        return submit_each(self.submit, jobs, done)
 
     def close(self) -> None:
         self._runner.close()
@@ -280,46 +211,28 @@ class RunnerBackend:
             self._samples[replica] -= samples
 
     def _finished(
-        self,
-        jobs: list[Job],
-        samples: list[int],
-        done: Done,
-        future: OutputFuture,
-        replica: int,
-        started: float,
+        self, job: Job, done: Done, future: OutputFuture, replica: int, started: float
     ) -> None:
-        self._release(replica, sum(samples))
+        self._release(replica, job.samples)
         seconds = time.perf_counter() - started
         error = future.exception()
         if error is not None:
             wire_error = _wire_error(error)
-            for job in jobs:
-                self.metrics.finished(wire_error.code, seconds)
-                done(job, wire_error)
+            self.metrics.finished(wire_error.code, seconds)
+            done(job, wire_error)
             return
         outputs = {name: np.asarray(array) for name, array in future.result().items()}
         timing = _timing(future, started)
         if "device_us" in timing:
-            self._sizer.observe(self._spec.name, timing["device_us"], sum(samples))
-        parts = _split(outputs, samples, self._batching_dim or 0) if len(jobs) > 1 else [outputs]
-        for job, part in zip(jobs, parts, strict=True):
-            self.metrics.finished(
-                "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
-            )
-            done(job, Result(part, timing))
+            self._sizer.observe(self._spec.name, timing["device_us"], job.samples)
+        self.metrics.finished(
+            "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
+        )
+        done(job, Result(outputs, timing))
 
 
 def _spec(desc: DataDesc) -> TensorSpec:
     return TensorSpec(desc.name, desc.data_type.value, tuple(desc.shape))
-
-
-def _split(
-    outputs: dict[str, np.ndarray], samples: list[int], dim: int
-) -> list[dict[str, np.ndarray]]:
-    """A merged request's outputs, job by job: views along the batching dimension."""
-    cuts = np.cumsum(samples)[:-1]
-    pieces = {name: np.split(array, cuts, axis=dim) for name, array in outputs.items()}
-    return [{name: pieces[name][i] for name in outputs} for i in range(len(samples))]
 
 
 def _timing(future: OutputFuture, started: float) -> dict[str, float]:

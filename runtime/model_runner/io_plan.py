@@ -44,6 +44,8 @@ class IoPlan:
         if config.dynamic_batching:
             self._check_batch_extents([*inputs, *outputs], meta.batchSize())
         self.validator = RequestValidator(inputs, outputs, set(self.frozen))
+        #: reachable_outputs by the set of inputs given (at most one per subset of names)
+        self._reachable: dict[frozenset[str], list[str]] = {}
 
     # -- descriptions -------------------------------------------------------------
     def descs(self, anchors: list[Anchor]) -> list[DataDesc]:
@@ -73,11 +75,16 @@ class IoPlan:
         branches around it, is provided -- what a user of the real runtime works
         out by hand from ``popef_dump`` before calling execute.
         """
-        executable = self.model.executable
-        found: list[str] = []
-        for index in self.model.metadata.programFlow().main():
-            found.extend(self._walk(executable.program(index).steps, provided, True))
-        return [name for name in dict.fromkeys(found) if name not in self.frozen]
+        key = frozenset(provided)
+        known = self._reachable.get(key)
+        if known is None:  # a walk of the program per request: worth keeping (few keys)
+            executable = self.model.executable
+            found: list[str] = []
+            for index in self.model.metadata.programFlow().main():
+                found.extend(self._walk(executable.program(index).steps, provided, True))
+            known = [name for name in dict.fromkeys(found) if name not in self.frozen]
+            self._reachable[key] = known
+        return list(known)
 
     # -- helpers --------------------------------------------------------------------
     def _walk(self, steps: tuple[Step, ...], provided: set[str], ok: bool) -> Iterator[str]:

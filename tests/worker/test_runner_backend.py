@@ -1,4 +1,4 @@
-"""RunnerBackend in-process: small jobs that start together share one runtime request."""
+"""RunnerBackend in-process: each job is one runtime request, checked against numpy."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def jobs_of(rows: list[int], dim: int, seed: int = 0) -> list[Job]:
         inputs = {
             name: rng.standard_normal(shape).astype(np.float32) for name in ("tensor_A", "tensor_B")
         }
-        jobs.append(Job(b"job%d" % i, "simple", inputs))
+        jobs.append(Job(b"job%d" % i, "simple", inputs, samples=n))
     return jobs
 
 
@@ -94,44 +94,18 @@ def runtime_requests(backend: RunnerBackend, warm_up: int = 1) -> int:
     return int(counts["request_monitoring_statistics_count"]) - warm_up
 
 
-def test_jobs_that_start_together_run_as_one_request_and_each_gets_its_rows(
+def test_each_job_is_one_runtime_request_and_gets_its_own_rows(
     simple: tuple[RunnerBackend, int],
 ) -> None:
+    """A client's group arrives as one job and stays one request; jobs that start
+    together are not merged again (the runtime's queues pack them into one batch)."""
     backend, dim = simple
-    jobs = jobs_of([1, 2, 1], dim)  # one batch: the device-time budget allows at least that
+    jobs = jobs_of([1, 2, 1, 3], dim)
     check_against_reference(backend, jobs, dim)
-    assert runtime_requests(backend) == 1
+    assert runtime_requests(backend) == len(jobs)
 
 
-def test_a_job_too_big_to_merge_runs_alone_between_merged_runs(
-    simple: tuple[RunnerBackend, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    backend, dim = simple
-    monkeypatch.setattr(runner_backend, "MERGE_MAX_JOB_BYTES", 2 * 2 * 4 * 4)  # 2 rows each
-    jobs = jobs_of([1, 2, 5, 2, 1], dim, seed=1)  # [1, 2] [5] [2, 1]
-    check_against_reference(backend, jobs, dim)
-    assert runtime_requests(backend) == 3
-
-
-def test_merged_requests_are_capped_in_samples(
-    simple: tuple[RunnerBackend, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    backend, dim = simple
-    monkeypatch.setattr(runner_backend, "MERGE_MAX_SAMPLES", 4)
-    jobs = jobs_of([3, 1, 2, 2, 3], dim, seed=2)  # [3, 1] [2, 2] [3]
-    check_against_reference(backend, jobs, dim)
-    assert runtime_requests(backend) == 3
-
-
-def test_before_its_first_run_a_worker_merges_at_most_one_batch(cold: RunnerBackend) -> None:
-    """Not knowing the device time, merging 256 samples could hold a slow model's first
-    job until the 32nd batch was done (6.3 s instead of 0.2 s at a large time scale)."""
-    jobs = jobs_of([1, 2, 1, 3], 0, seed=3)  # [1, 2, 1] (one batch of 4) [3]
-    check_against_reference(cold, jobs, 0)
-    assert runtime_requests(cold, warm_up=0) == 2
-
-
-def test_a_closed_backend_refuses_every_job_of_a_merged_request(
+def test_a_closed_backend_refuses_every_job_it_is_handed(
     simple: tuple[RunnerBackend, int],
 ) -> None:
     backend, dim = simple
