@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -106,6 +107,10 @@ class WorkerNode:
         self._credit = config.credit or backend.capacity()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         self._mailbox = Mailbox()
+        #: the books below and the socket: held by the serving loop except while it
+        #: waits, and by a backend thread sending a result itself (:meth:`_on_done`)
+        self._lock = threading.Lock()
+        self._serving = False
         self._stopping = False
         self._session: Session | None = None
         self._epoch: str | None = None
@@ -352,20 +357,71 @@ class WorkerNode:
     # ------------------------------------------------------------ serving
 
     def _serve(self) -> Exit:
+        """Serve the broker until a reason to leave.
+
+        The loop holds ``_lock`` -- the node's books and the socket -- for all of its
+        work and releases it only while it waits. So a backend thread that finishes a
+        job while the loop waits takes the lock and sends the result itself
+        (:meth:`_on_done`): no hand-off back to this thread. The wait is on the socket's
+        file descriptor (``zmq.FD``), not on the socket: polling the socket would use
+        it, and the socket may only be used under the lock. That descriptor is
+        edge-triggered, so the turn waits only while ``zmq.EVENTS`` says nothing is
+        readable, and whoever used the socket under the lock checks it before letting
+        go (:meth:`_on_done` wakes the loop if a message came in meanwhile)."""
         session = self._session
         assert session is not None
-        poller = self._poller(session.socket)
-        while not self._stopping:
-            events = dict(poller.poll(self._timeout_ms(session)))
-            if session.socket in events and (why := self._read(session)) is not None:
-                return why
-            if self._mailbox.fd in events or self._mailbox.ready:
-                self._deliver()  # what finished while we read, too: it joins this RESULTS
-            self._expire_waiting(time.monotonic())
+        sock = session.socket
+        poller = zmq.Poller()
+        poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
+        poller.register(self._mailbox.fd, zmq.POLLIN)
+        with self._lock:
+            self._serving = True
+            try:
+                while not self._stopping:
+                    woken = False
+                    if not self._mailbox.ready and not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        woken = self._wait_unlocked(poller, self._timeout_ms(session))
+                    if (why := self._read(session)) is not None:
+                        return why
+                    if woken or self._mailbox.ready:
+                        self._deliver()  # what finished while we read joins this RESULTS
+                    self._expire_waiting(time.monotonic())
+                    self._flush()
+                    if (why := self._tick(session)) is not None:
+                        return why
+                return Exit.STOP
+            finally:
+                self._serving = False
+
+    def _wait_unlocked(self, poller: zmq.Poller, timeout_ms: int) -> bool:
+        """Wait without the lock; True if the mailbox's eventfd woke us."""
+        self._lock.release()
+        try:
+            return any(fd == self._mailbox.fd for fd, _ in poller.poll(timeout_ms))
+        finally:
+            self._lock.acquire()
+
+    def _on_done(self, job: Job, outcome: Result | IpuserveError) -> None:
+        """A backend thread's outcome: sent from that thread when the loop is waiting and
+        nothing else is due (a lone request's result takes no hand-off), else handed to
+        the loop through the mailbox, where outcomes of one turn leave together."""
+        if self._waiting or not self._lock.acquire(blocking=False):
+            self._mailbox.put(job, outcome)
+            return
+        try:
+            if not self._serving or self._waiting or self._mailbox.ready:
+                self._mailbox.put(job, outcome)  # the loop's turn is due anyway: keep order
+                return
+            self._running -= 1
+            held = self._jobs.get(job.job_id)
+            if held is not None and held.job is job:
+                self._answer(job, outcome)
             self._flush()
-            if (why := self._tick(session)) is not None:
-                return why
-        return Exit.STOP
+            session = self._session
+            if session is not None and session.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._mailbox.wake()  # our use of the socket may have eaten the loop's edge
+        finally:
+            self._lock.release()
 
     def _timeout_ms(self, session: Session) -> int:
         wake = min(
@@ -488,7 +544,7 @@ class WorkerNode:
         self._running += len(starting)
         if not starting:
             return False
-        refused = self._backend.submit_all(starting, self._mailbox.put)
+        refused = self._backend.submit_all(starting, self._on_done)
         for job, error in refused:
             self._running -= 1
             self._jobs.pop(job.job_id, None)
