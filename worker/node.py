@@ -379,7 +379,7 @@ class WorkerNode:
             try:
                 while not self._stopping:
                     woken = False
-                    if not self._mailbox.ready and not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if not self._mailbox.ready and not wire.readable(sock):
                         woken = self._wait_unlocked(poller, self._timeout_ms(session))
                     if (why := self._read(session)) is not None:
                         return why
@@ -418,7 +418,7 @@ class WorkerNode:
                 self._answer(job, outcome)
             self._flush()
             session = self._session
-            if session is not None and session.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if session is not None and wire.readable(session.socket):
                 self._mailbox.wake()  # our use of the socket may have eaten the loop's edge
         finally:
             self._lock.release()
