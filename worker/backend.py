@@ -1,12 +1,13 @@
 """The seam between a worker's socket loop and whatever computes the results.
 
-The socket thread (:mod:`ipuserve.worker.node`) validates each job against the
-:class:`ModelSpec` the backend described, then calls :meth:`Backend.submit_all`
-with the jobs it may start now (a backend may run several as one). The
-backend runs the job on its own thread(s) and calls ``done(job, outcome)`` from
-there exactly once per submitted job, with a :class:`Result` or an
-:class:`~ipuserve.errors.IpuserveError` (never another exception type). ``done`` is
-cheap and thread-safe: it hands the outcome to the socket thread.
+The socket thread (:mod:`ipuserve.worker.node`) admits each job -- the broker checked
+its tensors against the :class:`ModelSpec` the backend described -- then calls
+:meth:`Backend.submit_all` with the jobs it may start now. The backend runs each job
+on its own thread(s) and calls ``done(job, outcome)`` from there exactly once per
+submitted job, with a :class:`Result` or an :class:`~ipuserve.errors.IpuserveError`
+(never another exception type). ``done`` is thread-safe and never blocks: it sends the
+result itself when the socket loop is idle, else hands it to the loop. It must not
+be called with a lock held that ``submit_all`` takes.
 
 ``Result.timing`` should hold ``queue_us`` (submit to start of execution) and
 ``device_us`` (execution); the worker turns them into the wire's

@@ -203,7 +203,7 @@ def test_reconnect_on_request_keeps_results_of_the_same_epoch(
 def test_results_of_an_old_epoch_are_dropped(
     broker: FakeBroker, start_node: StartNode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="ipuserve.worker.node")
+    caplog.set_level(logging.WARNING, logger="ipuserve.worker")
     model = GatedAdd(gated=True)
     start_node(model.backend())
     first = broker.welcome("epoch1")
@@ -234,10 +234,13 @@ class WaitRecordingNode(WorkerNode):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.waits: list[float] = []
+        wait = self._joiner.wait
 
-    def _wait(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        super()._wait(seconds)
+        def recording(seconds: float) -> None:
+            self.waits.append(seconds)
+            wait(seconds)
+
+        setattr(self._joiner, "wait", recording)  # noqa: B010 (mypy: no method assignment)
 
 
 def test_an_unanswered_hello_is_retried_with_backoff(
