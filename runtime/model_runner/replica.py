@@ -218,6 +218,8 @@ class Replica:
         hold = self._policy.hold_s(filled, self._batch, first_time or now, now, self._idle_since())
         if hold is None:
             return self._timeout_ns
+        if hold <= 0:  # run it now: flush before waiting, not after a first timeout
+            self._flush_partial()  # (this thread reads the batch: as safe as on timeout)
         return max(_MIN_WAIT_NS, int(hold * 1e9))
 
     def _idle_since(self) -> float | None:
@@ -231,8 +233,7 @@ class Replica:
         """The device found no input set ready: flush a waiting partial batch now, or say
         how many seconds the policy lets it wait (the device thread asks again then).
         The flush callback is told the input it was expecting more of (spec 3.7)."""
-        waited = next((n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None)
-        if waited is None:
+        if not any(q.holdsPartialBatch() for q in self.queues.inputs.values()):
             return None
         now = time.monotonic()
         account = self._account
@@ -240,8 +241,14 @@ class Replica:
         hold = self._policy.hold_s(account.filled, self._batch, first, now, self._idle_since())
         if hold is not None and hold > 0:
             return hold
-        self._on_read_timeout_named(waited)
+        self._flush_partial()
         return None
+
+    def _flush_partial(self) -> None:
+        """Flush the partial batch now, naming the input it was waiting for more of."""
+        waited = next((n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None)
+        if waited is not None:
+            self._on_read_timeout_named(waited)
 
     def _ran(self) -> None:
         """A run ended: its device time (from taking its inputs) is the policy's measure."""
