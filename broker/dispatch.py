@@ -26,13 +26,13 @@ class ModelQueue:
 
     __slots__ = ("_jobs", "_requests", "_total", "limit", "model")
 
-    def __init__(self, model: str, limit: int, total: _Total | None = None) -> None:
+    def __init__(self, model: str, limit: int, total: Total | None = None) -> None:
         self.model = model
         self.limit = limit
         self._jobs: deque[JobEntry] = deque()
         self._requests = 0
         #: the count of queued jobs over every queue of one dispatcher
-        self._total = total or _Total()
+        self._total = total or Total()
 
     def __len__(self) -> int:
         """Queued requests (every member of a group job counts)."""
@@ -80,7 +80,7 @@ class ModelQueue:
         return [job for job in self._jobs if job.state is State.QUEUED]
 
 
-class _Total:
+class Total:
     """Jobs queued over all of a dispatcher's queues: whether a worker with spare credit
     has anything to take is one integer test, not a look at each of its models."""
 
@@ -94,13 +94,9 @@ class Dispatcher:
     def __init__(self, registry: Registry, queue_limit: int) -> None:
         self._serving = registry.serving
         self._limit = queue_limit
-        self._total = _Total()
+        #: jobs waiting in any queue
+        self.total = Total()
         self.queues: dict[str, ModelQueue] = {}
-
-    @property
-    def queued(self) -> int:
-        """Jobs waiting in any queue."""
-        return self._total.jobs
 
     def choose(self, model: str) -> Worker | None:
         """The least-loaded worker serving ``model`` with spare credit, if any (the
@@ -116,7 +112,7 @@ class Dispatcher:
     def queue(self, model: str) -> ModelQueue:
         queue = self.queues.get(model)
         if queue is None:
-            queue = self.queues[model] = ModelQueue(model, self._limit, self._total)
+            queue = self.queues[model] = ModelQueue(model, self._limit, self.total)
         return queue
 
     def enqueue(self, job: JobEntry) -> None:

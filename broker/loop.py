@@ -195,11 +195,15 @@ class Broker:
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
-        self._outbox.heard_from(client)
+        if self._outbox.unreachable:
+            self._outbox.heard_from(client)  # reachable again: it keeps its queue
         message: wire.Message | None = None
         try:
             message = wire.decode(body, self._limits)
-            self._clients.handle(client, message)
+            if type(message) is wire.Request:  # the hot one, straight to admission
+                self._clients.on_request(client, message)
+            else:
+                self._clients.handle(client, message)
         except IpuserveError as exc:
             self._refuse(client, body, exc, getattr(message, "model", ""))
         except Exception:

@@ -60,6 +60,7 @@ class Scheduler:
         self.config = config
         self.registry = registry
         self.dispatcher = Dispatcher(registry, config.queue_limit)
+        self._queued = self.dispatcher.total
         self.jobs = JobTable()
         self.timers = timers
         self.outbox = outbox
@@ -100,7 +101,7 @@ class Scheduler:
 
     def _fill(self, worker: Worker) -> None:
         """:meth:`pump` for a worker known to be registered."""
-        if len(worker.in_flight) >= worker.credit or not self.dispatcher.queued:
+        if len(worker.in_flight) >= worker.credit or not self._queued.jobs:
             return
         now = time.monotonic()
         while len(worker.in_flight) < worker.credit:
@@ -138,7 +139,11 @@ class Scheduler:
             worker, batch = outgoing.popitem()
             if self.registry.workers.get(worker.identity) is not worker:
                 continue  # dropped since: drop_worker re-queued its jobs
-            jobs = self._live(worker, batch)
+            jobs = batch
+            for job in batch:
+                if job.state is not State.RUNNING:
+                    jobs = self._live(worker, batch)
+                    break
             if jobs and not self._send_jobs(worker, jobs):
                 handed_back = tuple(job.job_id for job in batch)
                 self.drop_worker(worker, "unreachable", handed_back)
@@ -149,12 +154,10 @@ class Scheduler:
     def _live(self, worker: Worker, batch: list[JobEntry]) -> list[JobEntry]:
         """The batch without jobs answered since they were placed (expired in the same
         turn): never sent, so the worker will not answer them, so they free its credit."""
-        live = [job for job in batch if job.state is State.RUNNING]
-        if len(live) < len(batch):
-            for job in batch:
-                if job.state is not State.RUNNING:
-                    worker.in_flight.pop(job.job_id, None)
-        return live
+        for job in batch:
+            if job.state is not State.RUNNING:
+                worker.in_flight.pop(job.job_id, None)
+        return [job for job in batch if job.state is State.RUNNING]
 
     def _send_jobs(self, worker: Worker, jobs: list[JobEntry]) -> bool:
         now = time.monotonic()
@@ -250,7 +253,9 @@ class Scheduler:
         # time queued only: not the time a worker that left held it before the re-queue
         timing["broker_queue_us"] = job.queued_s * 1e6
         reply = wire.Reply(job.request_id, tensors, timing, job.group)
-        self._retire(job)
+        if job.state is State.QUEUED:  # a late result for a job queued again
+            self.dispatcher.forget(job)
+        self.jobs.finish(job)
         if job.batched:
             self._replies.setdefault(job.client, []).append((reply, model))
             self.unsent += 1
