@@ -347,8 +347,9 @@ class Scheduler:
         """Forget a worker; its live jobs go back to the front of their queues."""
         if worker.identity not in self.registry.workers:
             return
+        orphaned = self.registry.orphaned
         for model in self.registry.remove(worker):  # its last worker: arm the orphan timer
-            self.timers.at(time.monotonic() + self._orphan_s, self._orphan_due, model)
+            self.timers.at(orphaned[model] + self._orphan_s, self._orphan_due, model)
         self.metrics.workers_lost.inc(reason=reason)
         log.log(
             logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
