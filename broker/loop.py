@@ -169,16 +169,19 @@ class Broker:
         ]
         heap = self.timers.heap
         monotonic, poll = time.monotonic, zmq.zmq_poll
+        now = monotonic()
         while not self._stopping:
-            wait = heap[0][0] - monotonic()  # the first timer's due time; +inf: none
+            wait = heap[0][0] - now  # until the first timer is due (+inf: none is armed)
             timeout = max(0, int(wait * 1000) + 1) if wait < 3.6e6 else -1
             for sock, _event in poll(items, timeout):
                 if sock is backend:
                     self._drain(backend, self._on_worker)
                 elif sock is frontend:
                     self._drain(frontend, self._on_client)
-            if heap[0][0] <= monotonic():
-                self._on_timers()
+            now = monotonic()
+            if heap[0][0] <= now:
+                self._on_timers(now)
+                now = monotonic()
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
@@ -243,10 +246,10 @@ class Broker:
 
     # ------------------------------------------------------------ timers
 
-    def _on_timers(self) -> None:
+    def _on_timers(self, now: float) -> None:
         """Fire what is due, then send what that placed or answered (a dropped worker's
         jobs re-queued onto others)."""
-        self.timers.run(time.monotonic())
+        self.timers.run(now)
         self.scheduler.flush()
 
     def _beat(self, _arg: None, now: float) -> None:
