@@ -65,11 +65,6 @@ class Outbox:
         #: called with a client unreachable for a liveness window: drop its queued jobs
         self.abandon: Callable[[bytes], None] = _keep
 
-    @property
-    def pending(self) -> bool:
-        """Replies wait for a slow client: call :meth:`flush` again soon."""
-        return bool(self._backlogs)
-
     def to_client(self, identity: bytes, frames: Frames) -> bool:
         """Send, or keep for later; False only if the reply is lost (and counted)."""
         backlog = self._backlogs.get(identity)
