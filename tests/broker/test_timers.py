@@ -21,7 +21,7 @@ from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.jobs import JobEntry, State
 from ipuserve.broker.loop import Broker
 from ipuserve.broker.registry import Worker
-from tests.broker.fakes import TIMEOUT, FakeWorker
+from tests.broker.fakes import ADD, TIMEOUT, FakeWorker
 from tests.helpers import RawClient, add_inputs
 
 INPUTS = add_inputs(2)
@@ -189,3 +189,21 @@ def test_overload_is_reported_at_once_then_at_most_every_ten_seconds(
             assert caplog.text.count("refused OVERLOADED") == 2
     finally:
         hand.close()
+
+
+def test_a_jobs_sample_count_is_taken_at_admission_and_feeds_the_group_sizer(
+    hand: HandTurned, client: RawClient
+) -> None:
+    """Counted once, when the request is admitted (or, queued in the start-up grace,
+    when its model's first worker brings the schema), not again at the result."""
+    hand.broker._clients.grace_until = float("inf")  # as in a start-up grace
+    client.request("add", add_inputs(3))
+    hand.read("frontend")
+    (job,) = hand.live()
+    assert job.state is State.QUEUED and job.samples == 0  # its model is unknown yet
+    worker = hand.worker("a", credit=1)
+    assert job.samples == 3
+    worker.answer(worker.job())  # device_us 1.0 for 3 samples
+    hand.read("backend")
+    assert job.state is State.DONE
+    assert hand.broker.scheduler.group_sizer.members_per_job(ADD, 1) == 3000  # 1/3 us each
