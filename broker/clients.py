@@ -11,6 +11,9 @@ from ipuserve.errors import IpuserveError, ProtocolError
 
 log = logging.getLogger(__name__)
 
+#: Request layouts (model schema, tensor specs) remembered as checked.
+LAYOUTS = 1024
+
 
 class ClientHandlers:
     def __init__(
@@ -19,7 +22,13 @@ class ClientHandlers:
         self._scheduler = scheduler
         self._max_payload_bytes = max_payload_bytes
         self._registry = scheduler.registry
+        self._specs = scheduler.registry.specs
         self._jobs = scheduler.jobs
+        self._keys = scheduler.jobs.keys
+        self._metrics = scheduler.metrics
+        self._layouts: dict[
+            tuple[int, int], tuple[wire.ModelSpec, tuple[wire.TensorSpec, ...], int]
+        ] = {}
         self._epoch = epoch
         #: Until then, requests for models nobody serves yet are queued, not refused.
         self.grace_until: float | None = grace_until
@@ -85,40 +94,58 @@ class ClientHandlers:
             self._scheduler.refuse(client, request_id, error, request.model)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
-        if self._jobs.pending(client, request.request_id):
-            self._scheduler.metrics.resent.inc()
+        """Admit one request (or group): the one place its schema is checked; the job
+        carries its sample count from here on. Raises IpuserveError to refuse it."""
+        model = request.model
+        if (client, request.request_id) in self._keys:
+            self._metrics.resent.inc()
             return  # a re-sent request still pending: its one reply is on the way
         now = time.monotonic()
-        self._check_schema(request, now)
+        tensors = request.tensors
+        spec = self._specs.get(model)
+        samples = 0
+        if spec is not None:
+            samples = tensors.members * self._admitted(spec, tensors.specs)
+            if model in self._registry.orphaned:
+                orphaned = self._scheduler.orphan_error(model, now)
+                if orphaned is not None:
+                    raise orphaned
+        elif self.grace_until is None or now >= self.grace_until:
+            raise self._registry.unknown(model)
         job = self._jobs.create(
             client,
             request.request_id,
-            request.model,
-            request.tensors,
+            model,
+            tensors,
             now,
             request.timeout_ms,
             batched,
             request.group,
+            samples,
         )
         try:
-            self._scheduler.place(job)
+            self._scheduler.place(job, now)
         except Exception:
             self._jobs.finish(job)
             raise
-        self._scheduler.deadlines.add(job)
         # a made-up name queued in the start-up grace gets no label of its own (for ever)
-        model = request.model if request.model in self._registry.specs else ""
-        self._scheduler.metrics.requests.inc(len(job.request_ids), model=model)
+        self._metrics.requests.inc(len(job.request_ids), model=model if spec is not None else "")
 
-    def _check_schema(self, request: wire.Request, now: float) -> None:
-        spec = self._registry.specs.get(request.model)
-        if spec is not None:
-            wire.check_inputs(spec, request.tensors.specs)
-            orphaned = self._scheduler.orphan_error(request.model, now)
-            if orphaned is not None:
-                raise orphaned
-        elif self.grace_until is None or now >= self.grace_until:
-            raise self._registry.unknown(request.model)
+    def _admitted(self, spec: wire.ModelSpec, given: tuple[wire.TensorSpec, ...]) -> int:
+        """Check ``given`` against the model's inputs (raises InvalidInputError) and
+        return the samples one member carries. Remembered by identity: decoding hands
+        out one tuple per distinct spec list, so a client's requests repeat it, and the
+        check and the count are made once per layout, not per request. Holding both
+        objects rules out a reused id."""
+        known = self._layouts.get((id(spec), id(given)))
+        if known is not None and known[0] is spec and known[1] is given:
+            return known[2]
+        wire.check_inputs(spec, given)
+        samples = spec.samples(t.shape for t in given)
+        if len(self._layouts) >= LAYOUTS:
+            self._layouts.clear()
+        self._layouts[(id(spec), id(given))] = (spec, given, samples)
+        return samples
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
         queues = self._scheduler.dispatcher.queues

@@ -24,13 +24,15 @@ class ModelQueue:
     not refuse that group forever.
     """
 
-    __slots__ = ("_jobs", "_requests", "limit", "model")
+    __slots__ = ("_jobs", "_requests", "_total", "limit", "model")
 
-    def __init__(self, model: str, limit: int) -> None:
+    def __init__(self, model: str, limit: int, total: Total | None = None) -> None:
         self.model = model
         self.limit = limit
         self._jobs: deque[JobEntry] = deque()
         self._requests = 0
+        #: the count of queued jobs over every queue of one dispatcher
+        self._total = total or Total()
 
     def __len__(self) -> int:
         """Queued requests (every member of a group job counts)."""
@@ -54,6 +56,7 @@ class ModelQueue:
         job.worker = None
         (self._jobs.appendleft if front else self._jobs.append)(job)
         self._requests += len(job.request_ids)
+        self._total.jobs += 1
 
     def head(self) -> JobEntry | None:
         while self._jobs and self._jobs[0].state is not State.QUEUED:
@@ -65,34 +68,51 @@ class ModelQueue:
         if job is not None:
             self._jobs.popleft()
             self._requests -= len(job.request_ids)
+            self._total.jobs -= 1
         return job
 
     def forget(self, job: JobEntry) -> None:
         """A queued job was answered another way (the caller marks it DONE)."""
         self._requests -= len(job.request_ids)
+        self._total.jobs -= 1
 
     def live_jobs(self) -> list[JobEntry]:
         return [job for job in self._jobs if job.state is State.QUEUED]
 
 
+class Total:
+    """Jobs queued over all of a dispatcher's queues: whether a worker with spare credit
+    has anything to take is one integer test, not a look at each of its models."""
+
+    __slots__ = ("jobs",)
+
+    def __init__(self) -> None:
+        self.jobs = 0
+
+
 class Dispatcher:
     def __init__(self, registry: Registry, queue_limit: int) -> None:
-        self._registry = registry
+        self._serving = registry.serving
         self._limit = queue_limit
+        #: jobs waiting in any queue
+        self.total = Total()
         self.queues: dict[str, ModelQueue] = {}
 
     def choose(self, model: str) -> Worker | None:
-        """The least-loaded worker serving ``model`` with spare credit, if any."""
+        """The least-loaded worker serving ``model`` with spare credit, if any (the
+        first registered of equals)."""
         best: Worker | None = None
-        for worker in self._registry.serving.get(model, ()):
-            if worker.spare > 0 and (best is None or worker.load < best.load):
-                best = worker
+        best_load = 1.0
+        for worker in self._serving.get(model, ()):
+            held, credit = len(worker.in_flight), worker.credit
+            if held < credit and held / credit < best_load:
+                best, best_load = worker, held / credit
         return best
 
     def queue(self, model: str) -> ModelQueue:
         queue = self.queues.get(model)
         if queue is None:
-            queue = self.queues[model] = ModelQueue(model, self._limit)
+            queue = self.queues[model] = ModelQueue(model, self._limit, self.total)
         return queue
 
     def enqueue(self, job: JobEntry) -> None:
@@ -108,9 +128,10 @@ class Dispatcher:
         """The oldest queued job among the models ``worker`` serves."""
         best: ModelQueue | None = None
         oldest = float("inf")
+        queues = self.queues
         for model in worker.models:
-            queue = self.queues.get(model)
-            head = queue.head() if queue is not None else None
+            queue = queues.get(model)
+            head = queue.head() if queue is not None and queue._requests else None
             if head is not None and head.received < oldest:
                 best, oldest = queue, head.received
         return best.pop() if best is not None else None

@@ -9,7 +9,6 @@ job of this one.
 from __future__ import annotations
 
 import enum
-import heapq
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -54,19 +53,23 @@ class JobEntry:
     enqueued_at: float = 0.0
     #: (connection, worker id) of every worker it was placed on: only they may answer
     holders: list[tuple[bytes, str]] = field(default_factory=list)
+    #: the client's requests this job answers: a group's, or its one (set once, by
+    #: :meth:`JobTable.create`)
+    request_ids: tuple[bytes, ...] = ()
+    #: samples along the model's batching dimension, all members together: computed once,
+    #: at admission (0 while the model is unknown, in the start-up grace), for the
+    #: group sizer when the result comes back
+    samples: int = 0
 
     def placed_on(self, sender: bytes, worker: Worker | None) -> bool:
         """Whether ``sender`` may answer: a connection it was placed on, or a registered
         worker under the id of one (a worker that reconnected has a new connection)."""
+        if worker is not None and worker is self.worker:
+            return True  # the worker holding it now: every result but a late one
         return any(
             sender == identity or (worker is not None and worker.worker_id == worker_id)
             for identity, worker_id in self.holders
         )
-
-    @property
-    def request_ids(self) -> tuple[bytes, ...]:
-        """The client's requests this job answers: a group's, or its one."""
-        return self.group or (self.request_id,)
 
     def budget_ms(self, now: float) -> float | None:
         return None if self.deadline is None else (self.deadline - now) * 1000
@@ -79,7 +82,8 @@ class JobTable:
         self._prefix = os.urandom(4)
         self._ids = itertools.count(1)
         self._jobs: dict[bytes, JobEntry] = {}
-        self._keys: dict[tuple[bytes, bytes], JobEntry] = {}
+        #: live jobs by (client identity, request id): a re-sent request is found here
+        self.keys: dict[tuple[bytes, bytes], JobEntry] = {}
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -88,7 +92,7 @@ class JobTable:
         return list(self._jobs.values())
 
     def pending(self, client: bytes, request_id: bytes) -> bool:
-        return (client, request_id) in self._keys
+        return (client, request_id) in self.keys
 
     def create(
         self,
@@ -100,16 +104,30 @@ class JobTable:
         timeout_ms: float | None,
         batched: bool = False,
         group: tuple[bytes, ...] = (),
+        samples: int = 0,
     ) -> JobEntry:
         job_id = self._prefix + next(self._ids).to_bytes(8, "big")
         deadline = None if timeout_ms is None else now + timeout_ms / 1000
+        ids = group or (request_id,)
         job = JobEntry(
-            job_id, client, request_id, model, tensors, now, deadline, timeout_ms, batched, group
+            job_id,
+            client,
+            request_id,
+            model,
+            tensors,
+            now,
+            deadline,
+            timeout_ms,
+            batched,
+            group,
+            enqueued_at=now,
+            request_ids=ids,
+            samples=samples,
         )
-        job.enqueued_at = now
         self._jobs[job_id] = job
-        for member in job.request_ids:
-            self._keys[(client, member)] = job
+        keys = self.keys
+        for member in ids:
+            keys[(client, member)] = job
         return job
 
     def get(self, job_id: bytes) -> JobEntry | None:
@@ -117,34 +135,9 @@ class JobTable:
 
     def finish(self, job: JobEntry) -> None:
         job.state = State.DONE
-        # The deadline heap and a queue's deque keep a finished job until it reaches
+        # The timer heap and a queue's deque keep a finished job until it reaches
         # their front, behind a slow job for minutes: without its payload it is small.
         job.tensors = _NO_TENSORS
         self._jobs.pop(job.job_id, None)
         for member in job.request_ids:
-            self._keys.pop((job.client, member), None)
-
-
-class Deadlines:
-    """A heap of job deadlines; entries of jobs already done are skipped lazily."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, JobEntry]] = []
-        self._seq = itertools.count()
-
-    def add(self, job: JobEntry) -> None:
-        if job.deadline is not None:
-            heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
-
-    def next_due(self) -> float | None:
-        while self._heap and self._heap[0][2].state is State.DONE:
-            heapq.heappop(self._heap)
-        return self._heap[0][0] if self._heap else None
-
-    def expired(self, now: float) -> list[JobEntry]:
-        due = []
-        while self._heap and self._heap[0][0] <= now:
-            job = heapq.heappop(self._heap)[2]
-            if job.state is not State.DONE:
-                due.append(job)
-        return due
+            self.keys.pop((job.client, member), None)

@@ -1,8 +1,12 @@
 """The broker: one thread, one poll loop over the client and worker ROUTERs.
 
-Each turn reads what the sockets hold (worker messages first: their results free
-credit), then runs the timers: deadlines, heartbeats and liveness, the end of the
-start-up grace. Nothing here blocks: sends that cannot go are dropped and counted
+Each turn polls until a message or the first timer is due, reads what the sockets
+hold (worker messages first: their results free credit) and sends what that placed,
+then fires the timers that are due, if any: every timer (deadlines, heartbeats and
+liveness, the start-up grace, orphaned models, unreachable and slow clients, the
+shedding report) sits on one heap (:mod:`ipuserve.broker.timers`), so a turn that
+only moved messages does one comparison of timer work and scans nothing. Nothing
+here blocks: sends that cannot go are dropped and counted
 (:mod:`ipuserve.broker.outbox`). :meth:`Broker.stop` may be called from any thread
 or a signal handler.
 """
@@ -27,6 +31,7 @@ from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
 from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.scheduler import Scheduler
+from ipuserve.broker.timers import Timers
 from ipuserve.broker.workers import WorkerHandlers
 from ipuserve.errors import (
     BrokerShutdownError,
@@ -43,8 +48,6 @@ BATCH = 256
 #: a client) starts on them while the broker reads on. Small enough to keep the
 #: fabric's stages working at the same time, big enough to keep messages few.
 FLUSH_ROWS = 16
-#: How soon to retry replies waiting for a client whose pipe was full.
-BACKLOG_RETRY_S = 0.002
 
 
 class Broker:
@@ -72,8 +75,16 @@ class Broker:
         self.frontend_endpoint = _endpoint(self._frontend)
         self.backend_endpoint = _endpoint(self._backend)
         self.registry = Registry()
-        self._outbox = Outbox(self._frontend, self._backend, self.metrics, config.client_backlog)
-        self.scheduler = Scheduler(config, self.registry, self._outbox, self.metrics)
+        self.timers = Timers()
+        self._outbox = Outbox(
+            self._frontend,
+            self._backend,
+            self.metrics,
+            config.client_backlog,
+            self.timers,
+            config.liveness_ms / 1000,
+        )
+        self.scheduler = Scheduler(config, self.registry, self._outbox, self.metrics, self.timers)
         now = time.monotonic()
         self._clients = ClientHandlers(
             self.scheduler, self.epoch, now + config.startup_grace_s, config.max_payload_bytes
@@ -82,7 +93,8 @@ class Broker:
             self.epoch, config.heartbeat_ms, config.liveness_ms, config.max_payload_bytes
         )
         self._workers = WorkerHandlers(self.scheduler, welcome)
-        self._next_beat = now
+        self.timers.at(now, self._beat)
+        self.timers.at(now + config.startup_grace_s, self._end_grace)
         self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_lock = threading.RLock()
         self._stopping = False
@@ -146,41 +158,55 @@ class Broker:
     # ------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._backend, zmq.POLLIN)
-        poller.register(self._frontend, zmq.POLLIN)
+        backend, frontend = self._backend, self._frontend
         assert self._wake is not None
-        poller.register(self._wake, zmq.POLLIN)
+        # zmq_poll itself, on one list of items made once: pyzmq's Poller.poll would
+        # rebuild its arguments every turn (answers come in this order: backend first)
+        items: list[tuple[Any, int]] = [
+            (backend, zmq.POLLIN),
+            (frontend, zmq.POLLIN),
+            (self._wake, zmq.POLLIN),
+        ]
+        heap = self.timers.heap
+        monotonic, poll = time.monotonic, zmq.zmq_poll
+        now = monotonic()
         while not self._stopping:
-            events = dict(poller.poll(self._timeout_ms()))
-            if self._backend in events:
-                self._drain(self._backend, self._on_worker)
-            if self._frontend in events:
-                self._drain(self._frontend, self._on_client)
-            self._on_timers(time.monotonic())
-            self.scheduler.flush()
-            if self._outbox.pending:
-                self._outbox.flush()
+            wait = heap[0][0] - now  # until the first timer is due (+inf: none is armed)
+            timeout = max(0, int(wait * 1000) + 1) if wait < 3.6e6 else -1
+            for sock, _event in poll(items, timeout):
+                if sock is backend:
+                    self._drain(backend, self._on_worker)
+                elif sock is frontend:
+                    self._drain(frontend, self._on_client)
+            now = monotonic()
+            if heap[0][0] <= now:
+                self._on_timers(now)
+                now = monotonic()
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
         they placed: one JOBS message per worker for all of them."""
+        scheduler = self.scheduler
         handle(wire.recv(sock))
         for _ in range(BATCH - 1):
-            if self.scheduler.unsent >= FLUSH_ROWS:
-                self.scheduler.flush()
+            if scheduler.unsent >= FLUSH_ROWS:
+                scheduler.flush()
             if not wire.readable(sock):
                 break
             handle(wire.recv(sock))
-        self.scheduler.flush()
+        scheduler.flush()
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
-        self._outbox.heard_from(client)
+        if self._outbox.unreachable:
+            self._outbox.heard_from(client)  # reachable again: it keeps its queue
         message: wire.Message | None = None
         try:
             message = wire.decode(body, self._limits)
-            self._clients.handle(client, message)
+            if type(message) is wire.Request:  # the hot one, straight to admission
+                self._clients.on_request(client, message)
+            else:
+                self._clients.handle(client, message)
         except IpuserveError as exc:
             self._refuse(client, body, exc, getattr(message, "model", ""))
         except Exception:
@@ -196,7 +222,7 @@ class Broker:
     def _on_worker(self, frames: list[Any]) -> None:
         identity, body = frames[0].bytes, frames[1:]
         now = time.monotonic()
-        worker = self.registry.get(identity)
+        worker = self.registry.workers.get(identity)
         if worker is not None:
             worker.last_seen = now
         try:
@@ -220,33 +246,21 @@ class Broker:
 
     # ------------------------------------------------------------ timers
 
-    def _timeout_ms(self) -> int:
-        due = [
-            self._next_beat,
-            self._clients.grace_until,
-            self.scheduler.deadlines.next_due(),
-            self.scheduler.next_orphan_due(),
-            self.scheduler.next_unreachable_due(),
-        ]
-        if self._outbox.pending:  # retry the backlog of slow clients soon
-            due.append(time.monotonic() + BACKLOG_RETRY_S)
-        wake = min(t for t in due if t is not None)
-        return max(0, int((wake - time.monotonic()) * 1000) + 1)
-
     def _on_timers(self, now: float) -> None:
-        self.scheduler.expire(now)
-        self.scheduler.fail_orphans(now)
-        if self._outbox.unreachable:
-            self.scheduler.abandon_unreachable(now)
-        self.scheduler.report_shedding(now)
-        if now >= self._next_beat:
-            self._workers.beat(now)
-            self._update_gauges()
-            self._next_beat = now + self.config.heartbeat_ms / 1000
-        grace_until = self._clients.grace_until
-        if grace_until is not None and now >= grace_until:
-            self._clients.grace_until = None
-            self.scheduler.end_grace()
+        """Fire what is due, then send what that placed or answered (a dropped worker's
+        jobs re-queued onto others)."""
+        self.timers.run(now)
+        self.scheduler.flush()
+
+    def _beat(self, _arg: None, now: float) -> None:
+        """Every heartbeat_ms: heartbeat the workers, drop the silent, refresh the gauges."""
+        self._workers.beat(now)
+        self._update_gauges()
+        self.timers.at(now + self.config.heartbeat_ms / 1000, self._beat)
+
+    def _end_grace(self, _arg: None, _now: float) -> None:
+        self._clients.grace_until = None
+        self.scheduler.end_grace()
 
     def _update_gauges(self) -> None:
         self.metrics.workers.set(len(self.registry.workers))

@@ -95,11 +95,15 @@ class Registry:
         )
         return UnknownModelError.nobody_serves(model, known)
 
-    def remove(self, worker: Worker) -> None:
+    def remove(self, worker: Worker) -> list[str]:
+        """Forget ``worker``; the models it was the last to serve (now orphaned)."""
         self.workers.pop(worker.identity, None)
+        orphaned = []
         for name in worker.models:
             serving = self.serving.get(name, [])
             if worker in serving:
                 serving.remove(worker)
                 if not serving:
                     self.orphaned[name] = time.monotonic()
+                    orphaned.append(name)
+        return orphaned

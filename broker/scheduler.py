@@ -25,10 +25,11 @@ from typing import TypeAlias
 from ipuserve import protocol as wire
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.dispatch import Dispatcher
-from ipuserve.broker.jobs import Deadlines, JobEntry, JobTable, State
+from ipuserve.broker.jobs import JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry, Worker
+from ipuserve.broker.timers import Timers
 from ipuserve.errors import (
     DeadlineExceeded,
     InferenceError,
@@ -54,41 +55,59 @@ class Scheduler:
         registry: Registry,
         outbox: Outbox,
         metrics: BrokerMetrics,
+        timers: Timers,
     ) -> None:
         self.config = config
         self.registry = registry
         self.dispatcher = Dispatcher(registry, config.queue_limit)
+        self._queued = self.dispatcher.total
         self.jobs = JobTable()
-        self.deadlines = Deadlines()
+        self.timers = timers
         self.outbox = outbox
         self.metrics = metrics
         self.group_sizer = GroupSizer()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
+        self._orphan_s = config.orphan_ms / 1000
         #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
         self._outgoing: dict[Worker, list[JobEntry]] = {}
         #: replies to batched requests since the last flush, by client, with their model
         self._replies: dict[bytes, list[tuple[wire.Reply, str]]] = {}
+        #: jobs and replies waiting for :meth:`flush`
+        self.unsent = 0
         #: OVERLOADED answers by model since the last report, from when, the next report
         self._shed: Counter[str] = Counter()
         self._shed_since = 0.0
         self._next_shed_report = 0.0
+        outbox.abandon = self.abandon_client
 
     # ------------------------------------------------------------ placing
 
-    def place(self, job: JobEntry) -> None:
-        """Place on the least-loaded worker with spare credit, else queue (may raise OVERLOADED)."""
+    def place(self, job: JobEntry, now: float) -> None:
+        """Place on the least-loaded worker with spare credit, else queue (may raise
+        OVERLOADED); a job with a deadline arms its timer."""
         worker = self.dispatcher.choose(job.model)
         if worker is None:
             self.dispatcher.enqueue(job)
         else:
-            self._start(worker, job, time.monotonic())
+            self._start(worker, job, now)
+        if job.deadline is not None:
+            self.timers.at(job.deadline, self._expire, job)
 
     def pump(self, worker: Worker) -> None:
         """Fill a worker's spare credit from the queues of the models it serves."""
         if self.registry.workers.get(worker.identity) is not worker:
             return
+        self._fill(worker)
+
+    def _fill(self, worker: Worker) -> None:
+        """:meth:`pump` for a worker known to be registered."""
+        if len(worker.in_flight) >= worker.credit or not self._queued.jobs:
+            return
         now = time.monotonic()
-        while worker.spare > 0 and (job := self.dispatcher.next_for(worker)) is not None:
+        while len(worker.in_flight) < worker.credit:
+            job = self.dispatcher.next_for(worker)
+            if job is None:
+                return
             self._start(worker, job, now)
 
     def _start(self, worker: Worker, job: JobEntry, now: float) -> None:
@@ -103,13 +122,9 @@ class Scheduler:
             self._outgoing[worker] = [job]
         else:
             batch.append(job)
+        self.unsent += 1
         if len(job.holders) == 1:  # once per request: a re-queued job's wait is in its timing
             self.metrics.queue_seconds.observe(now - job.received, len(job.request_ids))
-
-    @property
-    def unsent(self) -> int:
-        """Jobs and replies waiting for :meth:`flush`."""
-        return sum(map(len, self._outgoing.values())) + sum(map(len, self._replies.values()))
 
     def flush(self) -> None:
         """Send every worker the jobs placed on it since the last flush, as JOBS messages,
@@ -119,22 +134,26 @@ class Scheduler:
         queues (these without counting an attempt: they never reached it) and may be
         placed on other workers, whose batches this same call sends.
         """
-        while self._outgoing:
-            worker, batch = self._outgoing.popitem()
+        outgoing = self._outgoing
+        while outgoing:
+            worker, batch = outgoing.popitem()
             if self.registry.workers.get(worker.identity) is not worker:
                 continue  # dropped since: drop_worker re-queued its jobs
-            jobs = self._live(worker, batch)
+            jobs = batch
+            for job in batch:
+                if job.state is not State.RUNNING:
+                    jobs = self._live(worker, batch)
+                    break
             if jobs and not self._send_jobs(worker, jobs):
                 handed_back = tuple(job.job_id for job in batch)
                 self.drop_worker(worker, "unreachable", handed_back)
         while self._replies:
             self._send_replies(*self._replies.popitem())
+        self.unsent = 0
 
     def _live(self, worker: Worker, batch: list[JobEntry]) -> list[JobEntry]:
         """The batch without jobs answered since they were placed (expired in the same
         turn): never sent, so the worker will not answer them, so they free its credit."""
-        if all(job.state is State.RUNNING for job in batch):
-            return batch
         for job in batch:
             if job.state is not State.RUNNING:
                 worker.in_flight.pop(job.job_id, None)
@@ -143,48 +162,106 @@ class Scheduler:
     def _send_jobs(self, worker: Worker, jobs: list[JobEntry]) -> bool:
         now = time.monotonic()
         message = wire.Jobs(
-            tuple(wire.Job(j.job_id, j.model, j.tensors, j.budget_ms(now)) for j in jobs)
+            tuple(
+                wire.Job(
+                    j.job_id,
+                    j.model,
+                    j.tensors,
+                    None if j.deadline is None else (j.deadline - now) * 1000,
+                )
+                for j in jobs
+            )
         )
-        return all(
-            self.outbox.to_worker(worker.identity, frames)
-            for frames in wire.encode_batch(message, self._limits)
-        )
+        for frames in wire.encode_batch(message, self._limits):
+            if not self.outbox.to_worker(worker.identity, frames):
+                return False
+        return True
 
     # ------------------------------------------------------------ answering
+
+    def on_results(self, sender: bytes, worker: Worker | None, message: wire.Results) -> None:
+        """RESULTS arrived from connection ``sender`` (a registered worker, or one we
+        dropped): answer each job, then refill the worker's credit once."""
+        for result in message.results:
+            self._on_outcome(sender, worker, result.job_id, result)
+        for fail in message.failures:
+            self._on_outcome(sender, worker, fail.job_id, fail.exception())
+        if worker is not None:
+            self._fill(worker)
+
+    def on_outcomes(
+        self,
+        sender: bytes,
+        worker: Worker | None,
+        outcomes: Sequence[tuple[bytes, JobOutcome]],
+    ) -> None:
+        """:meth:`on_results` for outcomes not read from a RESULTS (what an unreadable
+        one named, failed)."""
+        for job_id, outcome in outcomes:
+            self._on_outcome(sender, worker, job_id, outcome)
+        if worker is not None:
+            self.pump(worker)
+
+    def _on_outcome(
+        self, sender: bytes, worker: Worker | None, job_id: bytes, outcome: JobOutcome
+    ) -> None:
+        if worker is not None:
+            worker.in_flight.pop(job_id, None)
+        job = self.jobs.get(job_id)
+        if job is None:
+            self.metrics.duplicates.inc()  # answered already
+        elif not job.placed_on(sender, worker):
+            # Any peer on the backend could once answer any job whose id it guessed,
+            # without even a HELLO, and its outputs went to the client.
+            self.metrics.dropped.inc(reason="result_from_stranger")
+        elif type(outcome) is wire.Result:
+            self.answer(job, outcome)
+        elif job.worker is not worker:
+            # an error from a worker the job no longer counts on (it was re-queued):
+            # only a result may win from there
+            self.metrics.duplicates.inc()
+        else:
+            assert isinstance(outcome, IpuserveError)
+            self.reject(job, outcome)
 
     def answer(self, job: JobEntry, result: wire.Result) -> None:
         """Deliver a worker's result to the client (the first result for a live job);
         a batched request's reply waits for the flush at the end of this turn."""
-        now = time.monotonic()
         requests = len(job.request_ids)
-        if result.tensors.members != requests:
+        tensors = result.tensors
+        if tensors.members != requests:
             error = InferenceError(
-                f"the worker answered {result.tensors.members} member(s) for a job of "
+                f"the worker answered {tensors.members} member(s) for a job of "
                 f"{requests} request(s)"
             )
             self.reject(job, error)
             return
-        spec = self.registry.specs.get(job.model)
-        problem = None if spec is None else wire.outputs_problem(spec, result.tensors.specs)
-        if problem is not None:  # never forward what the model cannot have produced
-            who = job.worker.worker_id if job.worker is not None else "a worker"
-            self.reject(
-                job, WorkerFailedError(f"{who} answered model {job.model!r} with {problem}")
-            )
-            return
-        device_us = result.timing.get("device_us")
-        if spec is not None and device_us is not None:
-            samples = requests * spec.samples(t.shape for t in job.tensors.specs)
-            self.group_sizer.observe(job.model, device_us, samples)
+        model = job.model
+        spec = self.registry.specs.get(model)
+        if spec is not None:
+            problem = wire.outputs_problem(spec, tensors.specs)
+            if problem is not None:  # never forward what the model cannot have produced
+                who = job.worker.worker_id if job.worker is not None else "a worker"
+                self.reject(
+                    job, WorkerFailedError(f"{who} answered model {model!r} with {problem}")
+                )
+                return
         timing = dict(result.timing)
+        device_us = timing.get("device_us")
+        if device_us is not None and job.samples:
+            self.group_sizer.observe(model, device_us, job.samples)
         # time queued only: not the time a worker that left held it before the re-queue
         timing["broker_queue_us"] = job.queued_s * 1e6
-        reply = wire.Reply(job.request_id, result.tensors, timing, job.group)
-        self._retire(job)
+        reply = wire.Reply(job.request_id, tensors, timing, job.group)
+        if job.state is State.QUEUED:  # a late result for a job queued again
+            self.dispatcher.forget(job)
+        self.jobs.finish(job)
         if job.batched:
-            self._replies.setdefault(job.client, []).append((reply, job.model))
+            self._replies.setdefault(job.client, []).append((reply, model))
+            self.unsent += 1
         elif self.outbox.to_client(job.client, reply.encode()):
-            self.metrics.replies.inc(model=job.model)
+            self.metrics.replies.inc(model=model)
+        now = time.monotonic()
         self.metrics.request_seconds.observe(now - job.received, requests)
         self.metrics.worker_seconds.observe(now - job.dispatched, requests)
 
@@ -220,9 +297,13 @@ class Scheduler:
             code=error.code, model=model if model in self.registry.specs else ""
         )
         if error.code == OverloadedError.code:
-            if not self._shed:
-                self._shed_since = time.monotonic()
+            if not self._shed:  # the first since the last report: arm the next one
+                self._shed_since = now = time.monotonic()
+                self.timers.at(max(now, self._next_shed_report), self._report_shedding)
             self._shed[model] += 1
+
+    def _report_shedding(self, _arg: None, now: float) -> None:
+        self.report_shedding(now)
 
     def report_shedding(self, now: float, *, final: bool = False) -> None:
         """A WARNING (at most every SHED_REPORT_S, and a ``final`` one at shutdown) per
@@ -255,72 +336,10 @@ class Scheduler:
                 job.worker.in_flight.pop(job_id, None)
             self.reject(job, error)
 
-    def abandon_unreachable(self, now: float) -> None:
-        """Drop the queued jobs of clients a reply could not reach for a liveness window
-        (killed, most likely): nobody would read their results, and other clients'
-        requests queue behind them. Jobs already at a worker run on; their replies are
-        dropped as they come. A client back within the window (a network blip) is
-        heard from, and keeps its queue."""
-        grace = self.config.liveness_ms / 1000
-        unreachable = self.outbox.unreachable
-        gone = {client for client, since in unreachable.items() if now - since >= grace}
-        if not gone:
-            return
-        for client in gone:
-            del unreachable[client]
-        dropped = 0
-        for queue in self.dispatcher.queues.values():
-            for job in queue.live_jobs():
-                if job.client in gone:
-                    self._retire(job)
-                    self.metrics.abandoned.inc(len(job.request_ids), model=job.model)
-                    dropped += len(job.request_ids)
-        if dropped:
-            log.info(
-                "dropped %d queued request(s) of %d disconnected client(s)", dropped, len(gone)
-            )
-
-    def next_unreachable_due(self) -> float | None:
-        since = min(self.outbox.unreachable.values(), default=None)
-        return None if since is None else since + self.config.liveness_ms / 1000
-
     def _retire(self, job: JobEntry) -> None:
         if job.state is State.QUEUED:
             self.dispatcher.forget(job)
         self.jobs.finish(job)
-
-    def on_outcomes(
-        self,
-        sender: bytes,
-        worker: Worker | None,
-        outcomes: Sequence[tuple[bytes, JobOutcome]],
-    ) -> None:
-        """RESULTS arrived from connection ``sender`` (a registered worker, or one we
-        dropped): answer each job, then refill the worker's credit once."""
-        for job_id, outcome in outcomes:
-            self._on_outcome(sender, worker, job_id, outcome)
-        if worker is not None:
-            self.pump(worker)
-
-    def _on_outcome(
-        self, sender: bytes, worker: Worker | None, job_id: bytes, outcome: JobOutcome
-    ) -> None:
-        if worker is not None:
-            worker.in_flight.pop(job_id, None)
-        job = self.jobs.get(job_id)
-        if job is not None and not job.placed_on(sender, worker):
-            # Any peer on the backend could once answer any job whose id it guessed,
-            # without even a HELLO, and its outputs went to the client.
-            self.metrics.dropped.inc(reason="result_from_stranger")
-            return
-        if job is None or (not isinstance(outcome, wire.Result) and job.worker is not worker):
-            # Answered already; or an error from a worker the job no longer counts on
-            # (it was re-queued): only a result may win from there.
-            self.metrics.duplicates.inc()
-        elif isinstance(outcome, wire.Result):
-            self.answer(job, outcome)
-        else:
-            self.reject(job, outcome)
 
     # ------------------------------------------------------------ losing workers
 
@@ -328,7 +347,9 @@ class Scheduler:
         """Forget a worker; its live jobs go back to the front of their queues."""
         if worker.identity not in self.registry.workers:
             return
-        self.registry.remove(worker)
+        orphaned = self.registry.orphaned
+        for model in self.registry.remove(worker):  # its last worker: arm the orphan timer
+            self.timers.at(orphaned[model] + self._orphan_s, self._orphan_due, model)
         self.metrics.workers_lost.inc(reason=reason)
         log.log(
             logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
@@ -367,60 +388,74 @@ class Scheduler:
             for worker in list(self.registry.serving.get(model, ())):
                 self.pump(worker)
 
-    # ------------------------------------------------------------ timers and models
+    # ------------------------------------------------------------ timers
 
-    def expire(self, now: float) -> None:
-        for job in self.deadlines.expired(now):
-            where = "in the queue" if job.state is State.QUEUED else "at a worker"
-            why = ""
-            if job.state is State.QUEUED and not self.registry.serving.get(job.model):
-                why = f"; no worker serves model {job.model!r} now (it waits for one to join)"
-            self.reject(
-                job,
-                DeadlineExceeded(
-                    f"no result within the request's timeout of {job.timeout_ms:g} ms "
-                    f"(waited {(now - job.received) * 1e3:.0f} ms {where}){why}"
-                ),
-            )
+    def _expire(self, job: JobEntry, now: float) -> None:
+        """A job's deadline passed (armed by :meth:`place`): answer DEADLINE_EXCEEDED
+        unless it was answered since."""
+        if job.state is State.DONE:
+            return
+        where = "in the queue" if job.state is State.QUEUED else "at a worker"
+        why = ""
+        if job.state is State.QUEUED and not self.registry.serving.get(job.model):
+            why = f"; no worker serves model {job.model!r} now (it waits for one to join)"
+        self.reject(
+            job,
+            DeadlineExceeded(
+                f"no result within the request's timeout of {job.timeout_ms:g} ms "
+                f"(waited {(now - job.received) * 1e3:.0f} ms {where}){why}"
+            ),
+        )
 
     def orphan_error(self, model: str, now: float) -> UnavailableError | None:
         """UNAVAILABLE for ``model`` once its last worker left longer than ``orphan_ms``
         ago (nobody is coming back, most likely), else None: requests may wait."""
         since = self.registry.orphaned.get(model)
-        if since is None or now - since < self.config.orphan_ms / 1000:
+        if since is None or now - since < self._orphan_s:
             return None
         return UnavailableError(
             f"no worker has served model {model!r} for {now - since:.0f} s (its last one "
             "left); start one, or wait for it to rejoin"
         )
 
-    def next_orphan_due(self) -> float | None:
-        """When the next model that still has queued requests runs out of patience."""
-        queues = self.dispatcher.queues
-        due = [
-            since + self.config.orphan_ms / 1000
-            for model, since in self.registry.orphaned.items()
-            if model in queues and len(queues[model])
-        ]
-        return min(due, default=None)
+    def _orphan_due(self, model: str, now: float) -> None:
+        """``orphan_ms`` after a model's last worker left (armed by :meth:`drop_worker`):
+        refuse what is queued for it, unless a worker joined since (or it was orphaned
+        again later: that has a timer of its own)."""
+        queue = self.dispatcher.queues.get(model)
+        error = self.orphan_error(model, now) if queue else None
+        if queue and error is not None:
+            for job in queue.live_jobs():
+                self.reject(job, error)
 
-    def fail_orphans(self, now: float) -> None:
-        """Refuse what is queued for models past ``orphan_ms`` without a worker."""
-        for model in self.registry.orphaned:
-            queue = self.dispatcher.queues.get(model)
-            error = self.orphan_error(model, now) if queue else None
-            if queue and error is not None:
-                for job in queue.live_jobs():
-                    self.reject(job, error)
+    def abandon_client(self, client: bytes) -> None:
+        """Drop the queued jobs of a client a reply could not reach for a liveness window
+        (killed, most likely; the outbox's timer says when): nobody would read their
+        results, and other clients' requests queue behind them. Jobs already at a worker
+        run on; their replies are dropped as they come."""
+        dropped = 0
+        for queue in self.dispatcher.queues.values():
+            for job in queue.live_jobs():
+                if job.client == client:
+                    self._retire(job)
+                    self.metrics.abandoned.inc(len(job.request_ids), model=job.model)
+                    dropped += len(job.request_ids)
+        if dropped:
+            log.info("dropped %d queued request(s) of a disconnected client", dropped)
+
+    # ------------------------------------------------------------ models
 
     def model_registered(self, spec: wire.ModelSpec) -> None:
-        """A model nobody served before: check what was queued for it during the grace."""
+        """A model nobody served before: check what was queued for it during the grace,
+        and count the samples of what passes (unknown until now)."""
         queue = self.dispatcher.queues.get(spec.name)
         for job in queue.live_jobs() if queue is not None else ():
             try:
                 wire.check_inputs(spec, job.tensors.specs)
             except IpuserveError as exc:
                 self.reject(job, exc)
+                continue
+            job.samples = len(job.request_ids) * spec.samples(t.shape for t in job.tensors.specs)
 
     def end_grace(self) -> None:
         """The start-up grace is over: requests for models still unknown get UNKNOWN_MODEL."""

@@ -28,10 +28,10 @@ class WorkerHandlers:
     def handle(
         self, identity: bytes, worker: Worker | None, message: wire.Message, now: float
     ) -> None:
-        if isinstance(message, wire.Hello):
+        if isinstance(message, wire.Results):  # the hot one first
+            self._scheduler.on_results(identity, worker, message)
+        elif isinstance(message, wire.Hello):
             self.on_hello(identity, message, now)
-        elif isinstance(message, wire.Results):
-            self.on_results(identity, worker, message)
         elif worker is not None and isinstance(message, wire.Heartbeat):
             self.on_heartbeat(worker, message)
         elif worker is not None and isinstance(message, wire.Bye):
@@ -82,11 +82,6 @@ class WorkerHandlers:
             )
         else:
             self._scheduler.drop_worker(namesake, "restarted")
-
-    def on_results(self, identity: bytes, worker: Worker | None, message: wire.Results) -> None:
-        outcomes: list[tuple[bytes, JobOutcome]] = [(r.job_id, r) for r in message.results]
-        outcomes += [(fail.job_id, fail.exception()) for fail in message.failures]
-        self._scheduler.on_outcomes(identity, worker, outcomes)
 
     def on_heartbeat(self, worker: Worker, heartbeat: wire.Heartbeat) -> None:
         if heartbeat.credit is not None and heartbeat.credit != worker.credit:

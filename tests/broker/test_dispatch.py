@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from ipuserve.broker.dispatch import Dispatcher, ModelQueue
-from ipuserve.broker.jobs import Deadlines, JobEntry, JobTable, State
+from ipuserve.broker.jobs import JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
+from ipuserve.broker.timers import Timers
 from ipuserve.errors import OverloadedError
 from ipuserve.protocol import Hello, Tensors
 from tests.broker.fakes import ADD
@@ -110,16 +111,36 @@ def test_next_for_takes_the_oldest_job_among_the_worker_models() -> None:
     assert dispatcher.next_for(worker) is None
 
 
-def test_deadlines_come_out_in_order_and_skip_finished_jobs() -> None:
-    deadlines = Deadlines()
-    late, early, done = job(timeout_ms=300), job(timeout_ms=100), job(timeout_ms=200)
-    for entry in (late, early, done):
-        deadlines.add(entry)
-    TABLE.finish(done)
-    assert deadlines.next_due() == pytest.approx(0.1)
-    assert deadlines.expired(0.25) == [early]
-    assert deadlines.expired(1.0) == [late]
-    assert deadlines.next_due() is None
+def test_timers_fire_in_due_order_once_and_only_when_due() -> None:
+    timers, fired = Timers(), []
+
+    def record(arg: object, now: float) -> None:
+        fired.append((arg, now))
+
+    assert timers.next_due == float("inf")  # nothing armed: the loop blocks
+    for due, name in ((0.3, "late"), (0.1, "early"), (0.2, "middle"), (0.1, "early too")):
+        timers.at(due, record, name)
+    assert timers.next_due == pytest.approx(0.1)
+    assert timers.run(0.09) == 0 and fired == []
+    assert timers.run(0.2) == 3
+    assert fired == [("early", 0.2), ("early too", 0.2), ("middle", 0.2)]  # ties: as armed
+    assert timers.next_due == pytest.approx(0.3) and len(timers) == 1
+    assert timers.run(1.0) == 1 and timers.run(2.0) == 0
+    assert timers.next_due == float("inf")
+
+
+def test_a_timer_armed_by_a_firing_one_fires_in_the_same_run_when_due() -> None:
+    timers, fired = Timers(), []
+
+    def again(count: int, now: float) -> None:
+        fired.append(count)
+        if count < 3:
+            timers.at(now, again, count + 1)  # due at once
+        timers.at(now + 1.0, again, 99)  # due later: stays armed
+
+    timers.at(0.0, again, 1)
+    assert timers.run(0.5) == 3 and fired == [1, 2, 3]
+    assert timers.next_due == pytest.approx(1.5)
 
 
 def test_metrics_render_in_the_prometheus_text_format() -> None:
@@ -139,13 +160,13 @@ def test_metrics_render_in_the_prometheus_text_format() -> None:
 
 
 def test_a_finished_job_lets_go_of_its_payload() -> None:
-    """The deadline heap and a queue's deque keep a finished job until it reaches their
+    """The timer heap and a queue's deque keep a finished job until it reaches their
     front: behind one slow job, every finished job's payload stayed (a chaos review:
     8000 answered 64 KiB requests took the broker from 44 to 556 MiB)."""
-    table, deadlines = JobTable(), Deadlines()
+    table, timers = JobTable(), Timers()
     payload = np.zeros((4, 8), np.float32)
     job = table.create(b"c", b"r1", "add", Tensors.of({"x": payload}), 0.0, 1000.0)
-    deadlines.add(job)
+    timers.at(1.0, lambda _job, _now: None, job)  # as the job's deadline is armed
     alive = weakref.ref(payload)
     del payload
     table.finish(job)
