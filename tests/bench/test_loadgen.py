@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ipuserve.client.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
-from ipuserve.client.report import ProgressLine
-from ipuserve.client.stats import Recording, Sample, Timing, latency_us, split_us, summarize
+from ipuserve.bench.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
+from ipuserve.bench.report import ProgressLine
+from ipuserve.bench.stats import Recording, Sample, latency_us, split_us, summarize
+from ipuserve.client import Timing
 
 
 class Target:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipuserve.client.stats import WINDOW_OPEN_NS, Recording, Sample, Timing
+from ipuserve.bench.stats import WINDOW_OPEN_NS, Recording, Sample
+from ipuserve.client.timing import Timing
 
 log = logging.getLogger(__name__)
 
