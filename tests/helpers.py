@@ -171,22 +171,6 @@ def processes() -> Iterator[Processes]:
         print(f"--- output of the test's processes ---\n{procs.output()}")
 
 
-@pytest.fixture
-def npy_files(tmp_path: Path) -> dict[str, Path]:
-    """x/y as the add model wants them, x as float64, an .npz and a text file: the inputs
-    the ``infer`` and ``bench`` commands are given in the usability tests."""
-    given = add_inputs(rows=4)
-    files = {name: tmp_path / f"{name}.npy" for name in ("x", "y", "x64")}
-    np.save(files["x"], given["x"])
-    np.save(files["y"], given["y"])
-    np.save(files["x64"], given["x"].astype(np.float64))
-    files["npz"] = tmp_path / "x.npz"
-    np.savez(files["npz"], x=given["x"])
-    files["text"] = tmp_path / "x.txt"
-    files["text"].write_text("1 2 3\n")
-    return files
-
-
 # ---------------------------------------------------------------- broker and workers
 
 

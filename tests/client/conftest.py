@@ -1,3 +1,3 @@
 """Fixtures shared by the client tests."""
 
-from tests.helpers import npy_files, processes  # noqa: F401  (fixtures)
+from tests.helpers import processes  # noqa: F401  (a fixture)
