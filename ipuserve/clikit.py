@@ -21,7 +21,7 @@ from typing import IO, Any
 import click
 
 from ipuserve.endpoints import endpoint_problem
-from ipuserve.protocol import MAX_DURATION_MS, name_problem
+from ipuserve.limits import MAX_DURATION_MS, name_problem
 
 option = functools.partial(click.option, show_default=True, show_envvar=True)
 

@@ -19,6 +19,10 @@ from ipuserve.worker.config import WorkerConfig, default_worker_id
 
 log = logging.getLogger(__name__)
 
+#: ipuserve.runtime.model_runner.batch_policy.POLICIES, spelled out: importing the
+#: runtime here would cost every `ipuserve` command ~0.2 s (a test keeps them equal).
+POLICIES = ("eager", "fixed", "adaptive")
+
 
 class LookAhead(click.ParamType):  # type: ignore[type-arg]
     """``unlimited`` or a run count: the spec's ``ModelRunnerConfig.max_look_ahead``."""
@@ -72,12 +76,21 @@ class ModelFiles(click.Path):
     "does, else the one dimension that does].",
 )
 @option(
+    "--batch-policy",
+    default="adaptive",
+    type=click.Choice(POLICIES),
+    help="When a partial batch runs: adaptive waits only for requests on their way "
+    "back, and only while that is shorter than a device run (no tuning); eager runs it "
+    "as soon as the device is free; fixed waits --batch-timeout-ms from its first sample.",
+)
+@option(
     "--batch-timeout-ms",
-    default=0.0,
+    default=None,
     type=float,
     callback=parse_duration_ms,
     help="Longest a partial batch waits for more requests, from its first sample's "
-    "arrival; 0 = run it as soon as the device is free (eager batching).",
+    "arrival: the window of --batch-policy fixed (needed there), an upper bound for "
+    "adaptive [default: no bound beyond its own, about one device run].",
 )
 @option(
     "--look-ahead",
@@ -133,7 +146,8 @@ def worker(
     name: str | None,
     replicas: int,
     batching_dim: int | None,
-    batch_timeout_ms: float,
+    batch_policy: str,
+    batch_timeout_ms: float | None,
     look_ahead: str,
     ipus: int | None,
     credit: int | None,
@@ -162,6 +176,11 @@ def worker(
                 param_hint="'--replicas'",
             )
         os.environ["IPUSERVE_SIM_IPUS"] = str(ipus)
+    if batch_policy == "fixed" and not batch_timeout_ms:
+        raise click.BadParameter(
+            "--batch-policy fixed needs --batch-timeout-ms > 0 (its window)",
+            param_hint="'--batch-timeout-ms'",
+        )
     with _stopped_while_loading():  # until serve() installs the drain handler
         log.info("loading %s", ", ".join(models))
         backend = _runner_backend(
@@ -169,6 +188,7 @@ def worker(
             name=name,
             replicas=replicas,
             batching_dim=batching_dim,
+            batch_policy=batch_policy,
             batch_timeout_ms=batch_timeout_ms,
             look_ahead=look_ahead,
             credit=credit,

@@ -1,7 +1,9 @@
 """The worker's metrics: its jobs, and the runtime's own monitoring statistics.
 
 Job counters and latency histograms (time queued in the worker, on the device,
-and in the worker end to end) are updated as jobs finish. The ModelRunner's
+and in the worker end to end) are updated as jobs finish; the batch histograms
+(real samples per device run, and how long each batch took to form from its first
+sample) as the batch policy closes batches, so its decisions can be seen. The ModelRunner's
 monitoring statistics (spec section 3.8) are read when the endpoint is scraped,
 per replica: request and batch counts, flushes, padding, read timeouts, and the
 mean and p99 of each request phase.
@@ -14,6 +16,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from ipuserve.metrics import Family, Histogram, Registry
+
+#: Upper bounds of the samples-per-batch buckets (a batch holds at least one).
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+#: Upper bounds of the batch-forming buckets: sub-millisecond waits matter here.
+BATCH_WAIT_BUCKETS = (0.0, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016,
+                      0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 5.0)  # fmt: skip
 
 #: the runtime's count statistic -> (metric name, help)
 _RUNTIME_COUNTS = {
@@ -30,9 +38,21 @@ _PHASES = ("request", "read_preparation", "read_queue", "computation")
 
 
 class WorkerMetrics(Registry):
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, batch_policy: str = "") -> None:
         p = "ipuserve_worker_"
         self.model = model
+        self.policy = Family(p + "batch_policy", "The batch policy (label), 1.", "gauge")
+        if batch_policy:
+            self.policy.set(1.0, model=model, policy=batch_policy)
+        self.batch_samples = Histogram(
+            p + "batch_samples", "Real samples per device run (padding not counted).",
+            BATCH_SIZE_BUCKETS,
+        )  # fmt: skip
+        self.batch_wait_seconds = Histogram(
+            p + "batch_wait_seconds",
+            "From a batch's first sample to the batch being full or run partial.",
+            BATCH_WAIT_BUCKETS,
+        )
         self.jobs = Family(p + "jobs_total", "Jobs answered, by model and outcome (ok or code).")
         self.in_flight = Family(p + "in_flight", "Jobs submitted and not yet answered.", "gauge")
         self.queue_seconds = Histogram(p + "queue_seconds", "Submit to the device taking the job.")
@@ -61,6 +81,12 @@ class WorkerMetrics(Registry):
             if outcome == "ok":
                 self.queue_seconds.observe(queue_us / 1e6)
                 self.device_seconds.observe(device_us / 1e6)
+
+    def batch_closed(self, samples: int, waited_s: float) -> None:
+        """A replica's batch is full, or its policy runs it partial (a runtime thread)."""
+        with self._lock:
+            self.batch_samples.observe(samples)
+            self.batch_wait_seconds.observe(waited_s)
 
     def refused(self, model: str, outcome: str) -> None:
         """A job answered without running (refused, or expired while waiting). Another

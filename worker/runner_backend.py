@@ -2,10 +2,12 @@
 
 Every job from every client goes into the same runner, so requests share its
 dynamic batches: the runner is configured for dynamic batching on the model's
-batch dimension and flushes a partial batch ``batch_timeout_ms`` after its first
-sample arrived -- or, with the default 0, as soon as the device would otherwise
-wait (eager batching: batches fill while the device is busy, a lone request runs
-at once) -- and only when a request is actually waiting
+batch dimension and runs a partial batch when its batch policy says so
+(``batch_policy``, docs/architecture.md §1.5): ``adaptive`` by default (waits
+only for samples on their way back, and only while the device idles less than a
+run), ``eager`` (as soon as the device would otherwise wait) or ``fixed``
+(``batch_timeout_ms`` after its first sample arrived); ``batch_timeout_ms`` bounds
+any wait. It flushes only when a request is actually waiting
 (``flush_on_waiting_outputs``), so an idle worker runs nothing.
 
 Jobs go to the replica with the fewest samples outstanding. ``executeAsync``
@@ -52,6 +54,7 @@ from ipuserve.errors import (
 from ipuserve.grouping import GroupSizer
 from ipuserve.protocol import ModelSpec, TensorSpec
 from ipuserve.runtime import ModelRunner, ModelRunnerConfig, OutputFuture
+from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, make_policy
 from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
@@ -93,11 +96,20 @@ class RunnerBackend:
         name: str | None = None,
         replicas: int = 1,
         batching_dim: int | None = None,
-        batch_timeout_ms: float = 0.0,
+        batch_policy: str = "adaptive",
+        batch_timeout_ms: float | None = None,
         look_ahead: str = "unlimited",
         credit: int | None = None,
     ) -> None:
         model = load_model(list(model_paths))
+        name = name or model.metadata.modelName()
+        self.metrics = WorkerMetrics(name, batch_policy)
+        limit_s = None if batch_timeout_ms is None else batch_timeout_ms / 1e3
+        make_policy(batch_policy, limit_s)  # a bad name or a fixed window of 0: say so now
+
+        def policy(_replica: int) -> BatchPolicy:
+            return make_policy(batch_policy, limit_s, self.metrics.batch_closed)
+
         batch = model.metadata.batchSize()
         check_inventory(model, replicas)
         check_unconditional(model)
@@ -107,13 +119,12 @@ class RunnerBackend:
             replication_factor=replicas,
             batching_dim=BATCHING_DIM_DISABLED if dim is None else dim,
             is_batch_size_timeout_enabled=True,
-            batch_size_timeout_ns=round(batch_timeout_ms * 1e6),
             flush_on_waiting_outputs=True,
             ring_buffer_size_multiplier=multiplier,
             max_look_ahead=look_ahead,
         )
         try:
-            self._runner = ModelRunner(model, config=config)
+            self._runner = ModelRunner(model, config=config, batch_policy=policy)
         except DeviceUnavailableError as exc:
             raise advise_on_busy_ipus(model, replicas, exc) from exc
         #: None: no dynamic batching, each request is exactly one compiled batch
@@ -125,7 +136,7 @@ class RunnerBackend:
         self._lock = threading.Lock()
         self._credit = credit if credit is not None else replicas * self._slots
         self._spec = ModelSpec(
-            name=name or model.metadata.modelName(),
+            name=name,
             inputs=tuple(_spec(d) for d in self._runner.getExecuteInputs()),
             outputs=tuple(_spec(d) for d in self._runner.getExecuteOutputs()),
             batch_size=batch,
@@ -137,15 +148,15 @@ class RunnerBackend:
         )
         #: device time per sample, from this worker's runs: how much to merge
         self._sizer = GroupSizer()
-        self.metrics = WorkerMetrics(self._spec.name)
         self.metrics.watch(self._runner)
         log.info(
-            "serving %s: %d replica(s), batch %d, %d slots each, credit %d",
+            "serving %s: %d replica(s), batch %d, %d slots each, credit %d, %s batching",
             self._spec.name,
             replicas,
             batch,
             self._slots,
             self._credit,
+            batch_policy,
         )
 
     def describe(self) -> list[ModelSpec]:

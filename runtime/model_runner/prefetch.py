@@ -81,12 +81,14 @@ class Prefetcher:
         inputs: list[PrefetchedInput],
         depth: int,
         name: str,
-        on_device_idle: Callable[[], None] | None = None,
+        on_device_idle: Callable[[], float | None] | None = None,
     ) -> None:
         self._inputs = inputs
         self._on_device_idle = on_device_idle
         #: True while the device waits for an input set: read by the batching policy.
         self.device_waiting = False
+        #: time.monotonic() when the device last began waiting for an input set.
+        self.idle_since = 0.0
         #: perf_counter() when the device took its current input set (computation starts).
         self.taken_at = 0.0
         self._first = inputs[0].handle
@@ -166,18 +168,21 @@ class Prefetcher:
         return fetched
 
     def _wait_for_set(self) -> dict[str, np.ndarray] | _Failed:
-        """The device is about to idle: say so (eager batching may flush), then wait."""
+        """The device is about to idle: say so (the batch policy may flush, or name a
+        wait after which it is asked again), then wait."""
+        self.idle_since = time.monotonic()
         self.device_waiting = True
         try:
-            if self._on_device_idle is not None:
-                self._on_device_idle()
+            again = self._on_device_idle() if self._on_device_idle is not None else None
             while True:
                 try:
-                    return self._ready.get(timeout=_POLL_S)
+                    return self._ready.get(timeout=_POLL_S if again is None else again)
                 except queue.Empty:
                     if self._stopping:  # shutting down: let the run finish on zeros
                         self._ready.put(
                             {s.handle: np.zeros(s.shape, s.dtype) for s in self._inputs}
                         )
+                    elif again is not None and self._on_device_idle is not None:
+                        again = self._on_device_idle()
         finally:
             self.device_waiting = False

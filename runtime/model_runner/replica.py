@@ -25,6 +25,7 @@ import numpy as np
 
 from ipuserve.errors import ClosedError, DeviceFaultError, IpuserveError, RuntimeUsageError
 from ipuserve.runtime.devices import Device
+from ipuserve.runtime.model_runner.batch_policy import BatchAccount, BatchPolicy, policy_from_spec
 from ipuserve.runtime.model_runner.config import (
     NANOSECONDS_MAX,
     ModelRunnerConfig,
@@ -56,6 +57,7 @@ class Replica:
         owns_device: bool,
         config: ModelRunnerConfig,
         plan: IoPlan,
+        policy: BatchPolicy | None = None,
     ) -> None:
         self.index = index
         self.device = device
@@ -64,10 +66,15 @@ class Replica:
         self._plan = plan
         self._timeout_ns, batch_timeout, parallel_timeout = config.durations_ns()
         replicated = config.replication_factor > 1 and parallel_timeout != NANOSECONDS_MAX
-        self._partial_timeout_ns = parallel_timeout if replicated else batch_timeout
-        # batch_size_timeout_ns == 0: flush a partial batch as soon as the device would
-        # otherwise wait for it -- eager batching (what Triton does by default).
-        self._eager = config.is_batch_size_timeout_enabled and self._partial_timeout_ns == 0
+        partial_timeout_ns = parallel_timeout if replicated else batch_timeout
+        # How long a partial batch may wait: the spec's fixed window or eager batching
+        # (timeout 0: flush as soon as the device would otherwise wait, Triton's
+        # default), or the ipuserve policy ModelRunner(batch_policy=...) plugged in.
+        self._policy: BatchPolicy = policy or policy_from_spec(
+            config.is_batch_size_timeout_enabled, partial_timeout_ns, NANOSECONDS_MAX
+        )
+        self._inputs_read_at = 0.0  # perf_counter(): the device read its last input
+        self._run_end = time.monotonic()  # when the device last finished a run
         self.lock = threading.Lock()
         self.monitor = Monitor(config.request_tracepoints_buffer_size)
         self._pending: set[Request] = set()
@@ -88,6 +95,9 @@ class Replica:
             timeout_callback=self._on_read_timeout,
             read_timeout_policy=self._read_timeout,
         )
+        # Samples per run, as the queues count them (the batching dimension's extent).
+        self._batch = min((q.batchSize() for q in self.queues.inputs.values()), default=1)
+        self._account = BatchAccount(self._batch, self._policy.on_batch)
         self._fetchers = self._track_waits()
         self._conditional = prefetchable(model, set(self.queues.inputs)) is None
         self._look_ahead = self._look_ahead_inputs(model)
@@ -113,19 +123,27 @@ class Replica:
             user_outputs=outputs is not None,
             monitor=self.monitor,
             t_submit=t_submit,
-            finished=self._pending.discard,
+            finished=self._finished,
             computation_started=self.computation_started,
         )
         with self.lock:
             self._check_usable()
             request.t_enqueued = time.perf_counter()  # before the device can see it
+            now = time.monotonic()
+            # Before the reader can see the samples: it asks the policy about them at once.
+            self._policy.arrived(samples, now)
             try:
                 self._enqueue(request, inputs, outputs, output_names, samples)
             except ClosedError:
                 self._check_usable()  # a failing run disconnected us: say why
                 raise
             self._pending.add(request)
+            self._account.add(samples, now)
         return future
+
+    def _finished(self, request: Request) -> None:
+        self._pending.discard(request)
+        self._policy.completed(request.samples, time.monotonic())
 
     def _enqueue(
         self,
@@ -163,6 +181,7 @@ class Replica:
         while not self._stopping:
             try:
                 self.session.runMainPrograms()
+                self._ran()
             except Exception as error:  # every failure fails the held requests
                 if self._stopping or not self._recover(error):
                     break
@@ -179,6 +198,7 @@ class Replica:
                 request.future._fail(failed)
             self._pending.clear()
             self.queues.resetAll()
+            self._account.reset()
             if isinstance(error, DeviceFaultError) and not self._config.auto_reset:
                 self._error = error
                 return False
@@ -189,26 +209,47 @@ class Replica:
         return True
 
     def _read_timeout(self, _queue: IQueue, filled: int, first_time: float | None) -> int:
-        """A partial batch waits batch_size_timeout_ns from its first sample's arrival;
-        eagerly, it waits only while the device is busy (the device flushes when idle)."""
-        limit = self._partial_timeout_ns
-        if not filled or not self._config.is_batch_size_timeout_enabled:
+        """The next read's wait: as long as the policy lets a partial batch wait (a fixed
+        window from its first sample's arrival, or, eagerly, only while the device is
+        busy: the device thread flushes when it idles), else timeout_ns."""
+        if not filled:
             return self._timeout_ns
-        if self._eager:
-            prefetcher = self._prefetcher
-            idle = prefetcher is None or prefetcher.device_waiting
-            return _MIN_WAIT_NS if idle else self._timeout_ns
-        if limit == NANOSECONDS_MAX:
+        now = time.monotonic()
+        hold = self._policy.hold_s(filled, self._batch, first_time or now, now, self._idle_since())
+        if hold is None:
             return self._timeout_ns
-        waited = (time.monotonic() - first_time) * 1e9 if first_time else 0.0
-        return max(_MIN_WAIT_NS, int(limit - waited))
+        return max(_MIN_WAIT_NS, int(hold * 1e9))
 
-    def _device_idle(self) -> None:
-        """Eager batching: the device found no input set ready; flush a waiting partial batch.
+    def _idle_since(self) -> float | None:
+        """When the device began waiting for its next batch; None while it computes."""
+        prefetcher = self._prefetcher
+        if prefetcher is None:
+            return self._run_end  # the device thread itself assembles the batch
+        return prefetcher.idle_since if prefetcher.device_waiting else None
+
+    def _device_idle(self) -> float | None:
+        """The device found no input set ready: flush a waiting partial batch now, or say
+        how many seconds the policy lets it wait (the device thread asks again then).
         The flush callback is told the input it was expecting more of (spec 3.7)."""
         waited = next((n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None)
-        if waited is not None:
-            self._on_read_timeout_named(waited)
+        if waited is None:
+            return None
+        now = time.monotonic()
+        account = self._account
+        first = account.first_time if account.filled else now
+        hold = self._policy.hold_s(account.filled, self._batch, first, now, self._idle_since())
+        if hold is not None and hold > 0:
+            return hold
+        self._on_read_timeout_named(waited)
+        return None
+
+    def _ran(self) -> None:
+        """A run ended: its device time (from taking its inputs) is the policy's measure."""
+        prefetcher = self._prefetcher
+        started = prefetcher.taken_at if prefetcher is not None else self._inputs_read_at
+        if started:
+            self._policy.ran(time.perf_counter() - started)
+        self._run_end = time.monotonic()
 
     def computation_started(self) -> float:
         """When the device took the input set it is running now (0: unknown, no look-ahead)."""
@@ -259,6 +300,7 @@ class Replica:
             padded = max(padded, self.queues.inputQueue(name).flush(values))
         for name in discard:
             self.queues.outputQueue(name).flush()
+        self._account.flushed(time.monotonic())
         if padded:
             self.monitor.record_flush(padded)
         log.debug(
@@ -330,7 +372,7 @@ class Replica:
             self._look_ahead,
             depth or self._config.ring_buffer_size_multiplier,
             self.device.thread_name(),
-            on_device_idle=self._device_idle if self._eager else None,
+            on_device_idle=self._device_idle if self._policy.reacts_to_idle else None,
         )
         for spec in self._look_ahead:
             self.session.setCallbackForAnchor(spec.handle, prefetcher.device_callback(spec.handle))
@@ -344,6 +386,7 @@ class Replica:
             self._waiting_for = name
             result = callback(buffer)
             self._waiting_for = None
+            self._inputs_read_at = time.perf_counter()
             return result
 
         return read

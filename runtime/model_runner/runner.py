@@ -23,6 +23,7 @@ import numpy as np
 
 from ipuserve.errors import ClosedError, ReplicaError, TensorError
 from ipuserve.runtime.devices import Device, DeviceManager
+from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, BatchPolicyFactory
 from ipuserve.runtime.model_runner.config import ModelRunnerConfig
 from ipuserve.runtime.model_runner.futures import OutputFuture
 from ipuserve.runtime.model_runner.io_plan import IoPlan
@@ -42,8 +43,14 @@ class ModelRunner:
         self,
         model: Model | PopefPaths | Sequence[str] | str,
         config: ModelRunnerConfig | None = None,
+        *,
+        batch_policy: BatchPolicyFactory | None = None,
     ) -> None:
+        """``batch_policy`` (an ipuserve extension, docs/runtime.md): replica index ->
+        the policy deciding how long a partial batch may wait; without it the spec's
+        ``batch_size_timeout_ns`` semantics hold (eager at 0, else a fixed window)."""
         self._config = (config if config is not None else ModelRunnerConfig()).checked()
+        self._batch_policy = batch_policy
         self._model = as_model(model)
         if self._config.check_package_hash:
             verify_package_hash(self._model)
@@ -173,6 +180,9 @@ class ModelRunner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _policy_for(self, index: int) -> BatchPolicy | None:
+        return self._batch_policy(index) if self._batch_policy is not None else None
+
     def _start_replicas(self) -> list[Replica]:
         replicas: list[Replica] = []
         try:
@@ -187,6 +197,7 @@ class ModelRunner:
                             owns_device=owned,
                             config=self._config,
                             plan=self._plan,
+                            policy=self._policy_for(index),
                         )
                     )
                 except BaseException:

@@ -1,4 +1,4 @@
-"""A minimal broker stand-in for client tests: a real ROUTER socket speaking protocol.py.
+"""A minimal broker stand-in for client tests: a real ROUTER socket speaking ipuserve.protocol.
 
 It runs on its own thread, answers PING with its epoch, MODELS with a fixed list,
 and hands every REQUEST to a ``handler`` that returns the reply message (or None

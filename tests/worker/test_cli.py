@@ -37,6 +37,7 @@ from tests.helpers import (
                 "--name",
                 "--replicas",
                 "--batching-dim",
+                "--batch-policy",
                 "--batch-timeout-ms",
                 "--look-ahead",
                 "--ipus",
@@ -272,7 +273,8 @@ def test_batching_dim_1_and_a_batch_timeout_serve_requests_of_any_width(
 ) -> None:
     model = noop_model(tmp_path, "--batch-dim", "1")  # tensors are [8, batch]
     broker = start_broker(processes)
-    options = ("--batching-dim", "1", "--batch-timeout-ms", "20", "--look-ahead", look_ahead)
+    options = ("--batching-dim", "1", "--batch-policy", "fixed", "--batch-timeout-ms", "20",
+               "--look-ahead", look_ahead)  # fmt: skip
     start_worker(processes, broker, runner_worker_argv(model, args=options))
     rng = np.random.default_rng(0)
     given = {width: rng.standard_normal((8, width)).astype(np.float32) for width in (1, 3, 4, 9)}

@@ -1,0 +1,182 @@
+"""The ipuserve wire protocol: every message, and the only code that packs or parses frames.
+
+Every message is one ZeroMQ multipart message (a ROUTER adds the peer's routing
+identity in front; strip it before :func:`decode`)::
+
+    frame 0   envelope   b"IPUS", one version byte (PROTOCOL_VERSION), one command
+                         byte (a :class:`Command`), then the id: 0..64 bytes, the
+                         client's request id, or empty
+    frame 1   header     a UTF-8 JSON object, at most Limits.max_header_bytes;
+                         its exact fields depend on the command (docs/protocol.md)
+    frame 2.. tensors    one raw frame per tensor the header lists, in order,
+                         C-ordered little-endian, exactly prod(shape) * itemsize bytes
+
+The broker and a worker exchange batches: one JOBS message carries every job the
+broker hands a worker in one turn of its loop, one RESULTS message every outcome
+the worker has ready. Their headers list each job (id, tensor specs, budget or
+timing) and their tensor frames follow job by job; a single job is a batch of one.
+A client may batch too: REQUESTS carries the requests it has ready at once (laid
+out as JOBS), and the broker then answers those requests' results in REPLIES
+(laid out as RESULTS); a client that sends single REQUESTs gets single REPLYs.
+A row of REQUESTS may be a *group*: several requests of one model and tensor layout
+whose tensors share one frame each (members one after another); the broker and
+worker carry it as one job (a JOBS/RESULTS row with a member count) and the broker
+answers it in one REPLIES row (docs/protocol.md §2.3).
+
+:func:`decode` validates all of it before anything uses it and raises
+:class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
+or :class:`PayloadTooLargeError` with a message that says what is wrong. Tensors are
+kept as the received frames (forwarded by reference) and read as read-only
+``np.frombuffer`` views; ``encode`` returns arrays as frames without copying them
+(non-contiguous or big-endian arrays are made contiguous once). Send with
+:func:`send` (or ``send_multipart(frames, copy=False)``): pyzmq copies only frames
+below its copy threshold.
+
+The package's modules, by job (callers import from the package: ``from ipuserve
+import protocol as wire``; its ``__all__`` is the public API):
+
+* ``tensors``   the tensor model: dtype allow-list, TensorSpec, Tensors (no zmq)
+* ``schema``    ModelSpec, and whether tensors fit it: check_inputs, outputs_problem
+* ``envelope``  constants, Command, Limits, and building a message's frames
+* ``checks``    validating header fields, tensor specs and frames; the decoder type
+* ``client_messages``, ``worker_messages``, ``batches`` (with ``rows``)
+                the messages by family, each with its decoder beside it
+* ``codec``     decode(), and the ids of messages it cannot decode (peek_id(s))
+* ``transport`` send/recv on ZeroMQ sockets, the socket frame limit
+"""
+
+from __future__ import annotations
+
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, name_problem
+from ipuserve.protocol.batches import (
+    Fail,
+    Job,
+    Jobs,
+    Replies,
+    Requests,
+    Result,
+    Results,
+    encode_batch,
+    split_batch,
+)
+from ipuserve.protocol.client_messages import (
+    ErrorReply,
+    ListModels,
+    ModelInfo,
+    ModelsReply,
+    Ping,
+    Pong,
+    Reply,
+    Request,
+    WorkerLoad,
+)
+from ipuserve.protocol.codec import (
+    Message,
+    decode,
+    error_frames,
+    peek_id,
+    peek_ids,
+)
+from ipuserve.protocol.envelope import (
+    DEFAULT_LIMITS,
+    ENVELOPE_BYTES,
+    HEADER_FRAMES,
+    MAX_COUNT,
+    MAX_ID_BYTES,
+    MAX_TIMING_KEYS,
+    MAX_TIMING_VALUE,
+    PROTOCOL_TAG,
+    PROTOCOL_VERSION,
+    TAG,
+    Command,
+    Limits,
+    envelope,
+)
+from ipuserve.protocol.schema import (
+    ModelSpec,
+    check_inputs,
+    outputs_problem,
+)
+from ipuserve.protocol.tensors import (
+    DTYPES,
+    Frame,
+    Tensors,
+    TensorSpec,
+)
+from ipuserve.protocol.transport import (
+    FRAME_SLACK_BYTES,
+    max_frame_bytes,
+    readable,
+    recv,
+    send,
+    try_recv,
+)
+from ipuserve.protocol.worker_messages import (
+    Bye,
+    Heartbeat,
+    Hello,
+    Reconnect,
+    Refusals,
+    Welcome,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DTYPES",
+    "ENVELOPE_BYTES",
+    "FRAME_SLACK_BYTES",
+    "HEADER_FRAMES",
+    "MAX_COUNT",
+    "MAX_DURATION_MS",
+    "MAX_ID_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_TIMING_KEYS",
+    "MAX_TIMING_VALUE",
+    "PROTOCOL_TAG",
+    "PROTOCOL_VERSION",
+    "TAG",
+    "Bye",
+    "Command",
+    "ErrorReply",
+    "Fail",
+    "Frame",
+    "Heartbeat",
+    "Hello",
+    "Job",
+    "Jobs",
+    "Limits",
+    "ListModels",
+    "Message",
+    "ModelInfo",
+    "ModelSpec",
+    "ModelsReply",
+    "Ping",
+    "Pong",
+    "Reconnect",
+    "Refusals",
+    "Replies",
+    "Reply",
+    "Request",
+    "Requests",
+    "Result",
+    "Results",
+    "TensorSpec",
+    "Tensors",
+    "Welcome",
+    "WorkerLoad",
+    "check_inputs",
+    "decode",
+    "encode_batch",
+    "envelope",
+    "error_frames",
+    "max_frame_bytes",
+    "name_problem",
+    "outputs_problem",
+    "peek_id",
+    "peek_ids",
+    "readable",
+    "recv",
+    "send",
+    "split_batch",
+    "try_recv",
+]

@@ -1,0 +1,116 @@
+"""Frame 0 and the frame list: the protocol's constants, commands and limits, and the
+encoders' shared step that turns a header into a message's frames.
+
+Every message module builds its frames with :func:`_frames`; nothing here imports
+zmq, so the tensor model and the schema checks can be used without it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
+
+PROTOCOL_TAG = b"IPUS"
+PROTOCOL_VERSION = 3
+#: The envelope's first bytes: the protocol tag and version.
+TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
+#: Tag, version and command: the envelope's fixed part; the id follows.
+ENVELOPE_BYTES = len(TAG) + 1
+MAX_ID_BYTES = 64
+# MAX_NAME_CHARS and MAX_DURATION_MS: ipuserve.limits (the runtime's CLI needs them
+# without ZeroMQ), re-exported from here
+#: The largest integer a header field may hold (JSON's are unbounded; 2**53: exact as a float).
+MAX_COUNT = 2**53
+#: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).
+MAX_TIMING_VALUE = 1e18
+MAX_TIMING_KEYS = 32
+#: Envelope and header; tensor frames follow.
+HEADER_FRAMES = 2
+
+
+class Command(enum.IntEnum):
+    REQUEST = 0x01  # client -> broker
+    REPLY = 0x02  # broker -> client
+    ERROR = 0x03  # broker -> client
+    MODELS = 0x04  # client -> broker
+    MODELS_REPLY = 0x05  # broker -> client
+    PING = 0x06  # client -> broker
+    PONG = 0x07  # broker -> client
+    REQUESTS = 0x08  # client -> broker: several requests in one message
+    REPLIES = 0x09  # broker -> client: the replies to several REQUESTS rows
+    HELLO = 0x10  # worker -> broker
+    WELCOME = 0x11  # broker -> worker
+    JOBS = 0x12  # broker -> worker
+    RESULTS = 0x13  # worker -> broker  (0x14 was version 1's FAIL)
+    HEARTBEAT = 0x15  # both ways
+    RECONNECT = 0x16  # broker -> worker
+    BYE = 0x17  # worker -> broker
+
+
+#: command -> the fixed part of its envelope
+_ENVELOPES = {c: TAG + bytes([c]) for c in Command}
+
+
+def envelope(command: Command, ident: bytes = b"") -> bytes:
+    """Frame 0 of a message: for tests and tools that build frames by hand."""
+    return _ENVELOPES[command] + ident
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What :func:`decode` accepts; the broker and worker make the payload limit configurable.
+
+    ``max_payload_bytes`` and ``max_tensors`` hold per request (per job of a batch);
+    ``max_batch`` bounds the jobs (or outcomes) of one JOBS (or RESULTS) message.
+    """
+
+    max_payload_bytes: int = 64 << 20
+    max_header_bytes: int = 256 << 10
+    max_tensors: int = 64
+    max_rank: int = 8
+    max_elements: int = 1 << 36
+    max_batch: int = 1024
+
+
+DEFAULT_LIMITS = Limits()
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_json = _ENCODER.encode
+
+
+def _number(value: float | None) -> str:
+    """A budget as JSON: ``null`` or a finite float's repr (cheaper than the encoder)."""
+    if value is None:
+        return "null"
+    if not math.isfinite(value):
+        raise ValueError(f"{value} cannot travel as JSON")
+    return repr(float(value))
+
+
+#: Tensor specs -> their JSON list: the hot messages repeat the same specs.
+_SPECS_JSON: dict[tuple[TensorSpec, ...], str] = {}
+_SPECS_JSON_SIZE = 1024
+
+
+def _specs_json(tensors: Tensors) -> str:
+    text = _SPECS_JSON.get(tensors.specs)
+    if text is None:
+        if len(_SPECS_JSON) >= _SPECS_JSON_SIZE:
+            _SPECS_JSON.clear()
+        text = _SPECS_JSON[tensors.specs] = _json(tensors.header())
+    return text
+
+
+def _frames(
+    command: Command, ident: bytes, header: dict[str, Any] | str, tensors: Sequence[Frame] = ()
+) -> list[Frame]:
+    """The frames of one message; the hot messages pass their header as JSON text."""
+    body = (header if isinstance(header, str) else _json(header)).encode("ascii")
+    return [_ENVELOPES[command] + ident, body, *tensors]

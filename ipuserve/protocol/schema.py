@@ -1,0 +1,175 @@
+"""A model's schema (:class:`ModelSpec`) and matching tensors against it: whether a
+request's inputs fit (:func:`check_inputs`) and a worker's outputs fit
+(:func:`outputs_problem`). Whether requests may share one job is
+:attr:`ModelSpec.groupable`. No zmq: the worker's backends use this module alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ipuserve.errors import InvalidInputError
+from ipuserve.protocol.tensors import TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What a worker serves: input/output specs at the compiled batch, and how it batches.
+
+    With ``batching_dim`` set, a request may have any size >= 1 along that dimension
+    (the same for every input); every other dimension must match. Without it, a
+    request's shapes must match exactly.
+    """
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batch_size: int = 1
+    batching_dim: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "batch_size": self.batch_size,
+            "batching_dim": self.batching_dim,
+        }
+
+    def signature(self) -> str:
+        """Everything a request must match, in a line: ``x:float32[4, 8] -> y:float32[4, 8];
+        batch 4 along dimension 0`` (telling two schemas of one name apart)."""
+        inputs = ", ".join(map(str, self.inputs))
+        outputs = ", ".join(map(str, self.outputs))
+        dim = self.batching_dim
+        batching = ", no dynamic batching" if dim is None else f" along dimension {dim}"
+        return f"{inputs} -> {outputs}; batch {self.batch_size}{batching}"
+
+    def samples(self, shapes: Iterable[Sequence[int]]) -> int:
+        """Samples a request whose tensors have ``shapes`` carries: the size along the
+        batching dimension of the first that has it, else the compiled batch."""
+        dim = self.batching_dim
+        if dim is not None:
+            for shape in shapes:
+                if len(shape) > dim:
+                    return int(shape[dim])
+        return self.batch_size
+
+    @property
+    def groupable(self) -> bool:
+        """Whether requests may travel as a group (one job, joined along the batching
+        dimension): every input and output must have that dimension."""
+        dim = self.batching_dim
+        return dim is not None and all(len(t.shape) > dim for t in (*self.inputs, *self.outputs))
+
+
+class _Passed:
+    """(model, spec list) pairs a check passed, by identity: decoding hands out one
+    tuple per distinct spec list (see _memo), so requests and results repeat it, and
+    the broker and worker check each pair once, not per message. Holding the objects
+    rules out a reused id."""
+
+    _SIZE = 1024
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+
+    def __contains__(self, pair: tuple[ModelSpec, Sequence[TensorSpec]]) -> bool:
+        seen = self._pairs.get((id(pair[0]), id(pair[1])))
+        return seen is not None and seen[0] is pair[0] and seen[1] is pair[1]
+
+    def add(self, model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+        if len(self._pairs) >= self._SIZE:
+            self._pairs.clear()
+        self._pairs[(id(model), id(given))] = (model, given)
+
+
+_INPUTS_PASSED = _Passed()
+_OUTPUTS_PASSED = _Passed()
+
+
+def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+    """Raise InvalidInputError unless ``given`` matches the model's input specs."""
+    if (model, given) in _INPUTS_PASSED:
+        return
+    _check_inputs(model, given)
+    _INPUTS_PASSED.add(model, given)
+
+
+def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None:
+    """Why a worker's outputs do not fit ``model``'s schema (names, dtypes, and shapes
+    but for the batching dimension), else None: the broker checks before forwarding."""
+    if (model, given) in _OUTPUTS_PASSED:
+        return None
+    want = {spec.name: spec for spec in model.outputs}
+    got = {spec.name: spec for spec in given}
+    if want.keys() != got.keys() or len(given) != len(got):
+        return f"outputs {', '.join(map(str, given)) or 'none'}; the model's are " + ", ".join(
+            map(str, model.outputs)
+        )
+    dim = model.batching_dim
+    for name, spec in want.items():
+        other = got[name]
+        fixed = [i for i in range(len(spec.shape)) if i != dim]
+        if (
+            other.dtype != spec.dtype
+            or len(other.shape) != len(spec.shape)
+            or any(other.shape[i] != spec.shape[i] for i in fixed)
+        ):
+            return f"output {other}; the model's is {spec}"
+    _OUTPUTS_PASSED.add(model, given)
+    return None
+
+
+def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+    expected = {spec.name: spec for spec in model.inputs}
+    names = [spec.name for spec in given]
+    missing = [name for name in expected if name not in names]
+    if missing:
+        unknown = [name for name in names if name not in expected]
+        if unknown:  # most likely a misspelt name: name it first
+            raise InvalidInputError(
+                f"model {model.name!r} has no input {', '.join(map(repr, unknown))}; its "
+                f"inputs are {', '.join(expected)} (missing: {', '.join(missing)})"
+            )
+        raise InvalidInputError(
+            f"model {model.name!r} needs inputs {', '.join(expected)}; "
+            f"missing: {', '.join(missing)}"
+        )
+    batches: dict[str, int] = {}
+    for spec in given:
+        want = expected.get(spec.name)
+        if want is None:
+            raise InvalidInputError(
+                f"model {model.name!r} has no input {spec.name!r} (inputs: {', '.join(expected)})"
+            )
+        _check_input(model, want, spec)
+        if model.batching_dim is not None:
+            batches[spec.name] = spec.shape[model.batching_dim]
+    if len(set(batches.values())) > 1:
+        raise InvalidInputError(
+            f"inputs of model {model.name!r} disagree on the batch size "
+            f"along dimension {model.batching_dim}: {batches}"
+        )
+
+
+def _check_input(model: ModelSpec, want: TensorSpec, got: TensorSpec) -> None:
+    where = f"input {got.name!r} of model {model.name!r}"
+    if got.dtype != want.dtype:
+        raise InvalidInputError(
+            f"{where} must be {want.dtype}, got {got.dtype} (convert it: x.astype(np.{want.dtype}))"
+        )
+    dim = model.batching_dim
+    free = dim is not None and len(got.shape) == len(want.shape) and got.shape[dim] >= 1
+    fixed = [i for i in range(len(want.shape)) if not (free and i == dim)]
+    if len(got.shape) != len(want.shape) or any(got.shape[i] != want.shape[i] for i in fixed):
+        rule = "" if dim is None else f" (dimension {dim} may be any size >= 1)"
+        unbatched = dim is not None and got.shape == want.shape[:dim] + want.shape[dim + 1 :]
+        hint = f"; one sample still needs the batch dimension: np.expand_dims(x, {dim})"
+        raise InvalidInputError(
+            f"{where} must have shape {want.shape}{rule}, got {got.shape}"
+            + (hint if unbatched else "")
+        )
+
