@@ -36,11 +36,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ipuserve.client.bench import bench
+from ipuserve.bench.bench import bench
+from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, wait_for_models
+from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.suite import ONE_BLAS_THREAD, SuiteConfig, write_models
 from ipuserve.client.client import Client, ClientConfig
-from ipuserve.client.fleet import PYTHON, Fleet, endpoint, wait_for_models
-from ipuserve.client.loadgen import LoadConfig
-from ipuserve.client.suite import ONE_BLAS_THREAD, SuiteConfig, write_models
 
 LEVELS = (1, 4, 16, 64)
 #: name -> worker options; the default policy is the one with no options

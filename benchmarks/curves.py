@@ -21,13 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ipuserve.client.bench import bench
+from ipuserve.bench.bench import bench
+from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, wait_for_models
+from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.relay import raw_closed_loop
+from ipuserve.bench.stats import latency_us
+from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
 from ipuserve.client.client import Client
-from ipuserve.client.fleet import PYTHON, Fleet, endpoint, wait_for_models
-from ipuserve.client.loadgen import LoadConfig
-from ipuserve.client.relay import raw_closed_loop
-from ipuserve.client.stats import latency_us
-from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
 
 ELEMENTS = 16  # float32: 64-byte requests, as in the fabric suite
 
@@ -39,7 +39,7 @@ def sweep(levels: list[int], seconds: float, log: Any) -> list[dict[str, Any]]:
         argv = [*PYTHON, "ipuserve", "model", "example", "noop", str(model)]
         subprocess.run([*argv, "--elements", str(ELEMENTS)], check=True, capture_output=True)
         relay_front, relay_back = endpoint(), endpoint()
-        relay = [*PYTHON, "ipuserve.client.relay"]
+        relay = [*PYTHON, "ipuserve.bench.relay"]
         fleet.start("relay", [*relay, "relay", "--frontend", relay_front, "--backend", relay_back,
                               "--copy"])  # fmt: skip
         fleet.start("echo", [*relay, "echo", "--backend", relay_back, "--copy"])

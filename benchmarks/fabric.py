@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ipuserve.client.report import suite_table
-from ipuserve.client.suite import SuiteConfig, run_suite
+from ipuserve.bench.report import suite_table
+from ipuserve.bench.suite import SuiteConfig, run_suite
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""ipuserve.client: the Python client of a broker; the infer, models and bench commands.
+"""ipuserve.client: the Python client of a broker; the infer and models commands.
 
 Example::
 
@@ -11,6 +11,6 @@ Example::
 from ipuserve.client.client import Client
 from ipuserve.client.io_loop import ClientConfig, ClientStats
 from ipuserve.client.pending import InferFuture
-from ipuserve.client.stats import Timing
+from ipuserve.client.timing import Timing
 
 __all__ = ["Client", "ClientConfig", "ClientStats", "InferFuture", "Timing"]

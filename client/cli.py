@@ -1,4 +1,4 @@
-"""Click commands owned by ipuserve.client (mounted by ipuserve.cli): infer, models, bench.
+"""Click commands owned by ipuserve.client (mounted by ipuserve.face.cli): infer, models.
 
 Every option has an ``IPUSERVE_<COMMAND>_<OPTION>`` environment variable (the
 root group's auto prefix), shown in ``--help``. Errors the fabric reports become
@@ -17,7 +17,6 @@ import click
 import numpy as np
 
 from ipuserve import protocol as wire
-from ipuserve.client.bench_cli import bench, parse_npy_inputs
 from ipuserve.client.client import Client
 from ipuserve.clikit import (
     Endpoint,
@@ -27,7 +26,8 @@ from ipuserve.clikit import (
     option,
     writing,
 )
-from ipuserve.errors import IpuserveError
+from ipuserve.errors import ConfigError, IpuserveError, TensorError
+from ipuserve.npy_io import parse_input_spec, read_inputs
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
 
@@ -51,6 +51,24 @@ def describe(array: np.ndarray[Any, Any]) -> str:
         f"{head} min {values.min():.6g} max {values.max():.6g} "
         f"mean {values.mean():.6g} first {values.reshape(-1)[:4].tolist()}"
     )
+
+
+def parse_npy_inputs(
+    _ctx: Any, _param: Any, values: tuple[str, ...]
+) -> dict[str, np.ndarray[Any, Any]]:
+    """NAME=FILE.npy option values -> arrays (click callback for --input).
+
+    Read as ``ipuserve tools real-data`` reads them (:mod:`ipuserve.npy_io`):
+    plain ``.npy`` arrays only, never unpickling; an ``.npz``, a text file, a missing
+    file or a name given twice is a one-line usage error naming the file.
+    """
+    if not values:
+        return {}
+    try:
+        read = read_inputs(parse_input_spec(value) for value in values)
+    except (ConfigError, TensorError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    return {name: item.array for name, item in read.items()}
 
 
 @click.command()
@@ -166,4 +184,4 @@ def models_table(found: list[wire.ModelInfo]) -> str:
     return "\n".join(lines)
 
 
-commands: list[click.Command] = [infer, models, bench]
+commands: list[click.Command] = [infer, models]

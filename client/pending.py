@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ipuserve import protocol as wire
-from ipuserve.client.stats import Timing
+from ipuserve.client.timing import Timing
 from ipuserve.errors import RuntimeUsageError
 
 Arrays = dict[str, np.ndarray[Any, Any]]

@@ -2,8 +2,10 @@
 
 The package root is the common ground every component may import: the wire
 protocol (:mod:`ipuserve.protocol`), the exception tree (:mod:`ipuserve.errors`)
-and logging setup. The components live in ``ipuserve.runtime``,
-``ipuserve.worker``, ``ipuserve.broker`` and ``ipuserve.client``.
+and logging setup; it imports no component. The components live in
+``ipuserve.runtime``, ``ipuserve.worker``, ``ipuserve.broker``, ``ipuserve.client``
+and ``ipuserve.bench``; :mod:`ipuserve.face` (the CLI root, the demo and the
+configuration reference) is the one place above them.
 """
 
 from pathlib import Path as _Path

@@ -1,4 +1,4 @@
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,8 @@
 
 Each test gets its own simulated-IPU "host" (a private lock directory and
 inventory), so tests never contend with each other or with a developer's
-running workers. Process fixtures live in tests/helpers.py.
+running workers. Process fixtures live in tests/helpers.py; `npy_files` (the .npy inputs
+the `infer` and `bench` commands read) is here for tests/client and tests/bench alike.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from tests.helpers import add_inputs
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +37,19 @@ def isolated_ipu_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
 
 _SIM_ENV = ("IPUSERVE_SIM_LOCK_DIR", "IPUSERVE_SIM_IPUS", "IPUSERVE_SIM_TIME_SCALE")
+
+
+@pytest.fixture
+def npy_files(tmp_path: Path) -> dict[str, Path]:
+    """x/y as the add model wants them, x as float64, an .npz and a text file: the inputs
+    the ``infer`` and ``bench`` commands are given in the usability tests."""
+    given = add_inputs(rows=4)
+    files = {name: tmp_path / f"{name}.npy" for name in ("x", "y", "x64")}
+    np.save(files["x"], given["x"])
+    np.save(files["y"], given["y"])
+    np.save(files["x64"], given["x"].astype(np.float64))
+    files["npz"] = tmp_path / "x.npz"
+    np.savez(files["npz"], x=given["x"])
+    files["text"] = tmp_path / "x.txt"
+    files["text"].write_text("1 2 3\n")
+    return files

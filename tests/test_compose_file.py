@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Options compose.yaml fixes on purpose (docs/deploy.md, "Fixed in compose.yaml"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipuserve import demo as demo_module
+from ipuserve.face import demo as demo_module
 
 pytestmark = pytest.mark.slow
 

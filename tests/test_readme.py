@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipuserve.cli import main
-from ipuserve.config_reference import render
+from ipuserve.face.cli import main
+from ipuserve.face.config_reference import render
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.container import write_model
 
@@ -29,7 +29,7 @@ def test_configuration_reference_is_current() -> None:
     assert found, "README.md lost its config-reference markers"
     assert found.group(1) == render(main), (
         "README.md's configuration reference is stale: regenerate it with "
-        "`python -m ipuserve.config_reference --write README.md`"
+        "`python -m ipuserve.face.config_reference --write README.md`"
     )
 
 
@@ -49,6 +49,7 @@ def test_the_components_import_from_the_checkouts_root_without_an_editable_insta
         "import sys; sys.meta_path[:] = [f for f in sys.meta_path "
         "if 'editable' not in repr(f).lower()]\n"
         "import ipuserve.broker.loop, ipuserve.client.client, ipuserve.worker.node\n"
+        "import ipuserve.bench.suite, ipuserve.face.cli\n"
         "import ipuserve.runtime.popef.container as container\n"
         "print(container.__file__)"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ipuserve.cli import main as ipuserve_cli
+from ipuserve.face.cli import main as ipuserve_cli
 
 #: model key -> ``ipuserve model example`` arguments (after the output file).
 MODELS: dict[str, list[str]] = {

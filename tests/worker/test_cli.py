@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ipuserve import protocol as wire
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 from tests.helpers import (
     Processes,
     RawClient,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import ipuserve.runtime as model_runtime
 from ipuserve import protocol as wire
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 from ipuserve.logs import LOG_LEVEL_ENV
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model

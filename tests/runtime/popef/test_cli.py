@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 from ipuserve.runtime.popef import examples, load_model, write_container
 from ipuserve.runtime.simulator.cost import CostModel, ipu_spec
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 from ipuserve.runtime import DeviceManager
 from ipuserve.runtime.popef import examples
 

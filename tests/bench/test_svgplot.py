@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ipuserve.client.svgplot import Axis, Series, line_chart
+from ipuserve.bench.svgplot import Axis, Series, line_chart
 
 NS = {"svg": "http://www.w3.org/2000/svg"}
 

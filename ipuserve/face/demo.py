@@ -7,7 +7,7 @@ concurrent clients, checks every result against numpy, prints throughput and
 latency, and stops everything -- also on Ctrl-C or an error; the children die
 with it if it is killed.
 
-This module is, like :mod:`ipuserve.cli`, a composition root: it uses the client
+This module is, like :mod:`ipuserve.face.cli`, a composition root: it uses the client
 for traffic and the runtime only to compute the numpy references.
 """
 
@@ -26,9 +26,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ipuserve.bench.fleet import PYTHON as PYTHON_MODULE
+from ipuserve.bench.fleet import Fleet, endpoint, wait_for_models
 from ipuserve.client import Client, Timing
-from ipuserve.client.fleet import PYTHON as PYTHON_MODULE
-from ipuserve.client.fleet import Fleet, endpoint, wait_for_models
 from ipuserve.errors import IpuserveError
 
 PYTHON = [*PYTHON_MODULE, "ipuserve"]

@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from ipuserve import protocol as wire
-from ipuserve.client.relay import RawResult
+from ipuserve.bench.relay import RawResult
 
 
 def protocol_closed_loop(

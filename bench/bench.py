@@ -1,8 +1,8 @@
 """Benchmark one model of a running deployment through the ipuserve client.
 
 :func:`bench` drives :class:`~ipuserve.client.client.Client` with a closed- or
-open-loop generator (:mod:`ipuserve.client.loadgen`) and returns the summary
-of :mod:`ipuserve.client.stats` plus what was run. Inputs are random tensors
+open-loop generator (:mod:`ipuserve.bench.loadgen`) and returns the summary
+of :mod:`ipuserve.bench.stats` plus what was run. Inputs are random tensors
 that match the model's input specs (``batch`` samples along its batching
 dimension) unless the caller passes its own.
 
@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from ipuserve import protocol as wire
+from ipuserve.bench.loadgen import LoadConfig, OnDone, Outcome, Progress, Submit, run_load
+from ipuserve.bench.stats import summarize
 from ipuserve.client.client import Client
-from ipuserve.client.loadgen import LoadConfig, OnDone, Outcome, Progress, Submit, run_load
 from ipuserve.client.pending import InferFuture
-from ipuserve.client.stats import summarize
 from ipuserve.errors import IpuserveError, UnknownModelError
 
 Arrays = dict[str, np.ndarray[Any, Any]]

@@ -43,19 +43,19 @@ from typing import Any
 
 import numpy as np
 
-from ipuserve.client.bench import bench
-from ipuserve.client.client import Client
-from ipuserve.client.fleet import (
+from ipuserve.bench.bench import bench
+from ipuserve.bench.fleet import (
     PYTHON,
     Fleet,
     endpoint,
     process_cpu_seconds,
     wait_for_models,
 )
-from ipuserve.client.loadgen import LoadConfig
-from ipuserve.client.rawproto import protocol_closed_loop
-from ipuserve.client.relay import raw_closed_loop
-from ipuserve.client.stats import latency_us
+from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.rawproto import protocol_closed_loop
+from ipuserve.bench.relay import raw_closed_loop
+from ipuserve.bench.stats import latency_us
+from ipuserve.client.client import Client
 
 Log = Callable[[str], None]
 SMALL_ELEMENTS = 16  # float32: 64-byte requests
@@ -149,7 +149,7 @@ def start_fleet(
     fleet: Fleet, config: SuiteConfig, models: dict[str, Any], scale: float
 ) -> Endpoints:
     ends = Endpoints(endpoint(), endpoint(), endpoint(), endpoint())
-    relay = [*PYTHON, "ipuserve.client.relay"]
+    relay = [*PYTHON, "ipuserve.bench.relay"]
     for name, front, copy in (
         ("small", ends.relay_small, ["--copy"]),
         ("large", ends.relay_large, []),

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipuserve.client.stats import WINDOW_OPEN_NS, Recording, Sample, Timing
+from ipuserve.bench.stats import WINDOW_OPEN_NS, Recording, Sample
+from ipuserve.client.timing import Timing
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +147,16 @@ class ClosedLoop:
         self._failure: BaseException | None = None
 
     def run(self, progress: Progress | None = None) -> Recording:
-        for _ in range(self._window.config.in_flight):
-            self._launch()
-        _wait(self._window, progress, lambda: self._outstanding)
+        _wait(self._window, progress, lambda: self._outstanding, start=self._launch_all)
         if self._failure is not None:
             raise self._failure
         return self._window.recording
+
+    def _launch_all(self) -> None:
+        """The first ``in_flight`` requests; a Ctrl-C among them ends the run as one
+        during the run does (it once surfaced as a bare "interrupted", no report)."""
+        for _ in range(self._window.config.in_flight):
+            self._launch()
 
     def _launch(self) -> None:
         with self._lock:
@@ -159,7 +164,7 @@ class ClosedLoop:
         start = time.perf_counter_ns()
         try:
             self._submit(lambda outcome: self._done(outcome, start))
-        except BaseException as exc:  # the target refused (closed): stop, report at run()
+        except Exception as exc:  # the target refused (closed): stop, report at run()
             self._failure = exc
             self._retire()
 
@@ -255,12 +260,20 @@ class OpenLoop:
                 self._window.finished.set()
 
 
-def _wait(window: _Window, progress: Progress | None, outstanding: Callable[[], int]) -> None:
-    """Block until the generator drained, reporting progress about four times a second.
+def _wait(
+    window: _Window,
+    progress: Progress | None,
+    outstanding: Callable[[], int],
+    start: Callable[[], None] | None = None,
+) -> None:
+    """Run ``start`` (what the caller's thread sends first), then block until the
+    generator drained, reporting progress about four times a second.
 
     Ctrl-C closes the window at once and still drains what is in flight, so the caller
     reports what was measured so far; a second Ctrl-C gives up on that too."""
     try:
+        if start is not None:
+            start()
         _drain(window, progress, outstanding)
     except KeyboardInterrupt:
         window.interrupt()

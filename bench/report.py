@@ -1,7 +1,7 @@
 """Turn bench results into text: the progress line, one run's table, the suite's table.
 
 Pure formatting: everything here takes the JSON-ready dicts that
-:mod:`ipuserve.client.stats` and :mod:`ipuserve.client.suite` build, so the
+:mod:`ipuserve.bench.stats` and :mod:`ipuserve.bench.suite` build, so the
 table and ``--json`` always show the same numbers.
 """
 
@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-from ipuserve.client.stats import SPLIT_PARTS, Recording
-from ipuserve.client.svgplot import COLOURS, Axis, Series, line_chart
+from ipuserve.bench.stats import SPLIT_PARTS, Recording
+from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
 
 #: how long requests may stay in flight after the window before bench says it waits
 DRAIN_NOTICE_S = 2.0

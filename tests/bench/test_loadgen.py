@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ipuserve.client.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
-from ipuserve.client.report import ProgressLine
-from ipuserve.client.stats import Recording, Sample, Timing, latency_us, split_us, summarize
+from ipuserve.bench.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
+from ipuserve.bench.report import ProgressLine
+from ipuserve.bench.stats import Recording, Sample, latency_us, split_us, summarize
+from ipuserve.client import Timing
 
 
 class Target:
@@ -168,3 +169,25 @@ def test_only_samples_inside_the_window_are_measured() -> None:
     for done in (50, 100, 150, 200, 250):
         recording.add(Sample(done_ns=done, latency_ns=10))
     assert [s.done_ns for s in recording.measured()] == [100, 150, 200]
+
+
+def test_ctrl_c_while_the_first_requests_leave_still_ends_in_a_report() -> None:
+    """A Ctrl-C that lands while the caller's thread is still sending the first requests
+    (after one has left) once escaped run_load as a bare KeyboardInterrupt: no report,
+    and no wait for the request in flight. The request is answered while the run drains
+    (from its progress call), so its completion cannot race the interrupt."""
+    in_flight: list[OnDone] = []
+
+    def submit(on_done: OnDone) -> None:
+        in_flight.append(on_done)
+        raise KeyboardInterrupt  # as the signal handler raises it, after the hand-over
+
+    def progress(recording: Recording, outstanding: int) -> None:
+        if recording.interrupted and in_flight:
+            in_flight.pop()(Outcome())
+
+    config = LoadConfig(in_flight=4, warmup_s=0, duration_s=60)
+    recording = run_load(submit, config, progress)
+    assert recording.interrupted
+    assert not in_flight  # answered: the run waited for the request in flight
+    assert len(recording.samples) == 1  # and it is recorded; no further request went

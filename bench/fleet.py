@@ -1,7 +1,7 @@
 """Processes the fabric suite starts on loopback, and the waits that make them usable.
 
 Every process is a plain command line (``python -m ipuserve broker``, ``python -m
-ipuserve worker``, ``python -m ipuserve.client.relay``): the client imports no
+ipuserve worker``, ``python -m ipuserve.bench.relay``): the bench imports no
 broker, worker or runtime code. Output goes to one log file per process in the
 suite's work directory, so a failure can point at it. :class:`Fleet` is a context
 manager that terminates (then kills) everything it started, whatever happens.

@@ -1,7 +1,7 @@
 """The configuration reference: every command's options and environment variables.
 
 Generated from the click commands themselves, so it cannot drift from the code.
-``python -m ipuserve.config_reference`` prints the Markdown that README.md
+``python -m ipuserve.face.config_reference`` prints the Markdown that README.md
 embeds between its ``<!-- config-reference -->`` markers; a test checks that the
 README holds exactly this text.
 """
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     """Print the reference, or with ``--write README.md`` splice it into that file."""
     import sys
 
-    from ipuserve.cli import main as root
+    from ipuserve.face.cli import main as root
 
     args = sys.argv[1:] if argv is None else argv
     reference = render(root)

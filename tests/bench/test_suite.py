@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ipuserve.cli import main
+from ipuserve.face.cli import main
 
 pytestmark = pytest.mark.slow
 

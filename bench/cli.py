@@ -11,10 +11,10 @@ requests in flight, or open loop at ``--rate`` requests/s). Given several values
 it sweeps them one after the other, like perf_analyzer's ``--concurrency-range``:
 one row per load level, and with ``--plot`` the latency/throughput curve as SVG.
 The last form starts everything itself on loopback and compares the fabric with the
-pyzmq relay baseline (:mod:`ipuserve.client.suite`).
+pyzmq relay baseline (:mod:`ipuserve.bench.suite`).
 
 Options that would be ignored are usage errors instead
-(:mod:`ipuserve.client.bench_options`). A run in which more requests failed than
+(:mod:`ipuserve.bench.options`). A run in which more requests failed than
 ``--max-error-pct`` allows (by default: any) prints its report, then exits 1 with the
 most common error's first message, so a script or CI job cannot take a run with
 failures for a clean one. Ctrl-C (or SIGTERM) reports what was measured and exits 130
@@ -34,13 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
-from ipuserve.client.bench import bench as run_bench
-from ipuserve.client.bench_options import check_load_options, refuse_load_options_with_suite
-from ipuserve.client.client import Client
-from ipuserve.client.loadgen import LoadConfig
-from ipuserve.client.report import (
+from ipuserve.bench.bench import bench as run_bench
+from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.options import check_load_options, refuse_load_options_with_suite
+from ipuserve.bench.report import (
     ProgressLine,
     first_errors,
     latency_throughput_svg,
@@ -48,6 +46,8 @@ from ipuserve.client.report import (
     suite_table,
     sweep_table,
 )
+from ipuserve.client.cli import parse_npy_inputs
+from ipuserve.client.client import Client
 from ipuserve.clikit import (
     Endpoint,
     ModelName,
@@ -56,8 +56,7 @@ from ipuserve.clikit import (
     option,
     writing,
 )
-from ipuserve.errors import ConfigError, IpuserveError, TensorError
-from ipuserve.npy_io import parse_input_spec, read_inputs
+from ipuserve.errors import IpuserveError
 
 
 def _positive_int(**kwargs: Any) -> Any:
@@ -82,24 +81,6 @@ class _Levels(click.ParamType):  # type: ignore[type-arg]
         if any(level <= 0 for level in levels):
             self.fail(f"{value!r}: every value must be > 0", param, ctx)
         return levels
-
-
-def parse_npy_inputs(
-    _ctx: Any, _param: Any, values: tuple[str, ...]
-) -> dict[str, np.ndarray[Any, Any]]:
-    """NAME=FILE.npy option values -> arrays (click callback for --input).
-
-    Read as ``ipuserve tools real-data`` reads them (:mod:`ipuserve.npy_io`):
-    plain ``.npy`` arrays only, never unpickling; an ``.npz``, a text file, a missing
-    file or a name given twice is a one-line usage error naming the file.
-    """
-    if not values:
-        return {}
-    try:
-        read = read_inputs(parse_input_spec(value) for value in values)
-    except (ConfigError, TensorError) as exc:
-        raise click.BadParameter(str(exc)) from None
-    return {name: item.array for name, item in read.items()}
 
 
 @click.command()
@@ -336,10 +317,13 @@ def _single(opts: dict[str, Any], loads: list[LoadConfig]) -> list[dict[str, Any
 
 
 def _suite(opts: dict[str, Any]) -> dict[str, Any]:
-    from ipuserve.client.suite import SuiteConfig, run_suite
+    from ipuserve.bench.suite import SuiteConfig, run_suite
 
     config = SuiteConfig(runs=opts["runs"], quick=opts["quick"], mlp_workers=opts["workers"])
     try:
         return run_suite(config, log=lambda line: click.echo(line, err=True))
     except IpuserveError as exc:
         raise click.ClickException(f"[{exc.code}] {exc}") from exc
+
+
+commands: list[click.Command] = [bench]

@@ -1,7 +1,8 @@
 """The ``ipuserve`` command: one click group; each component mounts its own commands.
 
 The components own their commands (``runtime/cli.py``, ``worker/cli.py``,
-``broker/cli.py``, ``client/cli.py``); this module only collects them.
+``broker/cli.py``, ``client/cli.py``, ``bench/cli.py``); this module only collects
+them, and adds ``ipuserve demo`` (:mod:`ipuserve.face.demo`), which uses several.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main(log_level: str) -> None:
 )
 def demo(requests: int, clients: int, in_flight: int, workdir: Path | None) -> None:
     """Run a broker and two workers locally, send traffic, check it, report, stop."""
-    from ipuserve.demo import DemoConfig, run_demo
+    from ipuserve.face.demo import DemoConfig, run_demo
 
     try:
         code = run_demo(
@@ -101,12 +102,19 @@ def demo(requests: int, clients: int, in_flight: int, workdir: Path | None) -> N
 
 
 def _mount() -> None:
+    from ipuserve.bench.cli import commands as bench_commands
     from ipuserve.broker.cli import commands as broker_commands
     from ipuserve.client.cli import commands as client_commands
     from ipuserve.runtime.cli import commands as runtime_commands
     from ipuserve.worker.cli import commands as worker_commands
 
-    for command in [*runtime_commands, *worker_commands, *broker_commands, *client_commands]:
+    for command in [
+        *runtime_commands,
+        *worker_commands,
+        *broker_commands,
+        *client_commands,
+        *bench_commands,
+    ]:
         main.add_command(command)
 
 

@@ -12,8 +12,8 @@ the client needs no table of outstanding requests.
 
 Run as processes::
 
-    python -m ipuserve.client.relay relay --frontend tcp://127.0.0.1:5600 --backend tcp://127.0.0.1:5601
-    python -m ipuserve.client.relay echo --backend tcp://127.0.0.1:5601
+    python -m ipuserve.bench.relay relay --frontend tcp://127.0.0.1:5600 --backend tcp://127.0.0.1:5601
+    python -m ipuserve.bench.relay echo --backend tcp://127.0.0.1:5601
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def _drive(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ipuserve.client.relay", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ipuserve.bench.relay", description=__doc__)
     sub = parser.add_subparsers(dest="role", required=True)
     relay = sub.add_parser("relay", help="one-thread ROUTER/ROUTER relay")
     relay.add_argument("--frontend", required=True)

@@ -1,0 +1,3 @@
+"""Fixtures shared by the bench tests."""
+
+from tests.helpers import processes  # noqa: F401  (a fixture)

@@ -1,0 +1,85 @@
+"""Dependencies point one way (DESIGN.md §1), read from the source's import statements.
+
+``runtime`` <- ``worker``; the common ground (``ipuserve/`` outside ``ipuserve/face/``)
+<- every component; ``client`` <- ``bench``; and only the face (CLI root, demo, config
+reference) imports components side by side. Every ``import`` and ``from ... import``
+counts, also those inside functions, which is where a lazy import would hide one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPONENTS = ("runtime", "worker", "broker", "client", "bench")
+#: the packages above the common ground: the components and the face that mounts them
+UPPER = (*COMPONENTS, "face")
+
+#: what each part of the source may import, of UPPER (its own package aside)
+ALLOWED: dict[str, frozenset[str]] = {
+    "common": frozenset(),
+    "runtime": frozenset(),
+    "worker": frozenset({"runtime"}),
+    "broker": frozenset(),
+    "client": frozenset(),
+    "bench": frozenset({"client"}),
+    "face": frozenset(COMPONENTS),
+    # `python -m ipuserve`: the entry point, nothing but the face's CLI
+    "main": frozenset({"face"}),
+}
+
+
+def part_of(path: Path) -> str:
+    """Which part of the layout a source file belongs to."""
+    top = path.relative_to(ROOT).parts[0]
+    if top in COMPONENTS:
+        return top
+    relative = path.relative_to(ROOT / "ipuserve")
+    if relative.parts[0] == "face":
+        return "face"
+    return "main" if relative == Path("__main__.py") else "common"
+
+
+def imported(path: Path) -> set[str]:
+    """The UPPER packages ``path`` imports (``ipuserve.X`` for X in UPPER)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; the layout check reads absolute"
+            module = node.module or ""
+            names += [module, *(f"{module}.{alias.name}" for alias in node.names)]
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        if len(parts) > 1 and parts[0] == "ipuserve" and parts[1] in UPPER:
+            found.add(parts[1])
+    return found
+
+
+def sources() -> list[Path]:
+    folders = [ROOT / "ipuserve", *(ROOT / name for name in COMPONENTS)]
+    return sorted(path for folder in folders for path in folder.rglob("*.py"))
+
+
+def test_the_parser_sees_the_imports_it_checks() -> None:
+    """Without this, a parser that found nothing would pass every check below."""
+    assert imported(ROOT / "ipuserve" / "face" / "cli.py") == {*COMPONENTS, "face"}
+    assert "runtime" in imported(ROOT / "worker" / "runner_backend.py")
+    assert "client" in imported(ROOT / "bench" / "cli.py")
+    assert {part_of(path) for path in sources()} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_module_imports_only_what_its_part_may(path: Path) -> None:
+    part = part_of(path)
+    forbidden = imported(path) - ALLOWED[part] - {part}
+    named = ", ".join(f"ipuserve.{name}" for name in sorted(forbidden))
+    assert not forbidden, (
+        f"{path.relative_to(ROOT)} ({part}) imports {named}; DESIGN.md §1: dependencies "
+        "point one way"
+    )
