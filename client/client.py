@@ -7,13 +7,14 @@
         future = client.infer_async("mlp", {"x": batch})      # concurrent.futures.Future
         print(future.result()["y"], future.timing)
 
-One client is meant to be shared by every thread of a process: callers never
-touch the socket; a single background I/O thread owns it (see
-:mod:`ipuserve.client.io_loop`). Results are read-only ``np.frombuffer`` views of
-the received frames (no copies); copy them to modify them. :meth:`Client.infer`
-sends its inputs without copies (it returns only when they are no longer needed);
-:meth:`Client.infer_async` copies them first, so the caller may reuse its arrays at
-once, unless given ``copy=False``.
+One client is meant to be shared by every thread of a process. A caller sends its
+request from its own thread when the socket is idle, else hands it to the
+client's background I/O thread, which receives every reply, keeps the deadlines
+and the broker's liveness, and re-sends (see :mod:`ipuserve.client.io_loop`).
+Results are read-only ``np.frombuffer`` views of the received frames (no copies);
+copy them to modify them. :meth:`Client.infer` sends its inputs without copies (it
+returns only when they are no longer needed); :meth:`Client.infer_async` copies
+them first, so the caller may reuse its arrays at once, unless given ``copy=False``.
 
 Futures complete on the I/O thread, so done-callbacks must be quick; a callback
 may call :meth:`Client.infer_async`, which then sends at once (this is how the
@@ -52,7 +53,9 @@ import numpy as np
 import zmq
 
 from ipuserve import protocol as wire
-from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop, connection_monitor
+from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.io_loop import IoLoop
+from ipuserve.client.liveness import connection_monitor
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
