@@ -62,6 +62,8 @@ class ClientStats:
     sending on the socket (read them from anywhere; they only grow)."""
 
     sent: int = 0
+    #: of those, sent from the caller's own thread (the socket was idle: no hand-off)
+    direct: int = 0
     #: of those, sent inside REQUESTS messages (several requests per message)
     batched: int = 0
     #: of those, sent as members of groups (one job for several requests)

@@ -195,6 +195,7 @@ class IoLoop:
         if self._unsent or not self._sendable(pending):
             return False
         self._register(pending)
+        self.stats.direct += 1
         self._send(pending)
         # the last operation on the socket before letting go (see the module docstring)
         if (

@@ -481,6 +481,30 @@ def test_no_reply_within_the_timeout_raises_deadline_exceeded(broker: FakeBroker
     assert broker.requests[0].timeout_ms is not None and broker.requests[0].timeout_ms <= 200
 
 
+def test_requests_sent_one_at_a_time_leave_from_the_callers_thread(client: Client) -> None:
+    given = inputs()
+    for _ in range(50):
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+    # each went from this thread unless the I/O thread was mid-turn (a PING, say)
+    assert client.stats.sent == 50 and client.stats.direct > 0
+
+
+def test_a_request_due_before_the_io_thread_looks_again_still_expires_on_time(
+    broker: FakeBroker,
+) -> None:
+    """Idle, the I/O thread sleeps up to a PING interval (here 30 s): a caller sending
+    a request due sooner must wake it, or the request expires only when the caller's
+    own wait gives up (its message then names no request id)."""
+    config = ClientConfig(ping_interval_s=30.0, liveness_s=60.0)
+    with Client(broker.address, timeout=10, config=config) as client:
+        given = inputs()
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+        broker.handler = lambda r: None
+        with pytest.raises(errors.DeadlineExceeded, match=r"within 0\.2 s \(request ") as raised:
+            client.infer("add", given, timeout=0.2)
+        assert client.stats.expired == 1, raised.value
+
+
 def test_a_cancelled_request_that_times_out_leaves_the_client_serving(
     broker: FakeBroker,
 ) -> None:
