@@ -196,7 +196,8 @@ class IoLoop:
             return False
         self._register(pending)
         self.stats.direct += 1
-        self._send(pending)
+        if not self.send_frames(pending.frames(time.perf_counter_ns())):
+            self._unsent[pending.request_id] = None
         # the last operation on the socket before letting go (see the module docstring)
         if (
             self._unsent
@@ -394,7 +395,7 @@ class IoLoop:
     def _plan(self) -> int:
         """The last operation on the socket before the lock is let go: wait only if
         nothing is ready (the descriptor signals only what comes after this)."""
-        ready = cast(int, self._sock.get(_EVENTS))
+        ready: int = self._sock.get(_EVENTS)  # type: ignore[assignment]
         if ready & _POLLIN or (self._unsent and ready & _POLLOUT):
             timeout_ms = 0
         else:

@@ -91,10 +91,15 @@ class Pending:
     #: past its deadline already once: waiting ClientConfig.deadline_grace_s for the
     #: broker's DEADLINE_EXCEEDED
     graced: bool = False
+    #: the request's tensor bytes (0 for a models() query): what the payload limit,
+    #: the hold until the first PONG and batching look at
+    payload_bytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None:
             self.deadline_ns = self.started_ns + int(self.timeout_s * 1e9)
+        if isinstance(self.message, wire.Request):
+            self.payload_bytes = self.message.tensors.nbytes
 
     def succeed(self, result: Any) -> None:
         """Settle the future, unless its caller cancelled it meanwhile."""
@@ -112,11 +117,6 @@ class Pending:
     @property
     def request_id(self) -> bytes:
         return self.message.request_id
-
-    @property
-    def payload_bytes(self) -> int:
-        message = self.message
-        return message.tensors.nbytes if isinstance(message, wire.Request) else 0
 
     def frames(self, now_ns: int) -> list[wire.Frame]:
         """The message to (re)send now, encoded."""
