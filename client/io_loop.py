@@ -36,6 +36,13 @@ pending the I/O thread looks again every ``ping_interval_s`` at the latest, so
 the first PING after an idle spell is at most one interval late and a caller need
 not wake it for that.
 
+Ctrl-C. On the main thread Python raises KeyboardInterrupt between bytecodes and
+right after each ZeroMQ call, so a caller's send can stop between the frames of a
+message; the frames queued would be glued to the next message. The caller's send
+then ends the message with an empty frame, which the broker refuses as malformed
+(:meth:`IoLoop._after_torn_send`). :meth:`Client.infer_async` on the main thread
+hands over instead of sending (see there).
+
 Replies stay on the I/O thread, which settles the futures: a caller waiting in
 :meth:`Client.infer` could receive its own reply (leader/follower), but then
 done-callbacks would run on callers' threads and every other waiter would depend
@@ -54,6 +61,7 @@ pending request at once with UnavailableError saying to connect to the frontend
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -155,9 +163,10 @@ class IoLoop:
 
     # ------------------------------------------------------------ any thread
 
-    def submit(self, pending: Pending) -> None:
+    def submit(self, pending: Pending, *, direct: bool = True) -> None:
         """Send a request now when the socket is idle (or on the I/O thread, at the end
-        of its turn); else hand it to the I/O thread. Never waits for the I/O thread."""
+        of its turn); else, or when not ``direct``, hand it to the I/O thread. Never
+        waits for the I/O thread."""
         if os.getpid() != self._pid:
             raise RuntimeUsageError(
                 "this Client was created in another process (this one was forked from "
@@ -170,7 +179,7 @@ class IoLoop:
                 self._register(pending)
                 self._outbox.add(pending)
             return
-        if self._sock_lock.acquire(blocking=False):
+        if direct and self._sock_lock.acquire(blocking=False):
             try:
                 if self._send_from_caller(pending):
                     return
@@ -194,18 +203,36 @@ class IoLoop:
                 return False  # those were handed over first
         if self._unsent or not self._sendable(pending):
             return False
-        self._register(pending)
-        self.stats.direct += 1
-        if not self.send_frames(pending.frames(time.perf_counter_ns())):
-            self._unsent[pending.request_id] = None
-        # the last operation on the socket before letting go (see the module docstring)
-        if (
-            self._unsent
-            or wire.readable(self._sock)
-            or (pending.deadline_ns is not None and pending.deadline_ns < self._wake_at_ns)
-        ):
-            self._waker.wake()
+        try:
+            self._register(pending)
+            self.stats.direct += 1
+            if not self.send_frames(pending.frames(time.perf_counter_ns())):
+                self._unsent[pending.request_id] = None
+            # the last operation on the socket before letting go (module docstring)
+            if (
+                self._unsent
+                or wire.readable(self._sock)
+                or (pending.deadline_ns is not None and pending.deadline_ns < self._wake_at_ns)
+            ):
+                self._waker.wake()
+        except BaseException as exc:
+            self._after_torn_send(pending, exc)
+            raise
         return True
+
+    def _after_torn_send(self, pending: Pending, exc: BaseException) -> None:
+        """Hold the socket lock. A caller's send ended by an exception: on the main
+        thread Ctrl-C's KeyboardInterrupt is raised between the frames of a message, or
+        right after one is queued, so the socket may hold a message cut short, to which
+        the next one would be glued. End it with an empty last frame: the broker refuses
+        what it ends (or, when nothing was cut, a stray empty message) with an error to
+        its id, which is dropped here. The request is forgotten (its caller never got
+        its future), and the I/O thread runs a turn, to miss no reply."""
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.send(b"", zmq.NOBLOCK)
+        if self._table.pop(pending.request_id) is pending:
+            pending.fail(exc)
+        self._waker.wake()
 
     def close(self) -> None:
         forked = os.getpid() != self._pid  # a child's copy: the socket and thread are
@@ -374,6 +401,7 @@ class IoLoop:
 
     def _turn(self, events: dict[Any, int]) -> None:
         """One turn, holding the socket lock."""
+        self._wake_at_ns = 0  # awake: it plans again before it waits (_end_turn)
         if self._waker.fileno() in events:
             self._take_inbox()
         self._receive()  # whatever woke us: a caller's send may have taken the signal
