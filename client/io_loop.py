@@ -5,18 +5,17 @@ The short path. A request leaves from its caller's thread when the socket is
 idle: no hand-off on the way out. ZeroMQ sockets are not thread-safe, but may be
 used from several threads with a full memory barrier between uses, so one lock,
 the *socket lock*, guards every operation on the socket and all the state the
-loop keeps about it (the pending table, the deadlines, the liveness, the counters,
-what waits to be sent). The I/O thread holds it for each whole turn of its loop
-and lets go of it only to wait in ``poll``; a caller takes it only if it is free
-(``acquire(blocking=False)``) and then sends a request that needs nothing from
-the loop: nothing in the inbox before it, nothing left unsent (HWM), not held for
-the broker's payload limit, not over it. Otherwise, or when the I/O thread is busy,
-the request goes through the inbox as before -- a deque plus a :class:`Waker`
-written only on the empty -> non-empty transition; the I/O thread clears the
-waker *before* swapping, so a wake-up is never lost -- and callers never wait for
-the I/O thread. Code running on the I/O thread (future callbacks) hands requests
-straight to the turn's :class:`~ipuserve.client.outbox.Outbox`, which batches
-them.
+loop keeps about it (pending table, deadlines, liveness, counters, what waits to
+be sent). The I/O thread holds it for each turn of its loop, letting go only to
+wait in ``poll`` and to settle futures (so the caller a reply wakes finds the
+socket free); a caller takes it only if it is free (``acquire(blocking=False)``),
+and sends a request that needs nothing from the loop: nothing in the inbox before
+it, nothing left unsent (HWM), not held for the broker's payload limit, not over
+it. Otherwise the request goes through the inbox -- a deque plus a :class:`Waker`
+written only on the empty -> non-empty transition, cleared by the I/O thread
+*before* it swaps the deque, so no wake-up is lost -- and callers never wait for
+the I/O thread. Future callbacks (on the I/O thread) hand requests to the turn's
+:class:`~ipuserve.client.outbox.Outbox`, which batches them.
 
 Why no reply goes missing. The I/O thread waits on the socket's ``zmq.FD``, not
 on the socket (``poll`` on the socket itself would be an operation on it, racing
@@ -45,18 +44,14 @@ hands over instead of sending (see there).
 
 Replies stay on the I/O thread, which settles the futures: a caller waiting in
 :meth:`Client.infer` could receive its own reply (leader/follower), but then
-done-callbacks would run on callers' threads and every other waiter would depend
-on that caller's progress; one hop back is kept for that simplicity.
+done-callbacks would run on callers' threads and every waiter would depend on
+another's progress; the one hop back is kept for that simplicity.
 
-Payload limit: PONG carries the broker's payload limit. A request above it fails
-here with PayloadTooLargeError instead of being sent; one too big to send safely
-before the limit is known (beyond ``protocol.FRAME_SLACK_BYTES``: the broker's
-ZeroMQ would drop the connection, and nobody could answer) waits for the first
-PONG. Liveness and re-sending follow :mod:`ipuserve.client.liveness`. A broker's
-backend (worker) port answers with worker-protocol messages: those fail every
-pending request at once with UnavailableError saying to connect to the frontend
-(:mod:`ipuserve.client.replies` settles the requests; batching is
-:mod:`ipuserve.client.outbox`'s).
+The payload limit (from PONG): a request above it fails with PayloadTooLargeError
+unsent; one beyond ``protocol.FRAME_SLACK_BYTES`` waits for the first PONG (the
+broker's ZeroMQ would drop the connection, and nobody could answer). Liveness and
+re-sending: :mod:`~ipuserve.client.liveness`; settling the requests (and a
+backend port's answers): :mod:`~ipuserve.client.replies`.
 """
 
 from __future__ import annotations
