@@ -399,11 +399,11 @@ class IoLoop:
         self._wake_at_ns = 0  # awake: it plans again before it waits (_end_turn)
         if self._waker.fileno() in events:
             self._take_inbox()
+        if self._monitor in events:  # first: a new connection's re-send precedes the
+            self._on_connection_events()  # PONG it brings, which then re-sends nothing
         self._receive()  # whatever woke us: a caller's send may have taken the signal
         if self._unsent:
             self._send_unsent()
-        if self._monitor in events:
-            self._on_connection_events()
         if not self._closed:
             self._tick()
             self._outbox.flush()
