@@ -9,7 +9,7 @@ Example::
 """
 
 from ipuserve.client.client import Client
-from ipuserve.client.io_loop import ClientConfig, ClientStats
+from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.pending import InferFuture
 from ipuserve.client.timing import Timing
 

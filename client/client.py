@@ -7,13 +7,14 @@
         future = client.infer_async("mlp", {"x": batch})      # concurrent.futures.Future
         print(future.result()["y"], future.timing)
 
-One client is meant to be shared by every thread of a process: callers never
-touch the socket; a single background I/O thread owns it (see
-:mod:`ipuserve.client.io_loop`). Results are read-only ``np.frombuffer`` views of
-the received frames (no copies); copy them to modify them. :meth:`Client.infer`
-sends its inputs without copies (it returns only when they are no longer needed);
-:meth:`Client.infer_async` copies them first, so the caller may reuse its arrays at
-once, unless given ``copy=False``.
+One client is meant to be shared by every thread of a process. A caller sends its
+request from its own thread when the socket is idle, else hands it to the
+client's background I/O thread, which receives every reply, keeps the deadlines
+and the broker's liveness, and re-sends (see :mod:`ipuserve.client.io_loop`).
+Results are read-only ``np.frombuffer`` views of the received frames (no copies);
+copy them to modify them. :meth:`Client.infer` sends its inputs without copies (it
+returns only when they are no longer needed); :meth:`Client.infer_async` copies
+them first, so the caller may reuse its arrays at once, unless given ``copy=False``.
 
 Futures complete on the I/O thread, so done-callbacks must be quick; a callback
 may call :meth:`Client.infer_async`, which then sends at once (this is how the
@@ -52,7 +53,9 @@ import numpy as np
 import zmq
 
 from ipuserve import protocol as wire
-from ipuserve.client.io_loop import ClientConfig, ClientStats, IoLoop, connection_monitor
+from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.io_loop import IoLoop
+from ipuserve.client.liveness import connection_monitor
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
@@ -150,10 +153,28 @@ class Client:
         None); :class:`InvalidInputError` for a model or input name that is not a
         string of 1..256 characters, or ``inputs`` that are not a mapping of name ->
         ``numpy.ndarray`` or hold a dtype the wire does not carry.
+
+        On the main thread the request is handed to the I/O thread rather than sent
+        from here: Python raises Ctrl-C's KeyboardInterrupt there, and it must not
+        land in a call meant to return at once after its request has left (a load
+        generator would take it for a refusal and lose track of the request).
         """
+        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        direct = threading.current_thread() is not threading.main_thread()
+        return self._request(model, inputs, timeout, copy=copy, direct=direct)
+
+    def _request(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        timeout: float | None,
+        *,
+        copy: bool,
+        direct: bool,
+    ) -> InferFuture:
+        """Build and submit one request; ``direct``: it may leave from this thread."""
         _check_model(model)
         _check_inputs(inputs)
-        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
         request_id = next(self._ids).to_bytes(8, "little")
         if copy:
             inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
@@ -161,7 +182,7 @@ class Client:
         timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
         message = wire.Request(request_id, model, tensors, timeout_ms)
         future = InferFuture(request_id, self._io.thread, owner=self)
-        self._io.submit(Pending(message, future, timeout, parse_reply))
+        self._io.submit(Pending(message, future, timeout, parse_reply), direct=direct)
         return future
 
     def infer(
@@ -173,7 +194,7 @@ class Client:
         inputs are sent without a copy: they must not change while this runs."""
         timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
-        future = self.infer_async(model, inputs, timeout=timeout, copy=False)
+        future = self._request(model, inputs, timeout, copy=False, direct=True)
         return _wait(future, timeout, self._io)
 
     def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:

@@ -1,18 +1,20 @@
 """The client's view of one outstanding request: its future, its message, its deadline.
 
-Owned by the client's I/O thread once handed over; callers only ever see the
-:class:`InferFuture`. The request *message* (not its frames) is kept until the
-reply so it can be re-sent after a broker restart with the same id and with the
-time it has left as its timeout.
+Owned by the client's I/O loop once handed over (its :class:`PendingTable`, guarded
+by the socket lock); callers only ever see the :class:`InferFuture`. The request
+*message* (not its frames) is kept until the reply so it can be re-sent after a
+broker restart with the same id and with the time it has left as its timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
+import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +78,7 @@ Message = wire.Request | wire.ListModels
 
 @dataclass(slots=True)
 class Pending:
-    """One request between hand-over and reply; only the I/O thread touches it."""
+    """One request between hand-over and reply; touched only under the socket lock."""
 
     message: Message
     future: Future[Any]
@@ -89,10 +91,15 @@ class Pending:
     #: past its deadline already once: waiting ClientConfig.deadline_grace_s for the
     #: broker's DEADLINE_EXCEEDED
     graced: bool = False
+    #: the request's tensor bytes (0 for a models() query): what the payload limit,
+    #: the hold until the first PONG and batching look at
+    payload_bytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None:
             self.deadline_ns = self.started_ns + int(self.timeout_s * 1e9)
+        if isinstance(self.message, wire.Request):
+            self.payload_bytes = self.message.tensors.nbytes
 
     def succeed(self, result: Any) -> None:
         """Settle the future, unless its caller cancelled it meanwhile."""
@@ -110,11 +117,6 @@ class Pending:
     @property
     def request_id(self) -> bytes:
         return self.message.request_id
-
-    @property
-    def payload_bytes(self) -> int:
-        message = self.message
-        return message.tensors.nbytes if isinstance(message, wire.Request) else 0
 
     def frames(self, now_ns: int) -> list[wire.Frame]:
         """The message to (re)send now, encoded."""
@@ -154,6 +156,83 @@ def timing_of(reported: Mapping[str, float], started_ns: int) -> Timing:
         device_us=reported.get("device_us", 0.0),
         worker_us=reported.get("worker_us", 0.0),
     )
+
+
+#: The deadline heap is rebuilt without answered requests past this size (and 4x pending).
+_COMPACT_AT = 1024
+
+
+class PendingTable:
+    """The requests sent and not answered yet, by id, and their deadlines (a heap).
+
+    Every request leaves the table once: answered, failed, expired, or taken when
+    the client closes; that is what makes its future settle exactly once.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[bytes, Pending] = {}
+        #: (deadline_ns, seq, request id); answered requests' entries stay until their
+        #: deadline or the next compaction
+        self.deadlines: list[tuple[int, int, bytes]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: bytes) -> bool:
+        return request_id in self._by_id
+
+    def get(self, request_id: bytes) -> Pending | None:
+        return self._by_id.get(request_id)
+
+    def ids(self) -> list[bytes]:
+        return list(self._by_id)
+
+    def values(self) -> list[Pending]:
+        return list(self._by_id.values())
+
+    def add(self, pending: Pending) -> None:
+        self._by_id[pending.request_id] = pending
+        if pending.deadline_ns is not None:
+            self._push(pending.deadline_ns, pending.request_id)
+            if len(self.deadlines) > max(_COMPACT_AT, 4 * len(self._by_id)):
+                self._compact()
+
+    def pop(self, request_id: bytes) -> Pending | None:
+        return self._by_id.pop(request_id, None)
+
+    def take_all(self) -> list[Pending]:
+        taken = list(self._by_id.values())
+        self._by_id.clear()
+        return taken
+
+    def next_deadline_ns(self) -> int | None:
+        return self.deadlines[0][0] if self.deadlines else None
+
+    def expired(self, now_ns: int, grace_ns: int | None) -> Iterator[Pending]:
+        """Take out the requests whose deadline passed. With ``grace_ns``, one past its
+        deadline for the first time stays that much longer instead (the broker's own
+        DEADLINE_EXCEEDED, which says where it waited, is then on its way)."""
+        while self.deadlines and self.deadlines[0][0] <= now_ns:
+            _, _, request_id = heapq.heappop(self.deadlines)
+            pending = self._by_id.get(request_id)
+            if pending is None or pending.deadline_ns is None or pending.deadline_ns > now_ns:
+                continue
+            if grace_ns is not None and not pending.graced:
+                pending.graced = True
+                self._push(pending.deadline_ns + grace_ns, request_id)
+                continue
+            del self._by_id[request_id]
+            yield pending
+
+    def _push(self, deadline_ns: int, request_id: bytes) -> None:
+        heapq.heappush(self.deadlines, (deadline_ns, next(self._seq), request_id))
+
+    def _compact(self) -> None:
+        """Drop the entries of requests answered since: each stays in the heap until its
+        deadline otherwise, so with long timeouts the heap grew with every request."""
+        self.deadlines = [entry for entry in self.deadlines if entry[2] in self._by_id]
+        heapq.heapify(self.deadlines)
 
 
 #: which reply command answers which request

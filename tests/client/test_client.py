@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 
 from ipuserve import errors
 from ipuserve import protocol as wire
@@ -479,6 +480,62 @@ def test_no_reply_within_the_timeout_raises_deadline_exceeded(broker: FakeBroker
         assert isinstance(raised.value, TimeoutError)  # one except for both kinds of "too slow"
         assert client.stats.expired == 1
     assert broker.requests[0].timeout_ms is not None and broker.requests[0].timeout_ms <= 200
+
+
+def test_requests_sent_one_at_a_time_leave_from_the_callers_thread(client: Client) -> None:
+    given = inputs()
+    for _ in range(50):
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+    # each went from this thread unless the I/O thread was mid-turn (a PING, say)
+    assert client.stats.sent == 50 and client.stats.direct > 0
+
+
+def test_a_request_due_before_the_io_thread_looks_again_still_expires_on_time(
+    broker: FakeBroker,
+) -> None:
+    """Idle, the I/O thread sleeps up to a PING interval (here 30 s): a caller sending
+    a request due sooner must wake it, or the request expires only when the caller's
+    own wait gives up (its message then names no request id)."""
+    config = ClientConfig(ping_interval_s=30.0, liveness_s=60.0)
+    with Client(broker.address, timeout=10, config=config) as client:
+        given = inputs()
+        np.testing.assert_array_equal(client.infer("add", given)["y"], expected(given))
+        broker.handler = lambda r: None
+        with pytest.raises(errors.DeadlineExceeded, match=r"within 0\.2 s \(request ") as raised:
+            client.infer("add", given, timeout=0.2)
+        assert client.stats.expired == 1, raised.value
+
+
+def test_ctrl_c_in_the_middle_of_a_callers_send_leaves_no_message_cut_short(
+    client: Client, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the main thread a signal handler's KeyboardInterrupt can land between the
+    frames of a message the caller sends itself: the frames already queued must not
+    be glued to the next message (that one then went unanswered)."""
+    send_frames = IoLoop.send_frames
+
+    def cut_short(self: IoLoop, frames: list[wire.Frame]) -> bool:
+        if len(frames) < 3 or threading.current_thread() is not threading.main_thread():
+            return send_frames(self, frames)  # a PING, or the I/O thread sending
+        monkeypatch.setattr(IoLoop, "send_frames", send_frames)  # once
+        for frame in frames[:-1]:
+            self._sock.send(frame, zmq.SNDMORE)
+        raise KeyboardInterrupt  # as if Ctrl-C came before the last frame
+
+    client.models()  # connected: requests may leave from this thread
+    monkeypatch.setattr(IoLoop, "send_frames", cut_short)
+    answered = 0
+    while answered < 100:  # until one leaves from this thread, not the I/O thread's
+        try:
+            client.infer("add", inputs(1))
+        except KeyboardInterrupt:
+            break
+        answered += 1
+    else:
+        pytest.fail("no request left from the caller's thread")
+    given = inputs(2)
+    np.testing.assert_array_equal(client.infer("add", given, timeout=10)["y"], expected(given))
+    assert len(broker.requests) == answered + 1  # the cut one never parsed as a request
 
 
 def test_a_cancelled_request_that_times_out_leaves_the_client_serving(

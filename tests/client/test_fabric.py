@@ -84,6 +84,40 @@ def test_threads_share_one_client_against_a_real_broker(client: Client) -> None:
     assert wrong == []
 
 
+def test_requests_sent_from_many_threads_each_get_their_one_reply(served: BrokerProc) -> None:
+    """8 threads x 500 requests through one client, most sent from the callers' own
+    threads (the short path), the rest handed to the I/O thread: each result is the
+    numpy one for its own inputs, and each future settles once. The PING interval is
+    long, so a reply the I/O thread missed would not be picked up by a periodic turn
+    before ``result`` gives up."""
+    threads, per_thread = 8, 500
+    config = ClientConfig(ping_interval_s=30.0, liveness_s=60.0)
+    settled: Counter[int] = Counter()
+    wrong: list[int] = []
+
+    def caller(client: Client, seed: int) -> None:
+        for i in range(per_thread):
+            key = seed * per_thread + i
+            given = add_inputs(rows=1 + i % 3, seed=key)
+            future = client.infer_async("add", given, copy=False)
+            future.add_done_callback(lambda _f, key=key: settled.update([key]))
+            if not np.allclose(future.result(20)["z"], add_expected(given), rtol=1e-6):
+                wrong.append(key)
+
+    with Client(served.frontend, timeout=120, config=config) as client:
+        workers = [threading.Thread(target=caller, args=(client, s)) for s in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        stats = client.stats
+    total = threads * per_thread
+    assert wrong == []
+    assert len(settled) == total and set(settled.values()) == {1}
+    assert (stats.sent, stats.replies, stats.expired) == (total, total, 0)
+    assert 0 < stats.direct <= total  # the short path was taken
+
+
 def test_models_lists_the_workers(client: Client) -> None:
     listed = {info.spec.name: info for info in client.models()}
     assert set(listed) == {"add", "fail"}

@@ -1,0 +1,204 @@
+"""The broker's liveness as one client sees it: when to PING, when a silence or a
+new connection or a new epoch means the pending requests must go again, and what
+to tell a caller about an endpoint that never answered.
+
+Decisions only: :class:`Liveness` touches no socket. The I/O loop tells it what
+happened (a message heard, a PONG, a connection event, a turn of the loop) and
+does what it answers (send a PING, re-send everything pending, send what was held
+for the broker's payload limit). Its state is guarded by the client's socket lock,
+like the rest of the loop's.
+
+The rules: a PING goes out at connect and every ``ping_interval_s`` while requests
+are pending; PONG carries the broker's epoch. A new epoch (the broker restarted and
+lost its queue), a new connection, or silence past ``liveness_s`` re-sends every
+pending request with its original id; the broker drops duplicates it still holds,
+and replies for ids no longer pending are dropped and counted. Until anything at
+all has arrived (a PONG answers the PING sent at connect), the warning about
+silence and every DEADLINE_EXCEEDED say that nothing has answered at the endpoint
+since the client started: the usual cause is a wrong endpoint or port or no broker
+at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.client.config import ClientConfig, ClientStats
+
+log = logging.getLogger(__name__)
+
+
+def connection_monitor(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+    """The events of ``sock``'s connections the I/O loop acts on; attach before connect()."""
+    return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+
+
+class Liveness:
+    """What the client knows of its broker's health, and what it should do about it."""
+
+    def __init__(self, config: ClientConfig, endpoint: str, suspect_after_s: float) -> None:
+        """``suspect_after_s``: silence since the start after which "is the broker
+        running?" is a fair question (a PONG on a working connection takes ms)."""
+        self._config = config
+        self._endpoint = endpoint
+        self._suspect_after_s = suspect_after_s
+        self.connected = False
+        self._ever_connected = False
+        #: pending requests went to the new connection since the last PONG: a new
+        #: epoch in that PONG needs no second re-send
+        self._resent_on_reconnect = False
+        self.last_heard = time.monotonic()
+        #: anything at all arrived from the socket since the client started
+        self.heard_anything = False
+        #: pending requests were re-sent in the current silence (once is enough)
+        self._resent_in_silence = False
+        self._hinted = False
+        #: the peer spoke the worker protocol: this is a broker's backend port
+        self.backend_port = False
+        #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
+        self.broker_shut_down = False
+        self._next_ping = 0.0
+        self._born = time.monotonic()
+
+    # ------------------------------------------------------------ events
+
+    def heard(self, now: float) -> None:
+        """A message arrived: the broker is alive, whatever it said."""
+        self.last_heard = now
+        self.heard_anything = True
+        self._resent_in_silence = False
+
+    def pinged(self, now: float) -> None:
+        self._next_ping = now + self._config.ping_interval_s
+
+    def ping_due(self, now: float) -> bool:
+        return now >= self._next_ping
+
+    def seconds_to_ping(self, now: float) -> float:
+        return self._next_ping - now
+
+    def woken(self, now: float) -> bool:
+        """Busy again after idling: silence while idle means nothing; True: PING now.
+
+        Not a PING per request: with one request at a time the pending table empties
+        after every reply, and a PING each time would double the broker's work.
+        """
+        if not self.ping_due(now):
+            return False
+        self.last_heard = now
+        self._resent_in_silence = False
+        return True
+
+    def on_pong(self, pong: wire.Pong, stats: ClientStats, pending: int) -> bool:
+        """A broker answers; True: re-send every pending request (a new epoch that no
+        reconnection has re-sent to yet), else send what was held for its limit."""
+        self.broker_shut_down = False  # a broker answers again
+        self.connected = True  # (its handshake event may still wait in the monitor)
+        known = stats.epoch
+        stats.epoch = pong.epoch
+        stats.max_payload_bytes = pong.max_payload_bytes
+        resent, self._resent_on_reconnect = self._resent_on_reconnect, False
+        if known is None or known == pong.epoch:
+            return False
+        stats.epoch_changes += 1
+        if resent:  # the reconnection re-sent them, all but those held
+            log.warning("broker restarted (epoch %s -> %s)", known, pong.epoch)
+            return False
+        log.warning("broker restarted (epoch %s -> %s); re-sending %d", known, pong.epoch, pending)
+        return True
+
+    def on_connection_event(self, event: int, stats: ClientStats, pending: int) -> bool:
+        """A connection came or went; True: reconnected, PING and re-send what is pending.
+
+        A new connection means replies sent meanwhile were lost (the broker drops what
+        it cannot deliver, and a client it could not reach loses its queue after a
+        while). What went out on the lost connection may be lost with it; what was sent
+        since waited in the socket's pipe and goes out now by itself, once more with
+        this re-send.
+        """
+        if event == zmq.EVENT_DISCONNECTED:
+            self.connected = False
+            return False
+        self.connected = True  # EVENT_HANDSHAKE_SUCCEEDED
+        if not self._ever_connected:
+            self._ever_connected = True
+            return False
+        stats.reconnects += 1
+        # The peer may be another broker, with a smaller payload limit: until its PONG
+        # hold what could exceed it, as before the first PONG. A frame beyond that
+        # broker's limit + slack makes ZeroMQ drop the connection; re-sent on each
+        # reconnection under the old limit, it once made hundreds of them a minute.
+        stats.max_payload_bytes = None
+        if pending:
+            log.info("reconnected to the broker; re-sending %d", pending)
+            self._resent_on_reconnect = True
+        return True
+
+    def silence(self, now: float, pending: int) -> bool:
+        """Called each turn while requests are pending; True: re-send them all.
+
+        Once per silence, and only over a connection: ZeroMQ keeps what is sent while
+        the broker is away and delivers it all when one is back, so a re-send every
+        liveness window multiplied the work of a broker coming back (a chaos review:
+        3000 runs for 1000 requests after 20 s away). Reconnecting re-sends.
+        """
+        silent_s = now - self.last_heard
+        if silent_s <= self._config.liveness_s or self._resent_in_silence:
+            return False
+        self._resent_in_silence = True
+        if not self.connected:
+            log.warning(
+                "broker silent for %.1f s, not connected; %d pending go again once it is%s",
+                silent_s,
+                pending,
+                self._first_silence_hint(),
+            )
+            return False
+        # connected, yet silent: a hung broker may have lost them
+        log.warning(
+            "broker silent for %.1f s; re-sending %d%s",
+            silent_s,
+            pending,
+            self._first_silence_hint(),
+        )
+        return True
+
+    # ------------------------------------------------------------ questions
+
+    def broker_answers(self) -> bool:
+        """The broker spoke lately: its own answer to an expired request is on the way."""
+        return (
+            self._config.deadline_grace_s > 0
+            and self.heard_anything
+            and not self.backend_port
+            and time.monotonic() - self.last_heard < self._config.liveness_s
+        )
+
+    def silence_hint(self) -> str:
+        """``": nothing has answered at ENDPOINT ..."`` while nothing ever has (and what is
+        wrong when the backend port answered), else ``""``."""
+        where = self._endpoint or "the endpoint"
+        if self.broker_shut_down:
+            return f": the broker at {where} shut down and no broker has answered since"
+        if self.backend_port:
+            return (
+                f": {where} answers as a broker's backend (worker) port; clients connect to "
+                "its frontend (client) port"
+            )
+        if self.heard_anything or time.monotonic() - self._born < self._suspect_after_s:
+            return ""  # too soon to blame the endpoint (a timeout of 0.1 ms once did)
+        return (
+            f": nothing has answered at {where} since the client started; is the broker "
+            "running, and is this its frontend (client) port?"
+        )
+
+    def _first_silence_hint(self) -> str:
+        """The hint, once: later warnings repeat only the figures."""
+        hint = "" if self._hinted else self.silence_hint()
+        self._hinted = self._hinted or bool(hint)
+        return hint

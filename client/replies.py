@@ -1,0 +1,152 @@
+"""Replies: what the broker sends settles the pending requests, each exactly once.
+
+Every message from the socket goes through :meth:`Replies.on_frames` on the I/O
+thread, under the socket lock: a reply, a group's replies, an error reply, or a
+message this client cannot read finds its request in the :class:`PendingTable`
+and takes it out; one whose request is no longer there (answered already,
+expired, a duplicate after a re-send) is dropped and counted. Nothing here sends.
+
+Futures settle later, in :meth:`Replies.settle_due`, which the I/O thread calls
+with the socket lock let go: a caller woken by its result then finds the socket
+free and sends its next request itself, and done-callbacks never run under the
+lock (one that sends takes it like any caller).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.client.config import ClientStats
+from ipuserve.client.liveness import Liveness
+from ipuserve.client.pending import EXPECTS, Pending, PendingTable
+from ipuserve.errors import BrokerShutdownError, IpuserveError, ProtocolError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+#: what a broker's backend sends its workers: a client that receives one has been
+#: pointed at the backend (worker) port
+_TO_WORKERS = frozenset(
+    {wire.Command.WELCOME, wire.Command.JOBS, wire.Command.HEARTBEAT, wire.Command.RECONNECT}
+)
+
+
+class Replies:
+    """Settles the table's requests from the broker's messages; PONG goes to ``on_pong``."""
+
+    def __init__(
+        self,
+        table: PendingTable,
+        stats: ClientStats,
+        liveness: Liveness,
+        on_pong: Callable[[wire.Pong], None],
+    ) -> None:
+        self._table = table
+        self._stats = stats
+        self._liveness = liveness
+        self._on_pong = on_pong
+        #: out of the table, to settle once the socket lock is let go (in order); each
+        #: leaves only once settled, so close() can fail what a blocked callback strands
+        self.due: deque[tuple[Pending, Callable[[Pending], None]]] = deque()
+
+    def on_frames(self, frames: list[zmq.Frame]) -> None:
+        try:
+            self._dispatch(frames)
+        except Exception as exc:  # one reply this client cannot handle: never the loop
+            log.exception("cannot handle a message from the broker")
+            self._on_malformed(frames, ProtocolError(f"unreadable reply ({exc!r})"))
+
+    def _dispatch(self, frames: list[zmq.Frame]) -> None:
+        try:
+            message = wire.decode(frames)
+        except IpuserveError as exc:
+            self._on_malformed(frames, exc)
+            return
+        if isinstance(message, wire.Pong):
+            self._on_pong(message)
+        elif isinstance(message, wire.ErrorReply):
+            self._on_error(message)
+        elif isinstance(message, wire.Reply | wire.ModelsReply):
+            self._on_answer(message)
+        elif isinstance(message, wire.Replies):
+            for row in message.replies:
+                for reply in row.members():
+                    self._on_answer(reply)
+            for error in message.errors:
+                self._on_error(error)
+        elif message.COMMAND in _TO_WORKERS:
+            self._on_backend_port()
+        else:
+            self._on_malformed(
+                frames, ProtocolError(f"a client never expects {message.COMMAND.name}")
+            )
+
+    def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
+        """Fail the request with the error its peer reported, except that a broker's
+        BROKER_SHUTDOWN keeps it pending: a restarted broker gets it again (new epoch,
+        or silence, re-send everything pending), and its deadline still applies."""
+        request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
+        if error.code == BrokerShutdownError.code and request_id in self._table:
+            self._liveness.broker_shut_down = True
+            self._stats.held_over_shutdown += 1
+            return
+        exception = error.exception()
+        self.finish(request_id, lambda p: p.fail(exception))
+
+    def _on_backend_port(self) -> None:
+        """Pointed at a broker's backend: nothing sent there will ever be answered."""
+        self._liveness.backend_port = True
+        error = UnavailableError(self._liveness.silence_hint().removeprefix(": "))
+        for request_id in self._table.ids():
+            self.finish(request_id, lambda p: p.fail(error))
+
+    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
+        pending = self._table.get(message.request_id)
+        if pending is not None and EXPECTS[type(pending.message)] is not type(message):
+            error = ProtocolError(f"{message.COMMAND.name} does not answer this request")
+            self.finish(message.request_id, lambda p: p.fail(error))
+            return
+        self.finish(message.request_id, lambda p: _resolve(p, message))
+
+    def _on_malformed(self, frames: list[zmq.Frame], error: IpuserveError) -> None:
+        """A reply we cannot read fails its request (when its id is readable), never the loop."""
+        self._stats.malformed += 1
+        log.warning("malformed message from the broker: %s", error)
+        for request_id in wire.peek_ids(frames) or [wire.peek_id(frames)]:
+            if request_id in self._table:
+                self.finish(request_id, lambda p: p.fail(error))
+
+    def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
+        """Take the request out of the table; ``settle`` settles it in :meth:`settle_due`."""
+        pending = self._table.pop(request_id)
+        if pending is None:
+            self._stats.dropped_replies += 1
+            return
+        self._stats.replies += 1
+        self.due.append((pending, settle))
+
+    def settle_due(self) -> None:
+        """Settle what :meth:`finish` took out, in order; without the socket lock."""
+        due = self.due
+        while due:
+            pending, settle = due[0]
+            if not pending.future.done():
+                try:
+                    settle(pending)  # runs the future's callbacks on this thread
+                except Exception as exc:  # e.g. numpy cannot view the reply's tensors
+                    log.exception("cannot hand request %s its reply", pending.request_id.hex())
+                    pending.fail(ProtocolError(f"unreadable reply ({exc!r})"))
+            due.popleft()
+
+
+def _resolve(pending: Pending, message: wire.Message) -> None:
+    try:
+        result = pending.parse(message, pending)
+    except IpuserveError as exc:
+        pending.fail(exc)
+    else:
+        pending.succeed(result)
