@@ -109,5 +109,8 @@ def _mount() -> None:
     for command in [*runtime_commands, *worker_commands, *broker_commands, *client_commands]:
         main.add_command(command)
 
+    from ipuserve.security.cli import keys_group  # `ipuserve keys` (issue 16)
+    main.add_command(keys_group)
+
 
 _mount()
