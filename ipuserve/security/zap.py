@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve.errors import ConfigError
 from ipuserve.security.allowlists import DOMAIN_ROLES, AllowLists, Role
@@ -40,6 +41,15 @@ ZAP_VERSION = b"1.0"
 #: distinct refused peers logged by name; past this, refusals are only counted, so a
 #: peer that makes up a new key per attempt cannot fill the log or the memory
 MAX_LOGGED_PEERS = 1024
+#: handshake failures that never reach ZAP (those that do are counted as they are judged)
+FAILED_BEFORE_ZAP = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_HANDSHAKE_FAILURES: dict[int, str] = {
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "with another security mechanism "
+    "(no CURVE on a CURVE socket, or CURVE on a keyless one)",
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "whose CURVE handshake failed "
+    "(a wrong broker public key?)",
+    zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE: "whose CURVE key exchange failed",
+}
 
 
 class ZapHandler:
@@ -64,13 +74,15 @@ class ZapHandler:
         )
         self._lists = lists
         self._lock = threading.Lock()
+        self._counted = threading.Condition(self._lock)  # notified on every refusal
         self._refused: dict[str, int] = dict.fromkeys(DOMAIN_ROLES, 0)
         self._admitted: dict[str, int] = {role.value: 0 for role in Role}
         self._logged: set[str] = set()
         self._unnamed = False  # MAX_LOGGED_PEERS reached: refusals only counted
         self._thread: threading.Thread | None = None
-        self._stop_endpoint = f"inproc://ipuserve.zap-stop.{id(self)}"
-        self._stopper: zmq.Socket[bytes] | None = None
+        self._control_endpoint = f"inproc://ipuserve.zap-control.{id(self)}"
+        self._control: zmq.Socket[bytes] | None = None
+        self._watched = 0  # monitor endpoints handed out by watch()
 
     @classmethod
     def from_dirs(
@@ -108,10 +120,10 @@ class ZapHandler:
             zap.close()
             raise ConfigError(f"this context already has a ZAP handler: {exc}") from exc
         control = self.context.socket(zmq.PAIR)
-        control.bind(self._stop_endpoint)
-        self._stopper = self.context.socket(zmq.PAIR)
-        self._stopper.linger = 0
-        self._stopper.connect(self._stop_endpoint)
+        control.bind(self._control_endpoint)
+        self._control = self.context.socket(zmq.PAIR)
+        self._control.linger = 0
+        self._control.connect(self._control_endpoint)
         self._thread = threading.Thread(
             target=self._serve, args=(zap, control), name="ipuserve-zap", daemon=True
         )
@@ -121,14 +133,34 @@ class ZapHandler:
         else:
             log.info("%s", self.startup_line())
 
+    def watch(self, sock: zmq.Socket[bytes], domain: str) -> None:
+        """Also count handshakes on ``sock`` that fail before ZAP is asked: a peer
+        without CURVE on a CURVE socket (mechanism mismatch), one with a wrong broker
+        key, a ZMTP error. They are refused peers too, but no ZAP request tells of
+        them, so the ZAP thread reads ``sock``'s monitor. Call after :meth:`start`,
+        before ``sock`` binds; it returns once the thread listens."""
+        if self._control is None:
+            raise ConfigError("start the ZapHandler before watching a socket")
+        self._watched += 1
+        endpoint = f"inproc://ipuserve.zap-watch.{id(self)}.{self._watched}"
+        sock.monitor(endpoint, FAILED_BEFORE_ZAP)
+        self._control.send_multipart([b"WATCH", endpoint.encode(), domain.encode()])
+        self._control.recv()  # the thread's monitor is connected: no event is lost
+
+    def wait_refused(self, domain: str, count: int, timeout: float) -> bool:
+        """Whether ``domain`` has refused ``count`` handshakes within ``timeout``
+        seconds: for tests and probes, which must not poll the counter in a loop."""
+        with self._counted:
+            return self._counted.wait_for(lambda: self._refused.get(domain, 0) >= count, timeout)
+
     def stop(self) -> None:
         """End the thread and close its sockets (idempotent)."""
-        if self._stopper is None or self._thread is None:
+        if self._control is None or self._thread is None:
             return
-        self._stopper.send(b"STOP")
+        self._control.send(b"STOP")
         self._thread.join()
-        self._stopper.close()
-        self._stopper = None
+        self._control.close()
+        self._control = None
         self._thread = None
 
     def __enter__(self) -> ZapHandler:
@@ -184,16 +216,42 @@ class ZapHandler:
         poller = zmq.Poller()
         poller.register(zap, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
+        monitors: dict[zmq.Socket[bytes], str] = {}
         try:
             while True:
                 ready = dict(poller.poll())
                 if control in ready:
-                    return
+                    command = control.recv_multipart()
+                    if command[0] == b"STOP":
+                        return
+                    monitors[self._monitor(poller, command[1])] = command[2].decode()
+                    control.send(b"OK")
                 if zap in ready:
                     zap.send_multipart(self._answer(zap.recv_multipart()))
+                for monitor in [m for m in monitors if m in ready]:
+                    if not self._on_monitor_event(monitor, monitors[monitor]):
+                        poller.unregister(monitor)
+                        del monitors[monitor]
+                        monitor.close(linger=0)
         finally:
-            zap.close(linger=0)
-            control.close(linger=0)
+            for sock in (zap, control, *monitors):
+                sock.close(linger=0)
+
+    def _monitor(self, poller: zmq.Poller, endpoint: bytes) -> zmq.Socket[bytes]:
+        monitor = self.context.socket(zmq.PAIR)
+        monitor.linger = 0
+        monitor.connect(endpoint.decode())
+        poller.register(monitor, zmq.POLLIN)
+        return monitor
+
+    def _on_monitor_event(self, monitor: zmq.Socket[bytes], domain: str) -> bool:
+        """Count a handshake that failed before ZAP; False once the socket is gone."""
+        event = recv_monitor_message(monitor)
+        if event["event"] == zmq.EVENT_MONITOR_STOPPED:
+            return False
+        reason = _HANDSHAKE_FAILURES.get(int(event["value"]), "a failed handshake")
+        self._count(domain, Verdict(False, who="a peer", reason=reason))
+        return True
 
     def _answer(self, request: list[bytes]) -> list[bytes]:
         """The reply to one request; never raises (a dead ZAP thread would leave every
@@ -228,7 +286,8 @@ class ZapHandler:
                 self._admitted[verdict.user_id] = self._admitted.get(verdict.user_id, 0) + 1
                 return
             self._refused[domain] = self._refused.get(domain, 0) + 1
-            peer = f"{domain}/{verdict.who}"
+            self._counted.notify_all()
+            peer = f"{domain}/{verdict.who}/{verdict.reason}"
             if peer in self._logged or self._unnamed:
                 return
             if len(self._logged) >= MAX_LOGGED_PEERS:

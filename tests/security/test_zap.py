@@ -217,15 +217,47 @@ def test_sighup_reloads(
     assert broker.connect(late).admitted
 
 
-def test_a_peer_without_curve_never_reaches_the_broker(broker: Broker, context: Context) -> None:
-    with context.socket(zmq.DEALER) as plain:
-        plain.linger = 0
-        with watch(plain) as monitor:
+@pytest.mark.parametrize("broker_key", ["none", "wrong"])
+def test_a_peer_without_curve_or_with_a_wrong_broker_key_is_refused_and_counted(
+    context: Context,
+    keys: Keys,
+    handler: ZapHandler,
+    broker_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with context.socket(zmq.ROUTER) as router:
+        curve_server(router, keys.broker, FRONTEND_DOMAIN)
+        handler.watch(router, FRONTEND_DOMAIN)
+        router.bind("tcp://127.0.0.1:*")
+        with context.socket(zmq.DEALER) as dealer, watch(dealer) as monitor:
+            dealer.linger = 0
+            if broker_key == "wrong":
+                curve_client(dealer, keys.pairs["client"], keys.pairs["admin"].public)
+            dealer.connect(router.last_endpoint.decode())
+            dealer.send(b"let me in")
+            assert handshake(monitor)[0] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+            assert handler.wait_refused(FRONTEND_DOMAIN, 1, timeout=10)
+            assert not router.poll(0)
+    assert handler.refused_by_domain == {FRONTEND_DOMAIN: 1, BACKEND_DOMAIN: 0}
+    expected = "another security mechanism" if broker_key == "none" else "CURVE"
+    assert expected in caplog.text
+
+
+def test_a_watched_socket_counts_a_zap_refusal_once(
+    context: Context, keys: Keys, handler: ZapHandler
+) -> None:
+    broker = Broker(context, keys)
+    try:
+        handler.watch(broker.sockets[FRONTEND_DOMAIN], FRONTEND_DOMAIN)
+        assert broker.connect(keys.pairs["stranger"]).outcome == REFUSED
+        with context.socket(zmq.DEALER) as plain:  # a failure the monitor reports
+            plain.linger = 0
             plain.connect(broker.endpoints[FRONTEND_DOMAIN])
-            plain.send(b"plaintext")
-            event, _value = handshake(monitor)
-    assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED
-    assert broker.idle()
+            # the monitor reports in order: any event of the ZAP refusal came first
+            assert handler.wait_refused(FRONTEND_DOMAIN, 2, timeout=10)
+        assert handler.refused_by_domain[FRONTEND_DOMAIN] == 2
+    finally:
+        broker.close()
 
 
 def test_a_handler_with_keys_needs_client_and_worker_dirs(context: Context, keys: Keys) -> None:
