@@ -12,8 +12,10 @@ carried as its 40 Z85 bytes, the form libzmq's socket options take.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,8 @@ import zmq.auth
 from zmq.utils import z85
 
 from ipuserve.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 #: suffixes pyzmq's create_certificates gives the two files
 PUBLIC_SUFFIX = ".key"
@@ -122,6 +126,7 @@ def load_secret_key(source: KeySource) -> KeyPair:
     if isinstance(source, bytes):
         secret = _z85(source, "secret key")
         return KeyPair(public=zmq.curve_public(secret), secret=secret)
+    _warn_if_readable_by_others(Path(source))
     public, secret_or_none = _read_certificate(Path(source))
     if secret_or_none is None:
         raise ConfigError(
@@ -141,6 +146,22 @@ def load_public_key(source: KeySource) -> bytes:
         return _z85(source, "public key")
     public, _secret = _read_certificate(Path(source))
     return public
+
+
+def _warn_if_readable_by_others(path: Path) -> None:
+    """A secret key others can read is as good as published: say so (as ssh does),
+    but go on, since a container's secret mount may be shared on purpose."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return  # _read_certificate names the problem
+    if mode & 0o077:
+        log.warning(
+            "secret key file %s has mode %o: others on this host can read it (chmod 600 %s)",
+            path,
+            mode,
+            path,
+        )
 
 
 def _read_certificate(path: Path) -> tuple[bytes, bytes | None]:

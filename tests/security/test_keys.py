@@ -64,6 +64,17 @@ def test_a_secret_key_loads_from_its_file_or_from_bytes(tmp_path: Path) -> None:
     assert pair.secret.decode() not in repr(pair)
 
 
+def test_a_secret_key_others_can_read_is_loaded_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = generate_keypair("k", tmp_path)
+    load_secret_key(files.secret)
+    assert "others on this host can read it" not in caplog.text
+    files.secret.chmod(0o644)
+    assert load_secret_key(files.secret).public == load_public_key(files.public)
+    assert "others on this host can read it" in caplog.text
+
+
 def test_fingerprint_is_short_and_the_same_for_either_form(tmp_path: Path) -> None:
     public = load_public_key(generate_keypair("k", tmp_path).public)
     assert fingerprint(public) == fingerprint(z85.decode(public)) == fingerprint(public.decode())
