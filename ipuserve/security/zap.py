@@ -280,32 +280,35 @@ class ZapHandler:
         return [ZAP_VERSION, request_id, b"400", b"refused", b"", b""]
 
     def _count(self, domain: str, verdict: Verdict) -> None:
-        """Count the verdict; log a refused peer the first time only (it retries)."""
+        """Count the verdict; log a refused peer the first time only (it retries).
+
+        The line is logged under the lock, so whoever sees the count (wait_refused,
+        metrics) can also find the line: logging never calls back into this class."""
         with self._lock:
             if verdict.admitted:
                 self._admitted[verdict.user_id] = self._admitted.get(verdict.user_id, 0) + 1
                 return
             self._refused[domain] = self._refused.get(domain, 0) + 1
+            self._log_refusal_once(domain, verdict)
             self._counted.notify_all()
-            peer = f"{domain}/{verdict.who}/{verdict.reason}"
-            if peer in self._logged or self._unnamed:
-                return
-            if len(self._logged) >= MAX_LOGGED_PEERS:
-                self._unnamed = True
-            else:
-                self._logged.add(peer)
-            overflowed = self._unnamed
-        if overflowed:
+
+    def _log_refusal_once(self, domain: str, verdict: Verdict) -> None:
+        peer = f"{domain}/{verdict.who}/{verdict.reason}"
+        if peer in self._logged or self._unnamed:
+            return
+        if len(self._logged) >= MAX_LOGGED_PEERS:
+            self._unnamed = True
             log.warning(
                 "%d distinct peers refused: further ones are only counted", MAX_LOGGED_PEERS
             )
-        else:
-            log.warning(
-                "refused a peer on the %s socket: %s %s (logged once per peer)",
-                domain,
-                verdict.who,
-                verdict.reason,
-            )
+            return
+        self._logged.add(peer)
+        log.warning(
+            "refused a peer on the %s socket: %s %s (logged once per peer)",
+            domain,
+            verdict.who,
+            verdict.reason,
+        )
 
 
 def startup_line(mode: Mode, lists: AllowLists | None) -> str:
