@@ -1,0 +1,93 @@
+"""One call per socket to put it under the broker's protection, or to reach it.
+
+Call these **before** ``bind``/``connect``: libzmq reads the mechanism options when
+a connection starts, so a socket configured after connecting stays plaintext.
+
+    curve_server(frontend, "broker.key_secret", FRONTEND_DOMAIN)   # broker, keys given
+    keyless_server(frontend, FRONTEND_DOMAIN)                       # broker, no keys
+    curve_client(dealer, "client.key_secret", "broker.key")         # client / worker
+
+A server socket always gets a ZAP domain, keyed or not, so the ZapHandler decides
+for every peer and every received frame carries a User-Id (:func:`peer_user_id`).
+"""
+
+from __future__ import annotations
+
+import zmq
+
+from ipuserve.errors import ConfigError
+from ipuserve.security.keys import KeyPair, KeySource, load_public_key, load_secret_key
+
+
+def curve_server(sock: zmq.Socket[bytes], secret_key: KeySource | KeyPair, domain: str) -> KeyPair:
+    """Make ``sock`` a CURVE server with the broker's key, its peers judged by the ZAP
+    handler under ``domain``. Returns the pair (its public half is what peers need)."""
+    pair = secret_key if isinstance(secret_key, KeyPair) else load_secret_key(secret_key)
+    sock.curve_secretkey = pair.secret
+    sock.curve_publickey = pair.public
+    sock.curve_server = True
+    sock.zap_domain = domain.encode()
+    return pair
+
+
+def keyless_server(sock: zmq.Socket[bytes], domain: str) -> None:
+    """A plaintext server socket whose peers the ZAP handler still judges (by address,
+    in protected mode): without a domain libzmq would not ask it at all."""
+    sock.zap_domain = domain.encode()
+
+
+def server_socket(
+    sock: zmq.Socket[bytes], domain: str, secret_key: KeySource | KeyPair | None
+) -> None:
+    """:func:`curve_server` with a key, :func:`keyless_server` without: the broker's
+    one line per socket."""
+    if secret_key is None:
+        keyless_server(sock, domain)
+    else:
+        curve_server(sock, secret_key, domain)
+
+
+def curve_client(
+    sock: zmq.Socket[bytes], secret_key: KeySource | KeyPair, broker_public_key: KeySource
+) -> KeyPair:
+    """Make ``sock`` a CURVE client: its own pair (from the secret alone) and the
+    broker's public key, which authenticates the broker to it."""
+    pair = secret_key if isinstance(secret_key, KeyPair) else load_secret_key(secret_key)
+    server = load_public_key(broker_public_key)
+    if server == pair.public:
+        raise ConfigError("the broker's public key is this peer's own key; give the broker's")
+    sock.curve_secretkey = pair.secret
+    sock.curve_publickey = pair.public
+    sock.curve_serverkey = server
+    return pair
+
+
+def client_socket(
+    sock: zmq.Socket[bytes],
+    secret_key: KeySource | KeyPair | None,
+    broker_public_key: KeySource | None,
+) -> None:
+    """:func:`curve_client` when both keys are given, plaintext when neither is; one
+    without the other is a ConfigError (a half-configured client would silently
+    talk plaintext to a broker that refuses it)."""
+    if secret_key is None and broker_public_key is None:
+        return
+    if secret_key is None or broker_public_key is None:
+        given, needed = (
+            ("--curve-secret-key", "--broker-public-key")
+            if secret_key is not None
+            else ("--broker-public-key", "--curve-secret-key")
+        )
+        raise ConfigError(f"{given} needs {needed} too (CURVE takes both)")
+    curve_client(sock, secret_key, broker_public_key)
+
+
+def peer_user_id(frame: zmq.Frame) -> str | None:
+    """The User-Id the ZAP handler gave the frame's sender (a role, e.g. ``"admin"``),
+    or None when its socket has no ZAP domain. Needs frames received with
+    ``copy=False``; read it from any frame of the message."""
+    try:
+        user_id = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return str(user_id) if user_id else None
