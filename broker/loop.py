@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +37,7 @@ from ipuserve.errors import (
     ProtocolError,
     WorkerFailedError,
 )
+from ipuserve.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +94,7 @@ class Broker:
         self._workers = WorkerHandlers(self.scheduler, welcome)
         self.timers.at(now, self._beat)
         self.timers.at(now + config.startup_grace_s, self._end_grace)
-        self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._wake_lock = threading.RLock()
+        self._wake = Waker()
         self._stopping = False
 
     def _router(self, endpoint: str, *, sndhwm: int, handover: bool) -> zmq.Socket[Any]:
@@ -118,10 +116,8 @@ class Broker:
 
     def stop(self) -> None:
         """Ask the loop to finish; safe from any thread and from a signal handler."""
-        with self._wake_lock:  # an RLock: a signal handler may interrupt _shutdown
-            self._stopping = True
-            if self._wake is not None:
-                os.eventfd_write(self._wake, 1)
+        self._stopping = True
+        self._wake.wake()
 
     def run(self) -> None:
         log.info(
@@ -147,10 +143,7 @@ class Broker:
             log.info("answered %d pending request(s) BROKER_SHUTDOWN", answered)
         self._frontend.close(linger=self.config.shutdown_linger_ms)
         self._backend.close(linger=0)
-        with self._wake_lock:
-            if self._wake is not None:
-                os.close(self._wake)
-            self._wake = None
+        self._wake.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
         log.info("broker closed")
@@ -159,13 +152,12 @@ class Broker:
 
     def _loop(self) -> None:
         backend, frontend = self._backend, self._frontend
-        assert self._wake is not None
         # zmq_poll itself, on one list of items made once: pyzmq's Poller.poll would
         # rebuild its arguments every turn (answers come in this order: backend first)
         items: list[tuple[Any, int]] = [
             (backend, zmq.POLLIN),
             (frontend, zmq.POLLIN),
-            (self._wake, zmq.POLLIN),
+            (self._wake.fileno(), zmq.POLLIN),  # a stop request: never cleared, we leave
         ]
         heap = self.timers.heap
         monotonic, poll = time.monotonic, zmq.zmq_poll

@@ -74,7 +74,6 @@ from ipuserve.client.liveness import Liveness, connection_monitor
 from ipuserve.client.outbox import Outbox
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.client.replies import Replies
-from ipuserve.client.waker import Waker
 from ipuserve.errors import (
     ClosedError,
     DeadlineExceeded,
@@ -83,6 +82,7 @@ from ipuserve.errors import (
     RuntimeUsageError,
     UnavailableError,
 )
+from ipuserve.waker import Waker
 
 __all__ = ["ClientConfig", "ClientStats", "IoLoop", "connection_monitor"]
 

@@ -1,4 +1,4 @@
-"""Click commands owned by ipuserve.runtime (mounted by ipuserve.cli)."""
+"""Click commands owned by ipuserve.runtime (mounted by ipuserve.face.cli)."""
 
 from __future__ import annotations
 

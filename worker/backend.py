@@ -20,7 +20,6 @@ carries them) and re-exported here.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -40,6 +39,7 @@ from ipuserve.errors import (
     UnknownModelError,
 )
 from ipuserve.protocol import ModelSpec, TensorSpec
+from ipuserve.waker import Waker
 
 __all__ = [
     "Backend",
@@ -231,47 +231,41 @@ Outcome = tuple[Job, "Result | IpuserveError"]
 
 
 class Mailbox:
-    """Outcomes from backend threads to the socket thread.
+    """Outcomes from backend threads to the socket thread: a deque and a :class:`Waker`.
 
-    ``put`` writes the eventfd only on the empty -> non-empty transition; the check,
-    the append and the write share a lock with ``take``'s swap, so a wake-up is never
-    lost (``take`` clears the eventfd *before* swapping, so a put racing with it at
-    worst causes one spurious wake-up).
+    ``put`` wakes only on the empty -> non-empty transition; the check, the append
+    and the wake share a lock with ``take``'s swap, so a wake-up is never lost
+    (``take`` clears the waker *before* swapping, so a put racing with it at worst
+    causes one spurious wake-up).
     """
 
     def __init__(self) -> None:
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._waker = Waker()
+        self.fd = self._waker.fileno()
         self._items: deque[Outcome] = deque()
-        self._lock = threading.RLock()  # re-entrant: wake() may run in a signal handler
-        self._closed = False
+        self._lock = threading.Lock()
 
     def put(self, job: Job, outcome: Result | IpuserveError) -> None:
         with self._lock:
             was_empty = not self._items
             self._items.append((job, outcome))
-            if was_empty and not self._closed:
-                os.eventfd_write(self.fd, 1)
+            if was_empty:
+                self._waker.wake()
 
     @property
     def ready(self) -> bool:
-        """Outcomes wait (read without the lock: a racing put also wakes the eventfd)."""
+        """Outcomes wait (read without the lock: a racing put also wakes the loop)."""
         return bool(self._items)
 
     def wake(self) -> None:
-        with self._lock:
-            if not self._closed:
-                os.eventfd_write(self.fd, 1)
+        """Wake the loop with nothing to take (a stop request); safe in a signal handler."""
+        self._waker.wake()
 
     def take(self) -> deque[Outcome]:
-        try:
-            os.eventfd_read(self.fd)
-        except BlockingIOError:
-            pass
+        self._waker.clear()
         with self._lock:
             items, self._items = self._items, deque()
         return items
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            os.close(self.fd)
+        self._waker.close()

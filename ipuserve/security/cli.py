@@ -1,4 +1,4 @@
-"""``ipuserve keys``: make and inspect CurveZMQ key pairs (mounted by ipuserve.cli).
+"""``ipuserve keys``: make and inspect CurveZMQ key pairs (mounted by ipuserve.face.cli).
 
     ipuserve keys generate broker --dir keys/       # keys/broker.key, keys/broker.key_secret
     ipuserve keys show keys/broker.key              # prints the public key

@@ -12,8 +12,8 @@ import zmq.auth
 from click.testing import CliRunner
 from zmq.utils import z85
 
-from ipuserve.cli import main
 from ipuserve.errors import ConfigError
+from ipuserve.face.cli import main
 from ipuserve.security import (
     AllowLists,
     Role,

@@ -1,9 +1,11 @@
 """Wake a thread that sleeps in ``zmq.Poller.poll`` from other threads.
 
-Callers hand work to the client's I/O thread through a deque; the I/O thread
-polls this waker's file descriptor beside its socket. An eventfd where the OS
-has one (Linux), a non-blocking pipe elsewhere. Writers should only call
-:meth:`wake` on the queue's empty -> non-empty transition: one write per burst.
+The one doorbell of every loop in ipuserve: callers hand work to the client's I/O
+thread, backend threads hand outcomes to the worker's socket loop, and a stop request
+(from another thread or a signal handler) reaches the broker's or the worker's loop.
+Each loop polls this waker's file descriptor beside its sockets. An eventfd where the
+OS has one (Linux), a non-blocking pipe elsewhere. Writers should only call
+:meth:`wake` on their queue's empty -> non-empty transition: one write per burst.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ class Waker:
 
     :meth:`close` may race with :meth:`wake` from any thread: both hold one lock, and a
     wake after the close does nothing (it must not write into whatever file reuses
-    the descriptor's number).
+    the descriptor's number). The lock is re-entrant: a signal handler may call
+    :meth:`wake` on the thread that holds it.
     """
 
     def __init__(self) -> None:
@@ -29,7 +32,7 @@ class Waker:
             os.set_blocking(self._read_fd, False)
             os.set_blocking(self._write_fd, False)
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def fileno(self) -> int:
         return self._read_fd
