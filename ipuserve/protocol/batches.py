@@ -10,7 +10,7 @@ in :mod:`ipuserve.protocol.rows`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from ipuserve.errors import IpuserveError, ProtocolError, error_for_code
@@ -35,6 +35,7 @@ from ipuserve.protocol.checks import (
 )
 from ipuserve.protocol.client_messages import Reply, Request
 from ipuserve.protocol.envelope import (
+    _ENVELOPES,
     DEFAULT_LIMITS,
     Command,
     Limits,
@@ -70,6 +71,26 @@ class Result:
     job_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
+    #: ``timing`` as the JSON text it was received in, when the fast path read it
+    #: (ipuserve.protocol.fastpath): :meth:`reply` passes it on without re-formatting
+    timing_json: str | None = field(default=None, compare=False, repr=False)
+
+    def reply(
+        self, request_id: bytes, group: tuple[bytes, ...], key: str, value: float
+    ) -> Reply:
+        """The REPLY carrying this result to a client, its timing with ``key`` added
+        (the broker's ``broker_queue_us``): the received timing text is passed on with
+        the entry appended, where encoding the dict would give the same JSON object."""
+        timing = dict(self.timing)
+        text = self.timing_json
+        if text is not None and (
+            key in timing or type(value) is not float or value - value != 0 or '"' in key
+        ):
+            text = None  # a replaced entry, or a value JSON cannot hold: encode it all
+        timing[key] = value
+        if text is not None:
+            text = f'{text[:-1]}{"," if len(text) > 2 else ""}"{key}":{float(value)!r}}}'
+        return Reply(request_id, self.tensors, timing, group, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +139,8 @@ class Jobs:
         return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
 
     def encode(self) -> list[Frame]:
+        if len(self.jobs) == 1:  # the usual JOBS at low load: the same text, fewer calls
+            return _one_job(self.jobs[0])
         rows = ((j.job_id, j.model, j.tensors, j.budget_ms, ()) for j in self.jobs)
         return _encode_inputs(self.COMMAND, "jobs", rows)
 
@@ -342,6 +365,38 @@ def _encode_outputs(
     tail = f',"{keys[1]}":[{failed}]' if failures else ""
     body = f'{{"specs":[{specs.json()}],"{keys[0]}":[{",".join(lines)}]{tail}}}'
     return _frames(command, b"", body, frames)
+
+
+def _one_job(job: Job) -> list[Frame]:
+    """A JOBS of one job: what :func:`_encode_inputs` writes for it, the spec table's
+    entry (model and tensor specs) taken from a cache."""
+    tensors = job.tensors
+    entry = _JOB_ENTRIES.get((job.model, _specs_json(tensors)))
+    if entry is None:
+        entry = _job_entry(job.model, tensors)
+    budget = job.budget_ms
+    if budget is None:
+        number = "null"
+    elif budget - budget == 0:  # finite
+        number = repr(float(budget))
+    else:
+        number = _number(budget)  # raises, as the batch encoder does
+    members = "" if tensors.members == 1 else f",{tensors.members}"
+    body = f'{{"specs":[{entry}],"jobs":[["{job.job_id.hex()}",0,{number}{members}]]}}'
+    return [_JOBS_ENVELOPE, body.encode("ascii"), *tensors.frames]
+
+
+#: (model, tensor specs JSON) -> a JOBS spec table entry
+_JOB_ENTRIES: dict[tuple[str, str], str] = {}
+_JOBS_ENVELOPE = _ENVELOPES[Command.JOBS]
+
+
+def _job_entry(model: str, tensors: Tensors) -> str:
+    specs = _specs_json(tensors)
+    if len(_JOB_ENTRIES) >= 1024:
+        _JOB_ENTRIES.clear()
+    entry = _JOB_ENTRIES[(model, specs)] = f'{{"model":{_json(model)},"tensors":{specs}}}'
+    return entry
 
 
 def _row_id(ident: bytes, group: tuple[bytes, ...]) -> str:
