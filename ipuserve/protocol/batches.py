@@ -75,9 +75,7 @@ class Result:
     #: (ipuserve.protocol.fastpath): :meth:`reply` passes it on without re-formatting
     timing_json: str | None = field(default=None, compare=False, repr=False)
 
-    def reply(
-        self, request_id: bytes, group: tuple[bytes, ...], key: str, value: float
-    ) -> Reply:
+    def reply(self, request_id: bytes, group: tuple[bytes, ...], key: str, value: float) -> Reply:
         """The REPLY carrying this result to a client, its timing with ``key`` added
         (the broker's ``broker_queue_us``): the received timing text is passed on with
         the entry appended, where encoding the dict would give the same JSON object."""

@@ -76,6 +76,11 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     message: Message | None = fast_decode(frames, limits)
     if message is not None:
         return message
+    return _full_decode(frames, limits)
+
+
+def _full_decode(frames: Sequence[Frame], limits: Limits) -> Message:
+    """:func:`decode` without the fast paths: every check, every error message."""
     command, decoder, ident = _check_envelope(frames, limits)
     fields = _header_fields(command, decoder, frames[1], limits)
     return decoder.build(ident, fields, frames[HEADER_FRAMES:], limits)

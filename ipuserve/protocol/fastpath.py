@@ -105,10 +105,14 @@ def _exact(
 _SPECS = rb"(\[(?:\{[^{}]*\}(?:,\{[^{}]*\})*)?\])"
 _TIMING = rb"(\{[\x20-\x5a\x5e-\x7a\x7c\x7e]*\})"  # printable ASCII but [ \ ] { }
 _RESULTS_RE = re.compile(
-    rb'\{"specs":\[' + _SPECS + rb'\],"results":\[\["([0-9a-f]{0,128})",0,' + _TIMING
+    rb'\{"specs":\['
+    + _SPECS
+    + rb'\],"results":\[\["([0-9a-f]{0,128})",0,'
+    + _TIMING
     + rb"(?:,([1-9][0-9]{0,8}))?\]\]\}"
 )
 _REPLY_RE = re.compile(rb'\{"tensors":' + _SPECS + rb',"timing":' + _TIMING + rb"\}")
+
 
 def _refuse(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
