@@ -61,6 +61,10 @@ def _hot_messages() -> list[list[Any]]:
         p.Results((p.Result(b"job", two, {}),)).encode(),
         p.Results((p.Result(b"g", group, _TIMING),)).encode(),
         p.Reply(b"r" * 16, one, {**_TIMING, "broker_queue_us": 3.5}).encode(),
+        p.Jobs((p.Job(b"\x02" * 8, "echo", one, 59_999.123456789),)).encode(),
+        p.Jobs((p.Job(b"", "m", two, None),)).encode(),
+        p.Jobs((p.Job(b"g", "echo", group, -3.0),)).encode(),
+        p.Jobs((p.Job(b"i", "echo", one, 7),)).encode(),  # type: ignore[arg-type]
     ]
 
 
@@ -90,7 +94,8 @@ def test_a_request_not_seen_before_takes_the_full_path() -> None:
 _TOKENS = [
     b"0", b"1", b"-1", b"1.5", b"1e400", b"NaN", b"Infinity", b"null", b"true", b'"x"',
     b"[]", b"{}", b" ", b",", b'"AB"', b'"zz"', b"1e18", b"-0.0", b"2", b'"\\u00e9"',
-    b"\xff", b"]", b"}", b'"' + b"a" * 65 + b'"', b'"' + b"ab" * 65 + b'"', b"1025",
+    b"\xff", b"]", b"}", b"-0", b"1E3", b"0.5e-2", b"1e12", b"-1e12", b"01", b"1025",
+    b'"' + b"a" * 65 + b'"', b'"' + b"ab" * 65 + b'"',
 ]  # fmt: skip
 _SCALAR = re.compile(rb'"[^"]*"|-?[0-9][0-9.e+-]*|null')
 

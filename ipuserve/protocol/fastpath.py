@@ -1,5 +1,5 @@
 """Fast paths for the hot messages: a REQUEST whose header was seen before, and a
-one-row RESULTS or REPLY laid out as this package's encoders write them.
+one-row JOBS, RESULTS or REPLY laid out as this package's encoders write them.
 
 :func:`fast_decode` is tried first by :func:`ipuserve.protocol.codec.decode`. It
 returns the message only when it is sure the full decoder would return the same
@@ -24,8 +24,8 @@ from typing import Any
 
 import zmq
 
-from ipuserve.limits import MAX_NAME_CHARS
-from ipuserve.protocol.batches import Result, Results
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS
+from ipuserve.protocol.batches import Job, Jobs, Result, Results, _job_spec
 from ipuserve.protocol.checks import _tensor_specs
 from ipuserve.protocol.client_messages import Reply, Request
 from ipuserve.protocol.envelope import (
@@ -111,6 +111,15 @@ _RESULTS_RE = re.compile(
     + _TIMING
     + rb"(?:,([1-9][0-9]{0,8}))?\]\]\}"
 )
+_NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"  # JSON's grammar
+_ENTRY = rb'(\{"model":"[^"\\]*","tensors":' + _SPECS + rb"\})"
+_JOBS_RE = re.compile(
+    rb'\{"specs":\['
+    + _ENTRY
+    + rb'\],"jobs":\[\["([0-9a-f]{0,128})",0,(null|'
+    + _NUMBER
+    + rb")(?:,([1-9][0-9]{0,8}))?\]\]\}"
+)
 _REPLY_RE = re.compile(rb'\{"tensors":' + _SPECS + rb',"timing":' + _TIMING + rb"\}")
 
 
@@ -144,6 +153,32 @@ def _results(_ident: bytes, raw: bytes, frames: Sequence[Frame], limits: Limits)
     if tensors is None:
         return None
     return Results((Result(bytes.fromhex(hex_id.decode()), tensors, timing, timing_json),))
+
+
+def _jobs(_ident: bytes, raw: bytes, frames: Sequence[Frame], limits: Limits) -> Any:
+    found = _JOBS_RE.fullmatch(raw)
+    if found is None or limits.max_batch < 1:
+        return None
+    entry_text, _specs_text, hex_id, budget_text, count = found.groups()
+    entry = _entry(entry_text, limits)
+    if entry is None or len(hex_id) % 2:
+        return None
+    members = 1
+    if count is not None:
+        members = int(count)
+        if members > limits.max_batch:
+            return None
+    budget: float | None = None
+    if budget_text != b"null":
+        # a JSON integer is read as one, then made a float, as the full check does
+        integral = b"." not in budget_text and b"e" not in budget_text.lower()
+        budget = float(int(budget_text)) if integral else float(budget_text)
+        if not -MAX_DURATION_MS < budget < MAX_DURATION_MS:
+            return None
+    tensors = _exact(entry[1], frames, members, limits)
+    if tensors is None:
+        return None
+    return Jobs((Job(bytes.fromhex(hex_id.decode()), entry[0], tensors, budget),))
 
 
 def _reply(ident: bytes, raw: bytes, frames: Sequence[Frame], limits: Limits) -> Any:
@@ -187,6 +222,25 @@ _SPEC_TEXTS: dict[bytes, tuple[Limits, tuple[TensorSpec, ...]]] = {}
 _SPEC_TEXTS_SIZE = 1024
 
 
+#: JOBS spec table entry JSON text -> (limits, its checked model name and specs)
+_ENTRIES: dict[bytes, tuple[Limits, tuple[str, tuple[TensorSpec, ...]]]] = {}
+
+
+def _entry(text: bytes, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]] | None:
+    """A JOBS spec table entry, checked as the full decoder checks it (else None)."""
+    found = _ENTRIES.get(text)
+    if found is not None and (found[0] is limits or found[0] == limits):
+        return found[1]
+    try:
+        entry = _job_spec(_DECODER.decode(text.decode("utf-8")), limits)
+    except Exception:  # any refusal: the full decoder says why
+        return None
+    if len(_ENTRIES) >= _SPEC_TEXTS_SIZE:
+        _ENTRIES.clear()
+    _ENTRIES[text] = (limits, entry)
+    return entry
+
+
 def _specs(text: bytes, limits: Limits) -> tuple[TensorSpec, ...] | None:
     """A tensor spec list, checked as the full decoder checks it (None if it refuses it:
     the full decoder then says why)."""
@@ -207,4 +261,5 @@ _HANDLERS: dict[bytes, Callable[[bytes, bytes, Sequence[Frame], Limits], Any]] =
     _ENVELOPES[Command.REQUEST]: _request,
     _ENVELOPES[Command.RESULTS]: _results,
     _ENVELOPES[Command.REPLY]: _reply,
+    _ENVELOPES[Command.JOBS]: _jobs,
 }
