@@ -203,6 +203,25 @@ def test_a_one_job_jobs_encodes_as_the_batch_encoder_does(job: p.Job) -> None:
     assert [bytes(memoryview(f)) for f in fast] == [bytes(memoryview(f)) for f in slow]
 
 
+@pytest.mark.parametrize(
+    "result",
+    [
+        p.Result(b"\x01\x02", _tensors(), _TIMING),
+        p.Result(b"", _tensors((2, 3), ("a", "b")), {}),
+        p.Result(b"g", p.Tensors.group([_tensors()] * 3), {"device_us": 2.5}),
+    ],
+)
+def test_a_one_result_results_encodes_as_the_batch_encoder_does(result: p.Result) -> None:
+    rows = [(result.job_id, result.tensors, result.timing, ())]
+    slow = batches._encode_outputs(p.Command.RESULTS, ("results", "failures"), rows, ())
+    fast = p.Results((result,)).encode()
+    assert [bytes(memoryview(f)) for f in fast] == [bytes(memoryview(f)) for f in slow]
+    received = p.decode(_as_zmq(fast))  # with the text it was read from: the same again
+    assert isinstance(received, p.Results)
+    again = p.Results(received.results).encode()
+    assert [bytes(memoryview(f)) for f in again] == [bytes(memoryview(f)) for f in slow]
+
+
 def test_a_one_job_jobs_refuses_a_budget_json_cannot_hold() -> None:
     with pytest.raises(ValueError, match="cannot travel as JSON"):
         p.Jobs((p.Job(b"1", "echo", _tensors(), float("nan")),)).encode()

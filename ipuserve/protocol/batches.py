@@ -220,6 +220,8 @@ class Results:
         return Results(*first), Results(*second)
 
     def encode(self) -> list[Frame]:
+        if len(self.results) == 1 and not self.failures:  # the usual one: fewer calls
+            return _one_result(self.results[0])
         rows = ((r.job_id, r.tensors, r.timing, ()) for r in self.results)
         return _encode_outputs(self.COMMAND, ("results", "failures"), rows, self.failures)
 
@@ -383,6 +385,20 @@ def _one_job(job: Job) -> list[Frame]:
     body = f'{{"specs":[{entry}],"jobs":[["{job.job_id.hex()}",0,{number}{members}]]}}'
     return [_JOBS_ENVELOPE, body.encode("ascii"), *tensors.frames]
 
+
+def _one_result(result: Result) -> list[Frame]:
+    """A RESULTS of one result: what :func:`_encode_outputs` writes for it."""
+    tensors = result.tensors
+    members = "" if tensors.members == 1 else f",{tensors.members}"
+    timing = result.timing_json
+    if timing is None:
+        timing = _json(dict(result.timing))
+    row = f'["{result.job_id.hex()}",0,{timing}{members}]'
+    body = f'{{"specs":[{_specs_json(tensors)}],"results":[{row}]}}'
+    return [_RESULTS_ENVELOPE, body.encode("ascii"), *tensors.frames]
+
+
+_RESULTS_ENVELOPE = _ENVELOPES[Command.RESULTS]
 
 #: (model, tensor specs JSON) -> a JOBS spec table entry
 _JOB_ENTRIES: dict[tuple[str, str], str] = {}
