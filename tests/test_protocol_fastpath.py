@@ -176,6 +176,20 @@ def test_a_reply_passes_the_timing_text_on_as_the_dict_would_encode() -> None:
         assert [bytes(f) for f in reply.encode()[:2]] == [bytes(f) for f in slow.encode()[:2]]
 
 
+def test_replies_pass_the_timing_text_on_as_the_dicts_would_encode() -> None:
+    received = p.decode(_as_zmq(p.Results((p.Result(b"\x05", _tensors(), _TIMING),)).encode()))
+    assert isinstance(received, p.Results)
+    result = received.results[0]
+    replies = [result.reply(bytes([n]), (), "broker_queue_us", n + 0.5) for n in range(3)]
+    assert all(reply.timing_json is not None for reply in replies)
+    plain = [p.Reply(r.request_id, r.tensors, r.timing, r.group) for r in replies]
+    fast, slow = p.Replies(tuple(replies)).encode(), p.Replies(tuple(plain)).encode()
+    assert [bytes(memoryview(f)) for f in fast] == [bytes(memoryview(f)) for f in slow]
+    batch = p.Results((result, result)).encode()
+    plain_results = p.Results((dataclasses.replace(result, timing_json=None),) * 2).encode()
+    assert [bytes(memoryview(f)) for f in batch] == [bytes(memoryview(f)) for f in plain_results]
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 3])
 def test_a_reply_the_text_cannot_carry_is_encoded_from_the_dict(value: float) -> None:
     result = p.Result(b"\x05", _tensors(), _TIMING, json.dumps(_TIMING))

@@ -35,7 +35,6 @@ from ipuserve.protocol.checks import (
 )
 from ipuserve.protocol.client_messages import Reply, Request
 from ipuserve.protocol.envelope import (
-    _ENVELOPES,
     DEFAULT_LIMITS,
     Command,
     Limits,
@@ -44,6 +43,7 @@ from ipuserve.protocol.envelope import (
     _number,
     _specs_json,
 )
+from ipuserve.protocol.one_row import one_job, one_result
 from ipuserve.protocol.rows import Row, _job_rows, _reply_rows, _request_rows, _result_rows
 from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
 
@@ -138,7 +138,8 @@ class Jobs:
 
     def encode(self) -> list[Frame]:
         if len(self.jobs) == 1:  # the usual JOBS at low load: the same text, fewer calls
-            return _one_job(self.jobs[0])
+            job = self.jobs[0]
+            return one_job(job.job_id, job.model, job.tensors, job.budget_ms)
         rows = ((j.job_id, j.model, j.tensors, j.budget_ms, ()) for j in self.jobs)
         return _encode_inputs(self.COMMAND, "jobs", rows)
 
@@ -221,8 +222,9 @@ class Results:
 
     def encode(self) -> list[Frame]:
         if len(self.results) == 1 and not self.failures:  # the usual one: fewer calls
-            return _one_result(self.results[0])
-        rows = ((r.job_id, r.tensors, r.timing, ()) for r in self.results)
+            result = self.results[0]
+            return one_result(result.job_id, result.tensors, result.timing, result.timing_json)
+        rows = ((r.job_id, r.tensors, r.timing_json or r.timing, ()) for r in self.results)
         return _encode_outputs(self.COMMAND, ("results", "failures"), rows, self.failures)
 
 
@@ -268,7 +270,7 @@ class Replies:
         return Replies(*first), Replies(*second)
 
     def encode(self) -> list[Frame]:
-        rows = ((r.request_id, r.tensors, r.timing, r.group) for r in self.replies)
+        rows = ((r.request_id, r.tensors, r.timing_json or r.timing, r.group) for r in self.replies)
         return _encode_outputs(self.COMMAND, ("replies", "errors"), rows, self.errors)
 
 
@@ -349,68 +351,24 @@ def _encode_inputs(
 def _encode_outputs(
     command: Command,
     keys: tuple[str, str],
-    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float], tuple[bytes, ...]]],
+    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float] | str, tuple[bytes, ...]]],
     failures: tuple[Fail, ...],
 ) -> list[Frame]:
-    """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures."""
+    """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures.
+    A row's timing is a mapping, or its JSON text where that is known (``timing_json``)."""
     specs = _SpecTable()
     lines: list[str] = []
     frames: list[Frame] = []
     for ident, tensors, timing, group in rows:
         index = specs.index(tensors)
         ident_text, members = _row_id(ident, group), _members(tensors, group)
-        lines.append(f"[{ident_text},{index},{_json(dict(timing))}{members}]")
+        text = timing if isinstance(timing, str) else _json(dict(timing))  # str: JSON already
+        lines.append(f"[{ident_text},{index},{text}{members}]")
         frames.extend(tensors.frames)
     failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in failures)
     tail = f',"{keys[1]}":[{failed}]' if failures else ""
     body = f'{{"specs":[{specs.json()}],"{keys[0]}":[{",".join(lines)}]{tail}}}'
     return _frames(command, b"", body, frames)
-
-
-def _one_job(job: Job) -> list[Frame]:
-    """A JOBS of one job: what :func:`_encode_inputs` writes for it, the spec table's
-    entry (model and tensor specs) taken from a cache."""
-    tensors = job.tensors
-    entry = _JOB_ENTRIES.get((job.model, _specs_json(tensors)))
-    if entry is None:
-        entry = _job_entry(job.model, tensors)
-    budget = job.budget_ms
-    if budget is None:
-        number = "null"
-    elif budget - budget == 0:  # finite
-        number = repr(float(budget))
-    else:
-        number = _number(budget)  # raises, as the batch encoder does
-    members = "" if tensors.members == 1 else f",{tensors.members}"
-    body = f'{{"specs":[{entry}],"jobs":[["{job.job_id.hex()}",0,{number}{members}]]}}'
-    return [_JOBS_ENVELOPE, body.encode("ascii"), *tensors.frames]
-
-
-def _one_result(result: Result) -> list[Frame]:
-    """A RESULTS of one result: what :func:`_encode_outputs` writes for it."""
-    tensors = result.tensors
-    members = "" if tensors.members == 1 else f",{tensors.members}"
-    timing = result.timing_json
-    if timing is None:
-        timing = _json(dict(result.timing))
-    row = f'["{result.job_id.hex()}",0,{timing}{members}]'
-    body = f'{{"specs":[{_specs_json(tensors)}],"results":[{row}]}}'
-    return [_RESULTS_ENVELOPE, body.encode("ascii"), *tensors.frames]
-
-
-_RESULTS_ENVELOPE = _ENVELOPES[Command.RESULTS]
-
-#: (model, tensor specs JSON) -> a JOBS spec table entry
-_JOB_ENTRIES: dict[tuple[str, str], str] = {}
-_JOBS_ENVELOPE = _ENVELOPES[Command.JOBS]
-
-
-def _job_entry(model: str, tensors: Tensors) -> str:
-    specs = _specs_json(tensors)
-    if len(_JOB_ENTRIES) >= 1024:
-        _JOB_ENTRIES.clear()
-    entry = _JOB_ENTRIES[(model, specs)] = f'{{"model":{_json(model)},"tensors":{specs}}}'
-    return entry
 
 
 def _row_id(ident: bytes, group: tuple[bytes, ...]) -> str:
