@@ -246,13 +246,11 @@ class Scheduler:
                     job, WorkerFailedError(f"{who} answered model {model!r} with {problem}")
                 )
                 return
-        timing = dict(result.timing)
-        device_us = timing.get("device_us")
+        device_us = result.timing.get("device_us")
         if device_us is not None and job.samples:
             self.group_sizer.observe(model, device_us, job.samples)
         # time queued only: not the time a worker that left held it before the re-queue
-        timing["broker_queue_us"] = job.queued_s * 1e6
-        reply = wire.Reply(job.request_id, tensors, timing, job.group)
+        reply = result.reply(job.request_id, job.group, "broker_queue_us", job.queued_s * 1e6)
         if job.state is State.QUEUED:  # a late result for a job queued again
             self.dispatcher.forget(job)
         self.jobs.finish(job)

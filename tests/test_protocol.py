@@ -103,7 +103,8 @@ def _same(a: Any, b: Any) -> bool:
         np.array_equal(arrays_a[k], arrays_b[k]) and arrays_a[k].dtype == arrays_b[k].dtype
         for k in arrays_a
     )
-    others = [f for f in type(a).__slots__ if f != "tensors"]
+    # fields outside equality (a Result's timing_json: how the timing was received) too
+    others = [f.name for f in dataclasses.fields(a) if f.compare and f.name != "tensors"]
     same_others = all(getattr(a, f) == getattr(b, f) for f in others)
     return same_arrays and tensors_a.specs == b.tensors.specs and same_others
 

@@ -41,6 +41,9 @@ import protocol as wire``; its ``__all__`` is the public API):
 * ``checks``    validating header fields, tensor specs and frames; the decoder type
 * ``client_messages``, ``worker_messages``, ``batches`` (with ``rows``)
                 the messages by family, each with its decoder beside it
+* ``one_row``   the one-row JOBS and RESULTS encoders (the hot ones, fewer calls)
+* ``fastpath``  decoding the hot messages in few calls, only where the full checks
+                would give the same message (anything else: the full decoder)
 * ``codec``     decode(), and the ids of messages it cannot decode (peek_id(s))
 * ``transport`` send/recv on ZeroMQ sockets, the socket frame limit
 """

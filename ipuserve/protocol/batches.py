@@ -10,7 +10,7 @@ in :mod:`ipuserve.protocol.rows`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from ipuserve.errors import IpuserveError, ProtocolError, error_for_code
@@ -43,6 +43,7 @@ from ipuserve.protocol.envelope import (
     _number,
     _specs_json,
 )
+from ipuserve.protocol.one_row import one_job, one_result
 from ipuserve.protocol.rows import Row, _job_rows, _reply_rows, _request_rows, _result_rows
 from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
 
@@ -70,6 +71,24 @@ class Result:
     job_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
+    #: ``timing`` as the JSON text it was received in, when the fast path read it
+    #: (ipuserve.protocol.fastpath): :meth:`reply` passes it on without re-formatting
+    timing_json: str | None = field(default=None, compare=False, repr=False)
+
+    def reply(self, request_id: bytes, group: tuple[bytes, ...], key: str, value: float) -> Reply:
+        """The REPLY carrying this result to a client, its timing with ``key`` added
+        (the broker's ``broker_queue_us``): the received timing text is passed on with
+        the entry appended, where encoding the dict would give the same JSON object."""
+        timing = dict(self.timing)
+        text = self.timing_json
+        if text is not None and (
+            key in timing or type(value) is not float or value - value != 0 or '"' in key
+        ):
+            text = None  # a replaced entry, or a value JSON cannot hold: encode it all
+        timing[key] = value
+        if text is not None:
+            text = f'{text[:-1]}{"," if len(text) > 2 else ""}"{key}":{float(value)!r}}}'
+        return Reply(request_id, self.tensors, timing, group, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,9 @@ class Jobs:
         return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
 
     def encode(self) -> list[Frame]:
+        if len(self.jobs) == 1:  # the usual JOBS at low load: the same text, fewer calls
+            job = self.jobs[0]
+            return one_job(job.job_id, job.model, job.tensors, job.budget_ms)
         rows = ((j.job_id, j.model, j.tensors, j.budget_ms, ()) for j in self.jobs)
         return _encode_inputs(self.COMMAND, "jobs", rows)
 
@@ -199,7 +221,10 @@ class Results:
         return Results(*first), Results(*second)
 
     def encode(self) -> list[Frame]:
-        rows = ((r.job_id, r.tensors, r.timing, ()) for r in self.results)
+        if len(self.results) == 1 and not self.failures:  # the usual one: fewer calls
+            result = self.results[0]
+            return one_result(result.job_id, result.tensors, result.timing, result.timing_json)
+        rows = ((r.job_id, r.tensors, r.timing_json or r.timing, ()) for r in self.results)
         return _encode_outputs(self.COMMAND, ("results", "failures"), rows, self.failures)
 
 
@@ -245,7 +270,7 @@ class Replies:
         return Replies(*first), Replies(*second)
 
     def encode(self) -> list[Frame]:
-        rows = ((r.request_id, r.tensors, r.timing, r.group) for r in self.replies)
+        rows = ((r.request_id, r.tensors, r.timing_json or r.timing, r.group) for r in self.replies)
         return _encode_outputs(self.COMMAND, ("replies", "errors"), rows, self.errors)
 
 
@@ -326,17 +351,19 @@ def _encode_inputs(
 def _encode_outputs(
     command: Command,
     keys: tuple[str, str],
-    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float], tuple[bytes, ...]]],
+    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float] | str, tuple[bytes, ...]]],
     failures: tuple[Fail, ...],
 ) -> list[Frame]:
-    """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures."""
+    """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures.
+    A row's timing is a mapping, or its JSON text where that is known (``timing_json``)."""
     specs = _SpecTable()
     lines: list[str] = []
     frames: list[Frame] = []
     for ident, tensors, timing, group in rows:
         index = specs.index(tensors)
         ident_text, members = _row_id(ident, group), _members(tensors, group)
-        lines.append(f"[{ident_text},{index},{_json(dict(timing))}{members}]")
+        text = timing if isinstance(timing, str) else _json(dict(timing))  # str: JSON already
+        lines.append(f"[{ident_text},{index},{text}{members}]")
         frames.extend(tensors.frames)
     failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in failures)
     tail = f',"{keys[1]}":[{failed}]' if failures else ""

@@ -6,7 +6,7 @@ its header's fields and how the message is built from them) sits right below it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ipuserve.errors import IpuserveError, error_for_code
@@ -106,6 +106,8 @@ class Reply:
     timing: Mapping[str, float]
     #: a group (REPLIES only): the ids of the requests it answers, one member each
     group: tuple[bytes, ...] = ()
+    #: ``timing`` as JSON text, when it is known already (Result.reply): sent as it is
+    timing_json: str | None = field(default=None, compare=False, repr=False)
 
     def members(self) -> list[Reply]:
         """The group as single replies (a single reply: itself)."""
@@ -117,7 +119,10 @@ class Reply:
         ]
 
     def encode(self) -> list[Frame]:
-        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{_json(dict(self.timing))}}}'
+        timing = self.timing_json
+        if timing is None:
+            timing = _json(dict(self.timing))
+        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{timing}}}'
         return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
 
 

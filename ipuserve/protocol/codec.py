@@ -34,6 +34,7 @@ from ipuserve.protocol.envelope import (
     Command,
     Limits,
 )
+from ipuserve.protocol.fastpath import FIELDS_CACHE, FIELDS_CACHE_SIZE, fast_decode
 from ipuserve.protocol.rows import _hex_id
 from ipuserve.protocol.tensors import Frame
 from ipuserve.protocol.worker_messages import Bye, Heartbeat, Hello, Reconnect, Welcome
@@ -68,18 +69,26 @@ _BY_PREFIX: dict[bytes, tuple[Command, _Decoder[Message]]] = {
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Validate and parse one message (without any routing identity)."""
+    """Validate and parse one message (without any routing identity).
+
+    The hot messages take a fast path first (:mod:`ipuserve.protocol.fastpath`),
+    which answers only where it is sure to agree with the checks below."""
+    message: Message | None = fast_decode(frames, limits)
+    if message is not None:
+        return message
+    return _full_decode(frames, limits)
+
+
+def _full_decode(frames: Sequence[Frame], limits: Limits) -> Message:
+    """:func:`decode` without the fast paths: every check, every error message."""
     command, decoder, ident = _check_envelope(frames, limits)
     fields = _header_fields(command, decoder, frames[1], limits)
     return decoder.build(ident, fields, frames[HEADER_FRAMES:], limits)
 
 
-#: (command, header bytes) -> (limits, validated fields), for the command whose headers
-#: repeat (a client sends the same model, names, dtypes and shapes again and again).
-#: The cached values are immutable (str, float, tuples of frozen specs). The limits
-#: are compared, not hashed: a frozen dataclass hashes in Python, on every lookup.
-_FIELDS_CACHE: dict[tuple[Command, bytes], tuple[Limits, dict[str, Any]]] = {}
-_FIELDS_CACHE_SIZE = 1024
+#: validated fields by (command, header), for the cacheable commands: see fastpath
+_FIELDS_CACHE = FIELDS_CACHE
+_FIELDS_CACHE_SIZE = FIELDS_CACHE_SIZE
 
 
 def _header_fields(

@@ -99,12 +99,25 @@ _SPECS_JSON: dict[tuple[TensorSpec, ...], str] = {}
 _SPECS_JSON_SIZE = 1024
 
 
+#: The same, by the spec tuple's id (kept with the tuple, so a reused id is told
+#: apart): decoding and Tensors.of hand out one tuple per distinct spec list, and an
+#: int hashes in C where a tuple of specs calls each dataclass's __hash__ in Python.
+_SPECS_JSON_BY_ID: dict[int, tuple[tuple[TensorSpec, ...], str]] = {}
+
+
 def _specs_json(tensors: Tensors) -> str:
-    text = _SPECS_JSON.get(tensors.specs)
+    specs = tensors.specs
+    found = _SPECS_JSON_BY_ID.get(id(specs))
+    if found is not None and found[0] is specs:
+        return found[1]
+    text = _SPECS_JSON.get(specs)
     if text is None:
         if len(_SPECS_JSON) >= _SPECS_JSON_SIZE:
             _SPECS_JSON.clear()
-        text = _SPECS_JSON[tensors.specs] = _json(tensors.header())
+        text = _SPECS_JSON[specs] = _json(tensors.header())
+    if len(_SPECS_JSON_BY_ID) >= _SPECS_JSON_SIZE:
+        _SPECS_JSON_BY_ID.clear()
+    _SPECS_JSON_BY_ID[id(specs)] = (specs, text)
     return text
 
 
