@@ -94,11 +94,12 @@ class ModelFiles(click.Path):
 )
 @option(
     "--look-ahead",
-    default="unlimited",
+    default="0",
     type=LookAhead(),
-    help="Runs whose inputs the host prepares ahead of the device (the runtime's "
-    "max_look_ahead): 0 saves one thread hand-off per request (lower latency when "
-    "requests come one at a time) and can cost throughput when the device is busy.",
+    help="Runs whose inputs a look-ahead thread prepares while the device computes (the "
+    "runtime's max_look_ahead). 0: the device thread takes each job from the queues "
+    "itself, one thread hand-off fewer per request; 'unlimited' or N: packing overlaps "
+    "the device's runs, for models whose packing costs a noticeable share of a run.",
 )
 @option(
     "--ipus",

@@ -88,7 +88,7 @@ class RunnerBackend:
         batching_dim: int | None = None,
         batch_policy: str = "adaptive",
         batch_timeout_ms: float | None = None,
-        look_ahead: str = "unlimited",
+        look_ahead: str = "0",
         credit: int | None = None,
     ) -> None:
         model = load_model(list(model_paths))
