@@ -120,6 +120,8 @@ class Joiner:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self._config.max_payload_bytes))
+        if self._config.keys is not None:  # before connect: libzmq reads it then
+            self._config.keys.apply(sock)
         sock.connect(self._config.broker)
         return sock
 
