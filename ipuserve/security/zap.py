@@ -249,7 +249,7 @@ class ZapHandler:
         event = recv_monitor_message(monitor)
         if event["event"] == zmq.EVENT_MONITOR_STOPPED:
             return False
-        reason = _HANDSHAKE_FAILURES.get(int(event["value"]), "a failed handshake")
+        reason = _HANDSHAKE_FAILURES.get(int(event["value"]), "whose handshake failed")
         self._count(domain, Verdict(False, who="a peer", reason=reason))
         return True
 
