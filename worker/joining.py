@@ -181,6 +181,12 @@ class Joiner:
                 "check that the broker is running and that this is its backend (worker) "
                 "endpoint, e.g. tcp://HOST:5556, not its frontend (client) one"
             )
+            if self._config.keys is not None:  # a refused handshake looks just like this
+                hint += (
+                    f"; and that the broker admits this worker's key "
+                    f"{self._config.keys.pair.fingerprint} (its public key file in the "
+                    "broker's --worker-keys) and --broker-public-key is the broker's"
+                )
         log.warning(
             "worker %s has not joined the broker at %s after %.0f s (no WELCOME to its "
             "HELLO); still retrying: %s",

@@ -161,9 +161,17 @@ def test_allow_listed_peers_are_served_and_others_refused_and_counted(
         broker.proc.wait_for(r"refused a peer on the frontend socket: a peer ")
         before = refused(broker, "frontend")
 
+        # a Client without keys is told why it hears nothing
+        with (
+            Client(broker.frontend, timeout=REFUSED_TIMEOUT_S) as keyless,
+            pytest.raises(DeadlineExceeded, match="another security mechanism"),
+        ):
+            keyless.infer("noop", {"input": np.zeros((1, 8), np.float32)})
+        before = refused(broker, "frontend")
+
         # an unknown key: the handshake is refused, the request never answered
         with client(broker, keys, "stranger", timeout=REFUSED_TIMEOUT_S) as stranger:
-            with pytest.raises(DeadlineExceeded):
+            with pytest.raises(DeadlineExceeded, match="refused this client's key"):
                 stranger.infer("noop", {"input": np.zeros((1, 8), np.float32)})
             assert_served(good, seed=1)  # meanwhile the allowed client is served
         wait_until(lambda: refused(broker, "frontend") > before, timeout=20)
