@@ -46,8 +46,7 @@ from ipuserve.bench.report import (
     suite_table,
     sweep_table,
 )
-from ipuserve.client.cli import parse_npy_inputs
-from ipuserve.client.client import Client
+from ipuserve.client.cli import client_for, parse_npy_inputs
 from ipuserve.clikit import (
     Endpoint,
     ModelName,
@@ -57,6 +56,7 @@ from ipuserve.clikit import (
     writing,
 )
 from ipuserve.errors import IpuserveError
+from ipuserve.security.cli import curve_client_options, keys_from_options
 
 
 def _positive_int(**kwargs: Any) -> Any:
@@ -156,6 +156,7 @@ class _Levels(click.ParamType):  # type: ignore[type-arg]
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write latency (p50, p99) against throughput as SVG, a point per level.",
 )
+@curve_client_options
 @click.pass_context
 def bench(ctx: click.Context, /, **opts: Any) -> None:
     """Measure throughput and latency (split into broker queue, worker queue, device, wire)."""
@@ -288,9 +289,10 @@ def _single(opts: dict[str, Any], loads: list[LoadConfig]) -> list[dict[str, Any
     if not opts["broker"] or not opts["model"]:
         raise click.UsageError("--broker and --model are required (or use --suite fabric)")
     inputs = opts["input_files"] or None
+    keys = keys_from_options(opts["curve_secret_key"], opts["broker_public_key"])
     results = []
     try:
-        with Client(opts["broker"], timeout=opts["timeout_s"]) as client:
+        with client_for(opts["broker"], opts["timeout_s"], keys) as client:
             for index, load in enumerate(loads, 1):
                 if len(loads) > 1:
                     what = f"rate {load.rate:g}/s" if load.rate else f"{load.in_flight} in flight"

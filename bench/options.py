@@ -29,6 +29,8 @@ _LOAD_OPTIONS = (
     "requests",
     "timeout_s",
     "max_error_pct",
+    "curve_secret_key",
+    "broker_public_key",
 )
 _SUITE_OPTIONS = ("runs", "quick", "workers")
 

@@ -103,6 +103,34 @@ def _as_options(message: str) -> str:
     help="Serve Prometheus metrics over HTTP on this port (0: any free port).",
 )
 @option("--metrics-host", default="0.0.0.0", help="Address the metrics endpoint binds.")
+@option(
+    "--curve-secret-key",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The broker's secret key file (broker.key_secret, from `ipuserve keys generate`): "
+    "both sockets speak CURVE and admit only allow-listed keys (docs/security.md); needs "
+    "--client-keys and --worker-keys [default: plaintext, every peer admitted].",
+)
+@option(
+    "--client-keys",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder of the public key files (*.key) of clients the frontend admits; re-read "
+    "on SIGHUP.",
+)
+@option(
+    "--worker-keys",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder of the public key files of workers the backend admits; re-read on SIGHUP.",
+)
+@option(
+    "--admin-keys",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder of the public key files of admins (on the frontend: what a client may, "
+    "and what changes the fleet); re-read on SIGHUP.",
+)
 def broker(
     frontend: str,
     backend: str,
@@ -117,11 +145,16 @@ def broker(
     client_backlog: int,
     metrics_port: int | None,
     metrics_host: str,
+    curve_secret_key: str | None,
+    client_keys: str | None,
+    worker_keys: str | None,
+    admin_keys: str | None,
 ) -> None:
     """Balance requests from clients across workers until SIGTERM."""
     from ipuserve.broker.config import BrokerConfig
     from ipuserve.broker.loop import Broker
     from ipuserve.malloc import retain_freed_memory
+    from ipuserve.security import reload_on_sighup
 
     retain_freed_memory()
 
@@ -140,6 +173,10 @@ def broker(
             client_backlog=client_backlog,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            curve_secret_key=curve_secret_key,
+            client_keys=client_keys,
+            worker_keys=worker_keys,
+            admin_keys=admin_keys,
         )
     except ConfigError as exc:  # settings that disagree: named as the options they are
         raise click.UsageError(_as_options(str(exc))) from None
@@ -154,6 +191,8 @@ def broker(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if server.zap is not None:  # without keys SIGHUP keeps its default (ends the broker)
+        reload_on_sighup(server.zap)
     metrics = server.metrics_server
     where = f", metrics http://{metrics_host}:{metrics.port}/metrics" if metrics else ""
     click.echo(  # at the default log level too: with --metrics-port 0 nothing else says it

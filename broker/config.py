@@ -22,6 +22,12 @@ class BrokerConfig:
     first fill its ZeroMQ pipe (``client_hwm`` messages), then wait in a broker-side
     backlog (``client_backlog`` messages, retried in order); a client that stopped
     reading loses the replies beyond both (counted), and nobody else waits for it.
+
+    ``curve_secret_key`` (the broker's ``.key_secret``) with the allow-list
+    directories ``client_keys`` and ``worker_keys`` (and optionally ``admin_keys``)
+    puts both sockets under CURVE: only peers whose public key is in the list of a
+    role the socket admits complete a handshake (docs/security.md). Without them the
+    broker is plaintext and admits everyone, as before.
     """
 
     frontend: str = "tcp://*:5555"
@@ -38,6 +44,10 @@ class BrokerConfig:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     shutdown_linger_ms: int = 100
+    curve_secret_key: str | None = None
+    client_keys: str | None = None
+    worker_keys: str | None = None
+    admin_keys: str | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -64,6 +74,33 @@ class BrokerConfig:
             raise ConfigError(f"grace_ms must be >= 0, got {self.grace_ms}")
         if self.max_payload_bytes < 1:
             raise ConfigError(f"max_payload_bytes must be >= 1, got {self.max_payload_bytes}")
+        self._check_keys()
+
+    def _check_keys(self) -> None:
+        """Keys are all or nothing: a broker given some of them and not others would
+        otherwise start plaintext (or refuse every peer of a role) without saying so."""
+        dirs = {"client_keys": self.client_keys, "worker_keys": self.worker_keys}
+        given = [name for name, value in dirs.items() if value is not None]
+        if self.admin_keys is not None:
+            given.append("admin_keys")
+        if self.curve_secret_key is None:
+            if given:
+                raise ConfigError(
+                    f"{' and '.join(given)} need curve_secret_key too: the allow-lists "
+                    "apply to a broker with keys (CURVE)"
+                )
+            return
+        missing = [name for name, value in dirs.items() if value is None]
+        if missing:
+            raise ConfigError(
+                f"curve_secret_key needs {' and '.join(missing)} too: a broker with keys "
+                "admits clients and workers by the allow-list of each role"
+            )
+
+    @property
+    def curve(self) -> bool:
+        """Whether the sockets are under CURVE (keys given)."""
+        return self.curve_secret_key is not None
 
     @property
     def startup_grace_s(self) -> float:

@@ -37,6 +37,14 @@ from ipuserve.errors import (
     ProtocolError,
     WorkerFailedError,
 )
+from ipuserve.security import (
+    BACKEND_DOMAIN,
+    FRONTEND_DOMAIN,
+    KeyPair,
+    ZapHandler,
+    load_secret_key,
+    server_socket,
+)
 from ipuserve.waker import Waker
 
 log = logging.getLogger(__name__)
@@ -64,12 +72,30 @@ class Broker:
             )
         self._context = context or zmq.Context.instance()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
+        #: with keys: the broker's pair and the ZAP handler judging every handshake
+        self._server_key: KeyPair | None = None
+        self.zap: ZapHandler | None = None
         with contextlib.ExitStack() as undo:  # if a bind fails, close what is open
             if self.metrics_server is not None:
                 undo.callback(self.metrics_server.close)
-            self._frontend = self._router(config.frontend, sndhwm=config.client_hwm, handover=True)
+            if config.curve_secret_key is not None:
+                self._server_key = load_secret_key(config.curve_secret_key)
+                self.zap = ZapHandler.from_dirs(
+                    self._context,
+                    client_keys=config.client_keys,
+                    worker_keys=config.worker_keys,
+                    admin_keys=config.admin_keys,
+                )
+                self.zap.start()  # before any bind: libzmq admits every key without it
+                undo.callback(self.zap.stop)
+                self.metrics.watch_security(self.zap)
+            self._frontend = self._router(
+                config.frontend, FRONTEND_DOMAIN, sndhwm=config.client_hwm, handover=True
+            )
             undo.callback(self._frontend.close, linger=0)
-            self._backend = self._router(config.backend, sndhwm=100_000, handover=False)
+            self._backend = self._router(
+                config.backend, BACKEND_DOMAIN, sndhwm=100_000, handover=False
+            )
             undo.pop_all()
         self.frontend_endpoint = _endpoint(self._frontend)
         self.backend_endpoint = _endpoint(self._backend)
@@ -97,7 +123,11 @@ class Broker:
         self._wake = Waker()
         self._stopping = False
 
-    def _router(self, endpoint: str, *, sndhwm: int, handover: bool) -> zmq.Socket[Any]:
+    def _router(
+        self, endpoint: str, domain: str, *, sndhwm: int, handover: bool
+    ) -> zmq.Socket[Any]:
+        """A ROUTER bound to ``endpoint``; with keys, a CURVE server whose peers the ZAP
+        handler judges under ``domain`` (the socket's role)."""
         sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -106,10 +136,16 @@ class Broker:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self.config.max_payload_bytes))
         try:
+            if self.zap is not None:
+                server_socket(sock, domain, self._server_key)
+                self.zap.watch(sock, domain)  # counts peers that fail before ZAP too
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             raise OSError(f"cannot bind {endpoint}: {exc}") from exc
+        except BaseException:
+            sock.close(linger=0)
+            raise
         return sock
 
     # ------------------------------------------------------------ lifecycle
@@ -144,6 +180,8 @@ class Broker:
         self._frontend.close(linger=self.config.shutdown_linger_ms)
         self._backend.close(linger=0)
         self._wake.close()
+        if self.zap is not None:
+            self.zap.stop()  # after its sockets: the thread holds their monitors
         if self.metrics_server is not None:
             self.metrics_server.close()
         log.info("broker closed")

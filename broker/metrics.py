@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ipuserve.metrics import Family, Histogram, MetricsServer, Registry
+
+if TYPE_CHECKING:
+    from ipuserve.security import ZapHandler
 
 __all__ = ["BrokerMetrics", "MetricsServer"]
 
@@ -41,3 +46,31 @@ class BrokerMetrics(Registry):
         self.queue_seconds = Histogram(p + "queue_seconds", "Admission to dispatch, per request.")
         self.worker_seconds = Histogram(p + "worker_seconds", "Dispatch to result, per request.")
         self.request_seconds = Histogram(p + "request_seconds", "Admission to reply, per request.")
+        # CURVE (docs/security.md): copied from the ZAP handler's counters at each scrape
+        self.refused_handshakes = Family(
+            p + "refused_handshakes_total",
+            "Peers refused at the CURVE handshake, by socket (frontend, backend): a key "
+            "not in the socket's allow-lists, no CURVE, or a wrong broker key.",
+        )
+        self.admitted_handshakes = Family(
+            p + "admitted_handshakes_total", "Peers admitted at the CURVE handshake, by role."
+        )
+        self.allowed_keys = Family(
+            p + "allowed_keys", "Public keys in the allow-lists in force, by role.", "gauge"
+        )
+        self._zap: ZapHandler | None = None
+
+    def watch_security(self, zap: ZapHandler) -> None:
+        """Report ``zap``'s counters (read at each scrape: its own thread keeps them)."""
+        self._zap = zap
+
+    def render(self) -> str:
+        zap = self._zap
+        if zap is not None:
+            for domain, count in zap.refused_by_domain.items():
+                self.refused_handshakes.set(count, socket=domain)
+            for role, count in zap.admitted_by_role.items():
+                self.admitted_handshakes.set(count, role=role)
+            for role, count in zap.key_counts.items():
+                self.allowed_keys.set(count, role=role)
+        return super().render()

@@ -28,6 +28,8 @@ from ipuserve.clikit import (
 )
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
+from ipuserve.security import ClientKeys
+from ipuserve.security.cli import curve_client_options, keys_from_options
 
 BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
 
@@ -39,6 +41,18 @@ def _typed_errors() -> Iterator[None]:
         yield
     except IpuserveError as exc:
         raise click.ClickException(f"[{exc.code}] {exc}") from exc
+
+
+def client_for(broker: str, timeout_s: float, keys: ClientKeys | None) -> Client:
+    """A Client to ``broker``, CURVE with ``keys`` (loaded by :func:`keys_from_options`)."""
+    if keys is None:
+        return Client(broker, timeout=timeout_s)
+    return Client(
+        broker,
+        timeout=timeout_s,
+        curve_secret_key=keys.pair.secret,
+        broker_public_key=keys.broker_public,
+    )
 
 
 def describe(array: np.ndarray[Any, Any]) -> str:
@@ -95,14 +109,22 @@ def parse_npy_inputs(
     default=30.0,
     help="Give up (DEADLINE_EXCEEDED) after this long.",
 )
+@curve_client_options
 def infer(
-    broker: str, model: str, inputs: dict[str, Any], output: Path | None, timeout_s: float
+    broker: str,
+    model: str,
+    inputs: dict[str, Any],
+    output: Path | None,
+    timeout_s: float,
+    curve_secret_key: Path | None,
+    broker_public_key: Path | None,
 ) -> None:
     """Send one request with tensors from .npy files and print the outputs (and save them
     with --output)."""
     if output is not None:
         check_writable(output)
-    with _typed_errors(), Client(broker, timeout=timeout_s) as client:
+    keys = keys_from_options(curve_secret_key, broker_public_key)
+    with _typed_errors(), client_for(broker, timeout_s, keys) as client:
         future = client.infer_async(model, inputs)
         outputs = future.result(timeout_s + 5)
     for name, array in outputs.items():
@@ -130,14 +152,22 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
     default=10.0,
     help="Give up after this long.",
 )
-def models(broker: str, as_json: bool, timeout_s: float) -> None:
+@curve_client_options
+def models(
+    broker: str,
+    as_json: bool,
+    timeout_s: float,
+    curve_secret_key: Path | None,
+    broker_public_key: Path | None,
+) -> None:
     """List the broker's models: batch, queued requests, and each worker's credit, jobs
     and requests.
 
     Credit and jobs count jobs (a group of requests is one job); queued and requests
     count the clients' requests.
     """
-    with _typed_errors(), Client(broker, timeout=timeout_s) as client:
+    keys = keys_from_options(curve_secret_key, broker_public_key)
+    with _typed_errors(), client_for(broker, timeout_s, keys) as client:
         found = client.models()
     if as_json:
         click.echo(json.dumps(models_json(found), indent=2))

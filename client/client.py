@@ -59,6 +59,7 @@ from ipuserve.client.liveness import connection_monitor
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
+from ipuserve.security import ClientKeys, KeySource, client_keys
 
 
 class _Default:
@@ -71,6 +72,7 @@ class _Default:
 _DEFAULT: Any = _Default()
 T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
+_KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigError
 
 
 class Client:
@@ -84,6 +86,11 @@ class Client:
     newest, and the older client's replies go there (its requests time out). An
     ``address`` that is
     not a ZeroMQ endpoint to connect to raises :class:`ConfigError`.
+
+    ``curve_secret_key`` and ``broker_public_key`` (each a key file's path, or the key
+    itself as bytes) make the connection CURVE, for a broker with keys
+    (docs/security.md); give both or neither (a :class:`ConfigError` names the one
+    missing). A broker that refuses the key never answers: requests time out.
     """
 
     def __init__(
@@ -93,10 +100,13 @@ class Client:
         *,
         config: ClientConfig | None = None,
         context: zmq.Context[Any] | None = None,
+        curve_secret_key: KeySource | None = None,
+        broker_public_key: KeySource | None = None,
     ) -> None:
         problem = endpoint_problem(address)
         if problem is not None:
             raise ConfigError(problem)
+        keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
         self.address = address
         self.config = config or ClientConfig()
         self.timeout = _check_timeout(timeout)
@@ -105,14 +115,17 @@ class Client:
         # a job it still holds, so a new Client reusing a fixed routing_id must not
         # reuse the ids of one that died (it got that one's results).
         self._ids = itertools.count(secrets.randbits(62))
-        sock, monitor = self._connect(context or zmq.Context.instance())
+        sock, monitor = self._connect(context or zmq.Context.instance(), keys)
         self._io = IoLoop(sock, monitor, self.config, endpoint=address)
         self._io.thread.start()
         # A client dropped without close() stops its thread and socket when collected.
         self._closer = weakref.finalize(self, self._io.close)
 
-    def _connect(self, context: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
-        """The DEALER, connecting, and its connection monitor (attached first)."""
+    def _connect(
+        self, context: zmq.Context[Any], keys: ClientKeys | None
+    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+        """The DEALER (CURVE with ``keys``), connecting, and its connection monitor
+        (attached first)."""
         sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
         monitor: zmq.Socket[Any] | None = None
         try:
@@ -121,6 +134,8 @@ class Client:
             sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.config.reconnect_max_s * 1000))
+            if keys is not None:
+                keys.apply(sock)
             monitor = connection_monitor(sock)
             sock.connect(self.address)
         except zmq.ZMQError as exc:

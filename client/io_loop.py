@@ -449,8 +449,10 @@ class IoLoop:
 
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)["event"]
-            if self._liveness.on_connection_event(event, self.stats, len(self._table)):
+            event = recv_monitor_message(self._monitor)
+            if self._liveness.on_connection_event(
+                event["event"], self.stats, len(self._table), event["value"]
+            ):
                 self._ping(time.monotonic())
                 if self._table:
                     self._resend_all()

@@ -33,9 +33,35 @@ from ipuserve.client.config import ClientConfig, ClientStats
 log = logging.getLogger(__name__)
 
 
+#: handshakes the broker refused: said in the timeout's hint, as nothing else is
+HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+
 def connection_monitor(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
     """The events of ``sock``'s connections the I/O loop acts on; attach before connect()."""
-    return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+    return sock.get_monitor_socket(
+        zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED
+    )
+
+
+def handshake_problem(event: int, value: int) -> str | None:
+    """Why the broker refused a handshake, in the client's words (None: not a refusal
+    a client can act on). A refused peer gets no answer at all, so this is all it learns."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (
+            f"the broker refused this client's key (ZAP status {value}): its public key is "
+            "in none of the broker's allow-lists for clients (`ipuserve keys show FILE` "
+            "prints it for the broker's operator)"
+        )
+    if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return (
+            "the broker speaks another security mechanism: a broker with keys needs "
+            "curve_secret_key and broker_public_key (--curve-secret-key, "
+            "--broker-public-key), one without keys neither"
+        )
+    if value in (zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC, zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE):
+        return "the CURVE handshake failed: is broker_public_key the broker's public key?"
+    return None
 
 
 class Liveness:
@@ -62,6 +88,8 @@ class Liveness:
         self.backend_port = False
         #: the broker said BROKER_SHUTDOWN, and no broker has answered a PING since
         self.broker_shut_down = False
+        #: why the broker refused the last handshake (None: none refused since one passed)
+        self.refused: str | None = None
         self._next_ping = 0.0
         self._born = time.monotonic()
 
@@ -112,7 +140,9 @@ class Liveness:
         log.warning("broker restarted (epoch %s -> %s); re-sending %d", known, pong.epoch, pending)
         return True
 
-    def on_connection_event(self, event: int, stats: ClientStats, pending: int) -> bool:
+    def on_connection_event(
+        self, event: int, stats: ClientStats, pending: int, value: int = 0
+    ) -> bool:
         """A connection came or went; True: reconnected, PING and re-send what is pending.
 
         A new connection means replies sent meanwhile were lost (the broker drops what
@@ -124,7 +154,11 @@ class Liveness:
         if event == zmq.EVENT_DISCONNECTED:
             self.connected = False
             return False
+        if event & HANDSHAKE_REFUSED:  # no connection: ZeroMQ tries again by itself
+            self.refused = handshake_problem(event, value) or self.refused
+            return False
         self.connected = True  # EVENT_HANDSHAKE_SUCCEEDED
+        self.refused = None
         if not self._ever_connected:
             self._ever_connected = True
             return False
@@ -190,6 +224,8 @@ class Liveness:
                 f": {where} answers as a broker's backend (worker) port; clients connect to "
                 "its frontend (client) port"
             )
+        if self.refused is not None and not self.connected:
+            return f": {where} refused the connection: {self.refused}"
         if self.heard_anything or time.monotonic() - self._born < self._suspect_after_s:
             return ""  # too soon to blame the endpoint (a timeout of 0.1 ms once did)
         return (

@@ -9,12 +9,14 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ipuserve.clikit import Endpoint, ModelName, option, parse_duration_ms
 from ipuserve.errors import IpuserveError
+from ipuserve.security.cli import curve_client_options, keys_from_options
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
 log = logging.getLogger(__name__)
@@ -141,6 +143,7 @@ class ModelFiles(click.Path):
     "on this port (0: any free port).",
 )
 @option("--metrics-host", default="0.0.0.0", help="Address the metrics endpoint binds.")
+@curve_client_options
 def worker(
     broker: str,
     models: tuple[str, ...],
@@ -158,6 +161,8 @@ def worker(
     reconnect_max_ms: float,
     metrics_port: int | None,
     metrics_host: str,
+    curve_secret_key: Path | None,
+    broker_public_key: Path | None,
 ) -> None:
     """Serve a model from a ModelRunner to the broker until SIGTERM."""
     config = WorkerConfig(
@@ -168,6 +173,7 @@ def worker(
         handshake_timeout_ms=max(3 * heartbeat_ms, 1000.0),
         reconnect_max_ms=reconnect_max_ms,
         drain_timeout_ms=drain_timeout_ms,
+        keys=keys_from_options(curve_secret_key, broker_public_key),
     )
     if ipus is not None:
         if replicas > ipus:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ipuserve.errors import ConfigError
 from ipuserve.protocol import DEFAULT_LIMITS
+from ipuserve.security import ClientKeys
 
 
 def default_worker_id() -> str:
@@ -25,6 +26,8 @@ class WorkerConfig:
     ``handshake_timeout_ms`` bounds the wait for WELCOME after a HELLO; reconnects
     back off exponentially from ``reconnect_min_ms`` to ``reconnect_max_ms``.
     On SIGTERM the worker finishes what it holds for at most ``drain_timeout_ms``.
+    ``keys`` (its pair and the broker's public key, loaded at start) make every
+    connection CURVE, for a broker with keys; None is plaintext.
     """
 
     broker: str
@@ -37,6 +40,7 @@ class WorkerConfig:
     drain_timeout_ms: float = 10_000.0
     bye_linger_ms: int = 1000
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
+    keys: ClientKeys | None = None
 
     def __post_init__(self) -> None:
         if self.credit is not None and self.credit < 1:

@@ -120,6 +120,8 @@ class Joiner:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self._config.max_payload_bytes))
+        if self._config.keys is not None:  # before connect: libzmq reads it then
+            self._config.keys.apply(sock)
         sock.connect(self._config.broker)
         return sock
 
@@ -179,6 +181,12 @@ class Joiner:
                 "check that the broker is running and that this is its backend (worker) "
                 "endpoint, e.g. tcp://HOST:5556, not its frontend (client) one"
             )
+            if self._config.keys is not None:  # a refused handshake looks just like this
+                hint += (
+                    f"; and that the broker admits this worker's key "
+                    f"{self._config.keys.pair.fingerprint} (its public key file in the "
+                    "broker's --worker-keys) and --broker-public-key is the broker's"
+                )
         log.warning(
             "worker %s has not joined the broker at %s after %.0f s (no WELCOME to its "
             "HELLO); still retrying: %s",

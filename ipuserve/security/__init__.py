@@ -4,8 +4,8 @@
     allowlists.py  Role, one directory of public keys per role, re-read on SIGHUP
     policy.py      who is admitted (CURVE, protected, insecure): a pure function
     zap.py         ZapHandler, the RFC 27 thread on the broker's context; counters
-    sockets.py     one call to configure a server or client socket
-    cli.py         ``ipuserve keys generate`` / ``ipuserve keys show``
+    sockets.py     one call to configure a server or client socket; ClientKeys
+    cli.py         ``ipuserve keys generate`` / ``ipuserve keys show``; the peers' key options
 
 docs/security.md has the threat model and how to deploy keys.
 """
@@ -30,6 +30,8 @@ from ipuserve.security.keys import (
 )
 from ipuserve.security.policy import Mode, Verdict, decide, is_local_address
 from ipuserve.security.sockets import (
+    ClientKeys,
+    client_keys,
     client_socket,
     curve_client,
     curve_server,
@@ -44,6 +46,7 @@ __all__ = [
     "DOMAIN_ROLES",
     "FRONTEND_DOMAIN",
     "AllowLists",
+    "ClientKeys",
     "KeyFiles",
     "KeyPair",
     "KeySource",
@@ -51,6 +54,7 @@ __all__ = [
     "Role",
     "Verdict",
     "ZapHandler",
+    "client_keys",
     "client_socket",
     "curve_client",
     "curve_server",

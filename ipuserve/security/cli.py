@@ -5,17 +5,26 @@
 
 ``show`` prints the public key alone on stdout, so ``$(ipuserve keys show F)`` is the
 key; its fingerprint (the name the broker's log gives it) goes to stderr.
+
+:func:`curve_client_options` gives a command that reaches the broker (worker, infer,
+models, bench) its ``--curve-secret-key`` and ``--broker-public-key``, and
+:func:`keys_from_options` turns them into :class:`ClientKeys` (or None: plaintext).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
 from ipuserve.clikit import fail, option
 from ipuserve.errors import ConfigError
 from ipuserve.security.keys import fingerprint, generate_keypair, load_public_key
+from ipuserve.security.sockets import OPTION_NAMES, ClientKeys, client_keys
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @click.group("keys")
@@ -62,6 +71,39 @@ def show(file: Path) -> None:
         return
     click.echo(public.decode())
     click.echo(f"fingerprint {fingerprint(public)}", err=True)
+
+
+def curve_client_options(command: F) -> F:
+    """``--curve-secret-key FILE --broker-public-key FILE`` (each with its variable):
+    what a peer of a broker with keys needs; neither means plaintext."""
+    key_file = click.Path(dir_okay=False, path_type=Path)
+    command = option(
+        "--broker-public-key",
+        type=key_file,
+        default=None,
+        help="The broker's public key file (broker.key), which the broker must prove it "
+        "holds; with --curve-secret-key.",
+    )(command)
+    return option(
+        "--curve-secret-key",
+        type=key_file,
+        default=None,
+        help="This peer's secret key file (NAME.key_secret, from `ipuserve keys generate`): "
+        "talk CURVE to a broker with keys (docs/security.md); with --broker-public-key "
+        "[default: plaintext].",
+    )(command)
+
+
+def keys_from_options(secret_key: Path | None, broker_public_key: Path | None) -> ClientKeys | None:
+    """The keys :func:`curve_client_options` named, loaded now: one without the other
+    is a usage error, a file that cannot be read a one-line error."""
+    if (secret_key is None) != (broker_public_key is None):
+        given, needed = OPTION_NAMES if secret_key is not None else OPTION_NAMES[::-1]
+        raise click.UsageError(f"{given} needs {needed} too (CURVE takes both)")
+    try:
+        return client_keys(secret_key, broker_public_key)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 commands: list[click.Command] = [keys_group]

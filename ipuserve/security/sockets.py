@@ -13,6 +13,8 @@ for every peer and every received frame carries a User-Id (:func:`peer_user_id`)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import zmq
 
 from ipuserve.errors import ConfigError
@@ -62,24 +64,55 @@ def curve_client(
     return pair
 
 
+@dataclass(frozen=True)
+class ClientKeys:
+    """A client's or worker's CURVE keys, loaded once: its own pair and the broker's
+    public key. Loaded at start, so a bad file fails there and not at every reconnect."""
+
+    pair: KeyPair
+    broker_public: bytes
+
+    def apply(self, sock: zmq.Socket[bytes]) -> None:
+        """Make ``sock`` a CURVE client with these keys (before it connects)."""
+        curve_client(sock, self.pair, self.broker_public)
+
+
+#: how the two keys are named in a message: the CLI's options by default
+OPTION_NAMES = ("--curve-secret-key", "--broker-public-key")
+
+
+def client_keys(
+    secret_key: KeySource | KeyPair | None,
+    broker_public_key: KeySource | None,
+    *,
+    names: tuple[str, str] = OPTION_NAMES,
+) -> ClientKeys | None:
+    """Both keys loaded, or None when neither is given (plaintext). One without the
+    other is a ConfigError naming the missing one (``names``: how the caller calls
+    them): a half-configured client would silently talk plaintext to a broker that
+    refuses it."""
+    if secret_key is None and broker_public_key is None:
+        return None
+    if secret_key is None or broker_public_key is None:
+        given, needed = names if secret_key is not None else names[::-1]
+        raise ConfigError(f"{given} needs {needed} too (CURVE takes both)")
+    pair = secret_key if isinstance(secret_key, KeyPair) else load_secret_key(secret_key)
+    server = load_public_key(broker_public_key)
+    if server == pair.public:
+        raise ConfigError("the broker's public key is this peer's own key; give the broker's")
+    return ClientKeys(pair, server)
+
+
 def client_socket(
     sock: zmq.Socket[bytes],
     secret_key: KeySource | KeyPair | None,
     broker_public_key: KeySource | None,
 ) -> None:
     """:func:`curve_client` when both keys are given, plaintext when neither is; one
-    without the other is a ConfigError (a half-configured client would silently
-    talk plaintext to a broker that refuses it)."""
-    if secret_key is None and broker_public_key is None:
-        return
-    if secret_key is None or broker_public_key is None:
-        given, needed = (
-            ("--curve-secret-key", "--broker-public-key")
-            if secret_key is not None
-            else ("--broker-public-key", "--curve-secret-key")
-        )
-        raise ConfigError(f"{given} needs {needed} too (CURVE takes both)")
-    curve_client(sock, secret_key, broker_public_key)
+    without the other is a ConfigError (:func:`client_keys`)."""
+    keys = client_keys(secret_key, broker_public_key)
+    if keys is not None:
+        keys.apply(sock)
 
 
 def peer_user_id(frame: zmq.Frame) -> str | None:

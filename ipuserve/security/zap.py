@@ -20,6 +20,7 @@ it drops or the broker restarts (docs/security.md, "rotation").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -234,6 +235,11 @@ class ZapHandler:
                         del monitors[monitor]
                         monitor.close(linger=0)
         finally:
+            # unbind first: close() frees an inproc endpoint only later (ZeroMQ's reaper
+            # thread), and a new handler on this context (a broker started again in the
+            # same process) must be able to bind it as soon as stop() returns
+            with contextlib.suppress(zmq.ZMQError):
+                zap.unbind(ZAP_ENDPOINT)
             for sock in (zap, control, *monitors):
                 sock.close(linger=0)
 
@@ -249,7 +255,7 @@ class ZapHandler:
         event = recv_monitor_message(monitor)
         if event["event"] == zmq.EVENT_MONITOR_STOPPED:
             return False
-        reason = _HANDSHAKE_FAILURES.get(int(event["value"]), "a failed handshake")
+        reason = _HANDSHAKE_FAILURES.get(int(event["value"]), "whose handshake failed")
         self._count(domain, Verdict(False, who="a peer", reason=reason))
         return True
 

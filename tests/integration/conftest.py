@@ -1,0 +1,5 @@
+"""Integration tests: the shared process fixture (every process killed at teardown)."""
+
+from __future__ import annotations
+
+from tests.helpers import processes  # noqa: F401  (a fixture)

@@ -1,0 +1,231 @@
+"""CURVE end to end: a broker with keys, real ``ipuserve worker`` processes, real Clients.
+
+Keys are made by ``ipuserve keys generate`` into the test's folder, as an operator
+would. Every wait is on something observable: a log line, a registration, a reply,
+a metric; a refused peer is waited for through the broker's refusal counter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve import protocol as wire
+from ipuserve.client import Client
+from ipuserve.errors import DeadlineExceeded
+from tests.helpers import (
+    BrokerProc,
+    Processes,
+    RawClient,
+    metric,
+    runner_worker_argv,
+    scrape,
+    start_broker,
+    start_worker,
+    wait_until,
+    write_example,
+)
+
+pytestmark = pytest.mark.slow
+
+REFUSED = "ipuserve_broker_refused_handshakes_total"
+#: a refused client's request waits this long for an answer that never comes
+REFUSED_TIMEOUT_S = 1.0
+
+
+@dataclass
+class KeyDirs:
+    """Key files made by ``ipuserve keys generate`` and the broker's allow-lists."""
+
+    root: Path
+
+    def generate(self, name: str, into: str | None = None) -> Path:
+        """``ipuserve keys generate NAME``; its public file copied into the allow-list
+        ``into`` (clients, workers, admins). The secret file's path."""
+        subprocess.run(
+            [sys.executable, "-m", "ipuserve", "keys", "generate", name, "--dir", str(self.root)],
+            check=True,
+            capture_output=True,
+        )
+        if into is not None:
+            shutil.copy(self.root / f"{name}.key", self.root / into / f"{name}.key")
+        return self.secret(name)
+
+    def secret(self, name: str) -> Path:
+        return self.root / f"{name}.key_secret"
+
+    @property
+    def broker_public(self) -> Path:
+        return self.root / "broker.key"
+
+    def peer_options(self, name: str) -> tuple[str, ...]:
+        return ("--curve-secret-key", str(self.secret(name)), "--broker-public-key",
+                str(self.broker_public))  # fmt: skip
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyDirs:
+    root = tmp_path / "keys"
+    for folder in ("clients", "workers", "admins"):
+        (root / folder).mkdir(parents=True)
+    made = KeyDirs(root)
+    made.generate("broker")
+    made.generate("client", into="clients")
+    made.generate("worker", into="workers")
+    made.generate("admin", into="admins")
+    made.generate("stranger")  # in no list
+    return made
+
+
+def start_curve_broker(procs: Processes, keys: KeyDirs) -> BrokerProc:
+    """``ipuserve broker`` with keys (the allow-lists from environment variables, as a
+    deployment gives them); it says it runs CURVE."""
+    env = {
+        "IPUSERVE_BROKER_CLIENT_KEYS": str(keys.root / "clients"),
+        "IPUSERVE_BROKER_WORKER_KEYS": str(keys.root / "workers"),
+        "IPUSERVE_BROKER_ADMIN_KEYS": str(keys.root / "admins"),
+    }
+    options = ("--curve-secret-key", str(keys.secret("broker")))
+    broker = start_broker(procs, *options, env=env, ping_check=False)
+    broker.proc.wait_for(r"security: CURVE, peers admitted by key: 1 client key, "
+                         r"1 worker key, 1 admin key")  # fmt: skip
+    return broker
+
+
+def client(broker: BrokerProc, keys: KeyDirs, name: str, timeout: float = 20.0) -> Client:
+    return Client(
+        broker.frontend,
+        timeout=timeout,
+        curve_secret_key=str(keys.secret(name)),
+        broker_public_key=str(keys.broker_public),
+    )
+
+
+def refused(broker: BrokerProc, socket: str) -> float:
+    return scrape(broker.metrics_url).get(f'{REFUSED}{{socket="{socket}"}}', 0.0)
+
+
+def assert_served(c: Client, seed: int) -> None:
+    """One request to the noop model (output = input): the numpy reference is the input."""
+    given = np.random.default_rng(seed).standard_normal((3, 8)).astype(np.float32)
+    outputs = c.infer("noop", {"input": given})
+    np.testing.assert_array_equal(outputs["output"], given)
+
+
+def models_cli(broker: BrokerProc, keys: KeyDirs, name: str) -> list[dict[str, Any]]:
+    """``ipuserve models --json`` with ``name``'s key, from environment variables."""
+    env = {
+        **os.environ,
+        "IPUSERVE_MODELS_CURVE_SECRET_KEY": str(keys.secret(name)),
+        "IPUSERVE_MODELS_BROKER_PUBLIC_KEY": str(keys.broker_public),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "ipuserve", "models", "--broker", broker.frontend, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    listed: list[dict[str, Any]] = json.loads(done.stdout)
+    return listed
+
+
+def test_allow_listed_peers_are_served_and_others_refused_and_counted(
+    processes: Processes, keys: KeyDirs, tmp_path: Path
+) -> None:
+    model = write_example(tmp_path / "noop.popef", "noop", "--batch-size", "4", "--elements", "8")
+    broker = start_curve_broker(processes, keys)
+    worker_args = ("--name", "noop", "--worker-id", "good", *keys.peer_options("worker"))
+    start_worker(processes, broker, runner_worker_argv(model, args=worker_args))
+
+    with client(broker, keys, "client") as good:
+        assert_served(good, seed=0)
+
+        # a client without CURVE: refused on the mechanism, before ZAP, counted too
+        with RawClient(broker.frontend) as plain:
+            plain.send(wire.Ping(b"plain"))
+            wait_until(lambda: refused(broker, "frontend") >= 1, timeout=20)
+            with pytest.raises(TimeoutError):
+                plain.recv(timeout=REFUSED_TIMEOUT_S)
+        broker.proc.wait_for(r"refused a peer on the frontend socket: a peer ")
+        before = refused(broker, "frontend")
+
+        # a Client without keys is told why it hears nothing
+        with (
+            Client(broker.frontend, timeout=REFUSED_TIMEOUT_S) as keyless,
+            pytest.raises(DeadlineExceeded, match="another security mechanism"),
+        ):
+            keyless.infer("noop", {"input": np.zeros((1, 8), np.float32)})
+        before = refused(broker, "frontend")
+
+        # an unknown key: the handshake is refused, the request never answered
+        with client(broker, keys, "stranger", timeout=REFUSED_TIMEOUT_S) as stranger:
+            with pytest.raises(DeadlineExceeded, match="refused this client's key"):
+                stranger.infer("noop", {"input": np.zeros((1, 8), np.float32)})
+            assert_served(good, seed=1)  # meanwhile the allowed client is served
+        wait_until(lambda: refused(broker, "frontend") > before, timeout=20)
+        broker.proc.wait_for(r"refused a peer on the frontend socket: key \w{12} not in")
+
+        # a worker presenting a client's key is refused on the backend: it never
+        # registers, and nobody's request is sent to it
+        thief = runner_worker_argv(model, args=("--name", "noop", "--worker-id", "thief",
+                                                *keys.peer_options("client")))  # fmt: skip
+        thief_proc = processes.start("thief", thief(broker.backend))
+        wait_until(lambda: refused(broker, "backend") >= 1, timeout=60)
+        for name in ("admin", "client"):  # MODELS is open to clients and admins
+            (info,) = models_cli(broker, keys, name)
+            assert [w["worker_id"] for w in info["workers"]] == ["good"]
+        assert_served(good, seed=2)
+    assert "joined the broker" not in thief_proc.output()
+    bench = subprocess.run(
+        [sys.executable, "-m", "ipuserve", "bench", "--broker", broker.frontend, "--model",
+         "noop", "--concurrency", "4", "--requests", "40", "--warmup-s", "0", "--json",
+         *keys.peer_options("client")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout)["errors"] == {}
+    samples = scrape(broker.metrics_url)
+    assert metric(samples, "ipuserve_broker_admitted_handshakes_total") >= 3
+    assert samples['ipuserve_broker_allowed_keys{role="client"}'] == 1
+
+
+def test_a_key_added_to_the_allow_list_is_admitted_after_sighup_without_a_restart(
+    processes: Processes, keys: KeyDirs, tmp_path: Path
+) -> None:
+    model = write_example(tmp_path / "noop.popef", "noop", "--batch-size", "4", "--elements", "8")
+    broker = start_curve_broker(processes, keys)
+    worker_args = ("--name", "noop", *keys.peer_options("worker"))
+    worker = start_worker(processes, broker, runner_worker_argv(model, args=worker_args))
+    keys.generate("newcomer")  # not allowed yet
+    with client(broker, keys, "client") as old:
+        assert_served(old, seed=0)
+        with (
+            client(broker, keys, "newcomer", timeout=REFUSED_TIMEOUT_S) as early,
+            pytest.raises(DeadlineExceeded),
+        ):
+            early.infer("noop", {"input": np.zeros((1, 8), np.float32)})
+
+        shutil.copy(keys.root / "newcomer.key", keys.root / "clients" / "newcomer.key")
+        mark = broker.proc.mark()
+        os.kill(broker.proc.pid, signal.SIGHUP)
+        broker.proc.wait_for(r"allow-lists reloaded: .*2 client keys", since=mark)
+
+        with client(broker, keys, "newcomer") as newcomer:
+            assert_served(newcomer, seed=1)
+        assert_served(old, seed=2)  # its connection was never dropped
+    assert old.stats.reconnects == 0
+    assert broker.proc.popen.poll() is None  # SIGHUP did not end it
+    assert "joined the broker" in worker.output()
+    assert worker.output().count("joined the broker") == 1  # nor the worker's connection
