@@ -3,7 +3,8 @@
 Each test gets its own simulated-IPU "host" (a private lock directory and
 inventory), so tests never contend with each other or with a developer's
 running workers. Process fixtures live in tests/helpers.py; `npy_files` (the .npy inputs
-the `infer` and `bench` commands read) is here for tests/client and tests/bench alike.
+the `infer` and `bench` commands read) and `served` (a broker with an `add` worker) are
+here for tests/client and tests/bench alike.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import add_inputs
+from tests.helpers import (
+    BrokerProc,
+    Processes,
+    add_inputs,
+    fn_worker_argv,
+    processes,  # noqa: F401  (a fixture)
+    start_broker,
+    start_worker,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -53,3 +62,11 @@ def npy_files(tmp_path: Path) -> dict[str, Path]:
     files["text"] = tmp_path / "x.txt"
     files["text"].write_text("1 2 3\n")
     return files
+
+
+@pytest.fixture
+def served(processes: Processes) -> BrokerProc:  # noqa: F811
+    """A broker with one `add` worker (tests/fn_worker.py) registered."""
+    broker = start_broker(processes)
+    start_worker(processes, broker, fn_worker_argv("add"))
+    return broker

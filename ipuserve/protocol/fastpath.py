@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
@@ -222,39 +222,38 @@ _SPEC_TEXTS: dict[bytes, tuple[Limits, tuple[TensorSpec, ...]]] = {}
 _SPEC_TEXTS_SIZE = 1024
 
 
+T = TypeVar("T")
+
 #: JOBS spec table entry JSON text -> (limits, its checked model name and specs)
 _ENTRIES: dict[bytes, tuple[Limits, tuple[str, tuple[TensorSpec, ...]]]] = {}
 
 
-def _entry(text: bytes, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]] | None:
-    """A JOBS spec table entry, checked as the full decoder checks it (else None)."""
-    found = _ENTRIES.get(text)
+def _checked(
+    table: dict[bytes, tuple[Limits, T]], text: bytes, limits: Limits, check: Callable[..., T]
+) -> T | None:
+    """``check(json of text, limits)`` as the full decoder runs it, remembered by the text
+    (None if it refuses it: the full decoder then says why)."""
+    found = table.get(text)
     if found is not None and (found[0] is limits or found[0] == limits):
         return found[1]
     try:
-        entry = _job_spec(_DECODER.decode(text.decode("utf-8")), limits)
+        value = check(_DECODER.decode(text.decode("utf-8")), limits)
     except Exception:  # any refusal: the full decoder says why
         return None
-    if len(_ENTRIES) >= _SPEC_TEXTS_SIZE:
-        _ENTRIES.clear()
-    _ENTRIES[text] = (limits, entry)
-    return entry
+    if len(table) >= _SPEC_TEXTS_SIZE:
+        table.clear()
+    table[text] = (limits, value)
+    return value
+
+
+def _entry(text: bytes, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]] | None:
+    """A JOBS spec table entry, checked as the full decoder checks it (else None)."""
+    return _checked(_ENTRIES, text, limits, _job_spec)
 
 
 def _specs(text: bytes, limits: Limits) -> tuple[TensorSpec, ...] | None:
-    """A tensor spec list, checked as the full decoder checks it (None if it refuses it:
-    the full decoder then says why)."""
-    found = _SPEC_TEXTS.get(text)
-    if found is not None and (found[0] is limits or found[0] == limits):
-        return found[1]
-    try:
-        specs = _tensor_specs(_DECODER.decode(text.decode("utf-8")), limits)
-    except Exception:  # any refusal: the full decoder says why
-        return None
-    if len(_SPEC_TEXTS) >= _SPEC_TEXTS_SIZE:
-        _SPEC_TEXTS.clear()
-    _SPEC_TEXTS[text] = (limits, specs)
-    return specs
+    """A tensor spec list, checked as the full decoder checks it (else None)."""
+    return _checked(_SPEC_TEXTS, text, limits, _tensor_specs)
 
 
 _HANDLERS: dict[bytes, Callable[[bytes, bytes, Sequence[Frame], Limits], Any]] = {

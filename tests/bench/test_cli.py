@@ -32,13 +32,6 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def served(processes: Processes) -> BrokerProc:  # noqa: F811
-    broker = start_broker(processes)
-    start_worker(processes, broker, fn_worker_argv("add"))
-    return broker
-
-
 def invoke(*args: str) -> str:
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     assert result.exit_code == 0, result.output

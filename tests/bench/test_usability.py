@@ -38,13 +38,6 @@ def last_line(result: Result) -> str:
     return result.output.strip().splitlines()[-1]
 
 
-@pytest.fixture
-def served(processes: Processes) -> BrokerProc:  # noqa: F811
-    broker = start_broker(processes)
-    start_worker(processes, broker, fn_worker_argv("add"))
-    return broker
-
-
 @pytest.mark.parametrize(
     ("option", "name", "message"),
     [

@@ -18,20 +18,10 @@ from tests.helpers import (
     Processes,
     add_expected,
     add_inputs,
-    fn_worker_argv,
     processes,  # noqa: F401  (a fixture)
-    start_broker,
-    start_worker,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def served(processes: Processes) -> BrokerProc:  # noqa: F811
-    broker = start_broker(processes)
-    start_worker(processes, broker, fn_worker_argv("add"))
-    return broker
 
 
 def invoke(*args: str) -> str:

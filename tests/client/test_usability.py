@@ -23,10 +23,8 @@ from tests.helpers import (
     BrokerProc,
     Processes,
     add_inputs,
-    fn_worker_argv,
     processes,  # noqa: F401  (a fixture)
     start_broker,
-    start_worker,
 )
 
 NOWHERE = "tcp://127.0.0.1:1"  # never dialled: every test using it fails before sending
@@ -38,13 +36,6 @@ def run(*args: str, env: dict[str, str] | None = None) -> Result:
 
 def last_line(result: Result) -> str:
     return result.output.strip().splitlines()[-1]
-
-
-@pytest.fixture
-def served(processes: Processes) -> BrokerProc:  # noqa: F811
-    broker = start_broker(processes)
-    start_worker(processes, broker, fn_worker_argv("add"))
-    return broker
 
 
 # ------------------------------------------------------------------ 1. endpoints
