@@ -123,6 +123,20 @@ def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None
     return None
 
 
+def batch_problem(model: ModelSpec, given: Sequence[TensorSpec], samples: int) -> str | None:
+    """Why outputs of ``samples`` samples per member (what the job's inputs carried)
+    cannot be the model's answer, else None: along the batching dimension an output has
+    as many samples as the inputs it answers, and a worker that says otherwise would
+    hand the client another request's rows, or too few."""
+    dim = model.batching_dim
+    if dim is None:
+        return None  # every dimension is fixed: outputs_problem checked them
+    for spec in given:
+        if len(spec.shape) > dim and spec.shape[dim] != samples:
+            return f"output {spec} of {spec.shape[dim]} samples for a request of {samples}"
+    return None
+
+
 def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
     expected = {spec.name: spec for spec in model.inputs}
     names = [spec.name for spec in given]
@@ -172,4 +186,3 @@ def _check_input(model: ModelSpec, want: TensorSpec, got: TensorSpec) -> None:
             f"{where} must have shape {want.shape}{rule}, got {got.shape}"
             + (hint if unbatched else "")
         )
-
