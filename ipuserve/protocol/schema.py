@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipuserve.errors import InvalidInputError
+from ipuserve.protocol.envelope import ENTRY_OVERHEAD, CacheBudget
 from ipuserve.protocol.tensors import TensorSpec
 
 
@@ -71,19 +72,19 @@ class _Passed:
     the broker and worker check each pair once, not per message. Holding the objects
     rules out a reused id."""
 
-    _SIZE = 1024
-
     def __init__(self) -> None:
         self._pairs: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+        #: the pairs hold spec lists alive: counted by their names' bytes
+        self._budget = CacheBudget()
 
     def __contains__(self, pair: tuple[ModelSpec, Sequence[TensorSpec]]) -> bool:
         seen = self._pairs.get((id(pair[0]), id(pair[1])))
         return seen is not None and seen[0] is pair[0] and seen[1] is pair[1]
 
     def add(self, model: ModelSpec, given: Sequence[TensorSpec]) -> None:
-        if len(self._pairs) >= self._SIZE:
-            self._pairs.clear()
-        self._pairs[(id(model), id(given))] = (model, given)
+        size = sum(len(spec.name) + ENTRY_OVERHEAD for spec in given) + ENTRY_OVERHEAD
+        if self._budget.admit(self._pairs, size):
+            self._pairs[(id(model), id(given))] = (model, given)
 
 
 _INPUTS_PASSED = _Passed()
