@@ -73,7 +73,7 @@ def _check_fields(
     header: dict[str, Any], schema: Mapping[str, _Field], where: str, limits: Limits
 ) -> dict[str, Any]:
     if len(header) > len(schema) or any(key not in schema for key in header):
-        unknown = ", ".join(key for key in header if key not in schema)
+        unknown = ", ".join(_show(key) for key in header if key not in schema)
         raise ProtocolError(
             f"{where} has unknown field(s) {unknown}; expected {', '.join(schema) or 'none'}"
         )

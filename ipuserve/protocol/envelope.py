@@ -30,6 +30,11 @@ MAX_COUNT = 2**53
 #: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).
 MAX_TIMING_VALUE = 1e18
 MAX_TIMING_KEYS = 32
+#: The longest error message sent (ERROR, and failures): a message that quoted what a
+#: peer sent (a 250 KiB unknown field name; non-ASCII text, which JSON escapes to 6
+#: bytes a character) made an ERROR whose header the receiver refused as too big, so
+#: the peer got no error it could read.
+MAX_MESSAGE_CHARS = 2000
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
 
@@ -113,6 +118,13 @@ class CacheBudget:
             self.used = 0
         self.used += size
         return True
+
+
+def _bounded(message: str) -> str:
+    """``message`` cut to MAX_MESSAGE_CHARS, saying so."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[: MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters)"
 
 
 #: What an entry costs besides its text: the dict slot, the key tuple, the objects.

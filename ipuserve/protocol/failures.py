@@ -22,7 +22,7 @@ from ipuserve.errors import (
     error_for_code,
 )
 from ipuserve.protocol.checks import _code, _job_id, _show, _text
-from ipuserve.protocol.envelope import Limits
+from ipuserve.protocol.envelope import Limits, _bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class Fail:
 
     @classmethod
     def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
-        return cls(job_id, error.code, str(error))
+        return cls(job_id, error.code, _bounded(str(error)))
 
     def exception(self) -> IpuserveError:
         return error_for_code(self.code, self.message)
