@@ -68,6 +68,7 @@ class Scheduler:
         self.group_sizer = GroupSizer()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         self._orphan_s = config.orphan_ms / 1000
+        registry.orphan_s = self._orphan_s  # an orphan is kept that long, at least
         #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
         self._outgoing: dict[Worker, list[JobEntry]] = {}
         #: replies to batched requests since the last flush, by client, with their model
