@@ -1,4 +1,14 @@
-"""Registered workers, and the models they serve (with the schema requests must match)."""
+"""Registered workers, and the models they serve (with the schema requests must match).
+
+What the broker knows is bounded, since every worker's HELLO adds to it and every
+client's MODELS reads it back in one MODELS_REPLY, whose header must fit the wire's
+limit (docs/protocol.md §3): a worker serves at most MAX_WORKER_MODELS models, the
+broker knows at most MAX_MODELS names, and a model is refused at HELLO (WELCOME's
+``refused``, with why) when its entry would take the MODELS_REPLY past
+MODELS_REPLY_BYTES. A model's name is forgotten ``orphan_ms`` after its last worker
+left when room is needed for another (until then it is listed, and its requests
+are answered UNAVAILABLE as an orphan's), not kept for ever.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +18,32 @@ from dataclasses import dataclass, field
 
 from ipuserve.broker.jobs import JobEntry
 from ipuserve.errors import UnknownModelError
-from ipuserve.protocol import Hello, ModelSpec, Refusals
+from ipuserve.protocol import DEFAULT_LIMITS, Hello, ModelSpec, Refusals
+from ipuserve.protocol.envelope import _json
 
 log = logging.getLogger(__name__)
+
+#: The most models one worker may serve; its HELLO's others are refused.
+MAX_WORKER_MODELS = 64
+#: The most model names a broker knows at once (served, or orphaned lately).
+MAX_MODELS = 256
+#: What the entries of a MODELS_REPLY may take: the header limit, less a margin for
+#: its frame ({"models":[]}) and the digits of counts that grow after registration.
+MODELS_REPLY_BYTES = DEFAULT_LIMITS.max_header_bytes - (8 << 10)
+#: A MODELS_REPLY model entry besides its spec ({"spec":,"queued":N,"workers":[]}),
+#: and a worker's entry besides its id ({"worker_id":,"credit":N,...}), at most.
+_MODEL_ENTRY = 80
+_WORKER_ENTRY = 100
+
+
+def _worker_bytes(worker_id: str) -> int:
+    """The most a worker's entry under one model takes in a MODELS_REPLY."""
+    return len(_json(worker_id)) + _WORKER_ENTRY
+
+
+def _model_bytes(spec: ModelSpec) -> int:
+    """The most a model's entry, without its workers, takes in a MODELS_REPLY."""
+    return len(_json(spec.to_json())) + _MODEL_ENTRY
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +81,11 @@ class Registry:
         self.serving: dict[str, list[Worker]] = {}
         #: models whose last worker left, and when (monotonic); gone once one joins
         self.orphaned: dict[str, float] = {}
+        #: the most the entries of a MODELS_REPLY take now (models, and their workers)
+        self.reply_bytes = 0
+        #: how long an orphaned model is kept at least (the broker's orphan_ms): its
+        #: queued requests are answered by then, so it may be forgotten
+        self.orphan_s = 0.0
 
     def get(self, identity: bytes) -> Worker | None:
         return self.workers.get(identity)
@@ -58,25 +96,58 @@ class Registry:
     def add(self, identity: bytes, hello: Hello, now: float) -> tuple[Worker, Refusals]:
         """Register a worker for each model whose schema agrees with what is known; the
         others come back with why, for the worker to hear in its WELCOME."""
-        refused = tuple(
-            (spec.name, why)
-            for spec in hello.models
-            if (why := self._refusal(hello.worker_id, spec)) is not None
-        )
-        names = {name for name, _why in refused}
-        models = tuple(spec.name for spec in hello.models if spec.name not in names)
-        worker = Worker(identity, hello.worker_id, models, hello.credit, now)
+        refused: list[tuple[str, str]] = []
+        models: list[str] = []
+        for spec in hello.models:
+            why = self._bounds(hello.worker_id, spec, models)
+            if why is not None and self._forget_orphans(now):  # room made: once more
+                why = self._bounds(hello.worker_id, spec, models)
+            if why is None:
+                why = self._refusal(hello.worker_id, spec)
+            if why is None:
+                models.append(spec.name)
+            else:
+                refused.append((spec.name, why))
+        worker = Worker(identity, hello.worker_id, tuple(models), hello.credit, now)
         self.workers[identity] = worker
         for name in models:
             self.serving.setdefault(name, []).append(worker)
             self.orphaned.pop(name, None)
-        return worker, refused
+        return worker, tuple(refused)
+
+    def _bounds(self, worker_id: str, spec: ModelSpec, accepted: list[str]) -> str | None:
+        """Why ``spec`` would pass what the broker may know (see the module's doc), else
+        None; when None its bytes are counted from now on."""
+        name = spec.name
+        known = self.specs.get(name)
+        if name in accepted:
+            why = f"model {name!r} is announced twice"
+        elif len(accepted) >= MAX_WORKER_MODELS:
+            why = f"a worker may serve at most {MAX_WORKER_MODELS} models"
+        elif known is None and len(self.specs) >= MAX_MODELS:
+            why = f"the broker knows {len(self.specs)} models, its most (MAX_MODELS)"
+        else:
+            more = _worker_bytes(worker_id)
+            if known is None:
+                more += _model_bytes(spec)
+            elif known != spec and not self.serving.get(name):  # replaces an orphan's
+                more += _model_bytes(spec) - _model_bytes(known)
+            if self.reply_bytes + more <= MODELS_REPLY_BYTES:
+                self.reply_bytes += more
+                return None
+            why = (
+                f"the broker's MODELS reply would pass its {DEFAULT_LIMITS.max_header_bytes} "
+                "byte header limit with it: fewer models or workers, or shorter names"
+            )
+        log.error("worker %s: model %r refused: %s", worker_id, name, why)
+        return why
 
     def _refusal(self, worker_id: str, spec: ModelSpec) -> str | None:
         known = self.specs.get(spec.name)
         if known is None or known == spec or not self.serving.get(spec.name):
             self.specs[spec.name] = spec
             return None
+        self.reply_bytes -= _worker_bytes(worker_id)  # counted by _bounds, not kept
         serving = ", ".join(w.worker_id for w in self.serving[spec.name])
         why = (
             f"model {spec.name!r} is served by {serving} with another schema "
@@ -99,11 +170,25 @@ class Registry:
         """Forget ``worker``; the models it was the last to serve (now orphaned)."""
         self.workers.pop(worker.identity, None)
         orphaned = []
+        entry = _worker_bytes(worker.worker_id)
         for name in worker.models:
             serving = self.serving.get(name, [])
             if worker in serving:
                 serving.remove(worker)
+                self.reply_bytes -= entry
                 if not serving:
                     self.orphaned[name] = time.monotonic()
                     orphaned.append(name)
         return orphaned
+
+    def _forget_orphans(self, now: float) -> bool:
+        """Forget the models orphaned for ``orphan_s`` or longer (their name, schema and
+        bytes: a worker may announce them anew); whether there were any."""
+        old = [name for name, since in self.orphaned.items() if now - since >= self.orphan_s]
+        for name in old:
+            spec = self.specs.pop(name, None)
+            if spec is not None:
+                self.reply_bytes -= _model_bytes(spec)
+            self.serving.pop(name, None)
+            del self.orphaned[name]
+        return bool(old)

@@ -68,6 +68,7 @@ class Scheduler:
         self.group_sizer = GroupSizer()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         self._orphan_s = config.orphan_ms / 1000
+        registry.orphan_s = self._orphan_s  # an orphan is kept that long, at least
         #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
         self._outgoing: dict[Worker, list[JobEntry]] = {}
         #: replies to batched requests since the last flush, by client, with their model
@@ -185,7 +186,7 @@ class Scheduler:
         for result in message.results:
             self._on_outcome(sender, worker, result.job_id, result)
         for fail in message.failures:
-            self._on_outcome(sender, worker, fail.job_id, fail.exception())
+            self._on_outcome(sender, worker, fail.job_id, fail.worker_exception())
         if worker is not None:
             self._fill(worker)
 
@@ -240,6 +241,8 @@ class Scheduler:
         spec = self.registry.specs.get(model)
         if spec is not None:
             problem = wire.outputs_problem(spec, tensors.specs)
+            if problem is None and job.samples:
+                problem = wire.batch_problem(spec, tensors.specs, job.samples // requests)
             if problem is not None:  # never forward what the model cannot have produced
                 who = job.worker.worker_id if job.worker is not None else "a worker"
                 self.reject(

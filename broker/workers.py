@@ -56,7 +56,8 @@ class WorkerHandlers:
             worker.credit,
         )
         for spec in new_specs:
-            self._scheduler.model_registered(spec)
+            if spec.name in worker.models:  # not one refused
+                self._scheduler.model_registered(spec)
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
             welcome = dataclasses.replace(self._welcome, refused=refused).encode()

@@ -20,6 +20,7 @@ from ipuserve.errors import (
     PayloadTooLargeError,
     ProtocolError,
     UnsupportedVersionError,
+    WorkerFailedError,
 )
 
 SPEC = p.ModelSpec(
@@ -565,8 +566,11 @@ def test_a_result_over_the_payload_limit_fails_alone() -> None:
     decoded = p.decode(frames, LIMITS)
     assert isinstance(decoded, p.Results)
     assert [r.job_id for r in decoded.results] == [b"b"]
-    assert [(f.job_id, f.code) for f in decoded.failures] == [(b"a", "PAYLOAD_TOO_LARGE")]
-    assert type(decoded.failures[0].exception()) is PayloadTooLargeError
+    # a worker keeps its outputs within the limit (else fails the job itself): the
+    # broker blames it, never the client's request
+    assert [(f.job_id, f.code) for f in decoded.failures] == [(b"a", "WORKER_FAILED")]
+    assert type(decoded.failures[0].exception()) is WorkerFailedError
+    assert "the limit is 1024" in decoded.failures[0].message
 
 
 def test_a_batch_lists_each_distinct_spec_once() -> None:

@@ -36,7 +36,9 @@ The package's modules, by job (callers import from the package: ``from ipuserve
 import protocol as wire``; its ``__all__`` is the public API):
 
 * ``tensors``   the tensor model: dtype allow-list, TensorSpec, Tensors (no zmq)
-* ``schema``    ModelSpec, and whether tensors fit it: check_inputs, outputs_problem
+* ``failures``  Fail, and the codes a worker may send (WORKER_CODES)
+* ``schema``    ModelSpec, and whether tensors fit it: check_inputs, outputs_problem,
+                batch_problem
 * ``envelope``  constants, Command, Limits, and building a message's frames
 * ``checks``    validating header fields, tensor specs and frames; the decoder type
 * ``client_messages``, ``worker_messages``, ``batches`` (with ``rows``)
@@ -52,7 +54,6 @@ from __future__ import annotations
 
 from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, name_problem
 from ipuserve.protocol.batches import (
-    Fail,
     Job,
     Jobs,
     Replies,
@@ -86,6 +87,7 @@ from ipuserve.protocol.envelope import (
     HEADER_FRAMES,
     MAX_COUNT,
     MAX_ID_BYTES,
+    MAX_MESSAGE_CHARS,
     MAX_TIMING_KEYS,
     MAX_TIMING_VALUE,
     PROTOCOL_TAG,
@@ -95,8 +97,10 @@ from ipuserve.protocol.envelope import (
     Limits,
     envelope,
 )
+from ipuserve.protocol.failures import WORKER_CODES, Fail
 from ipuserve.protocol.schema import (
     ModelSpec,
+    batch_problem,
     check_inputs,
     outputs_problem,
 )
@@ -132,12 +136,14 @@ __all__ = [
     "MAX_COUNT",
     "MAX_DURATION_MS",
     "MAX_ID_BYTES",
+    "MAX_MESSAGE_CHARS",
     "MAX_NAME_CHARS",
     "MAX_TIMING_KEYS",
     "MAX_TIMING_VALUE",
     "PROTOCOL_TAG",
     "PROTOCOL_VERSION",
     "TAG",
+    "WORKER_CODES",
     "Bye",
     "Command",
     "ErrorReply",
@@ -167,6 +173,7 @@ __all__ = [
     "Tensors",
     "Welcome",
     "WorkerLoad",
+    "batch_problem",
     "check_inputs",
     "decode",
     "encode_batch",

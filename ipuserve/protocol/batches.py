@@ -9,11 +9,12 @@ in :mod:`ipuserve.protocol.rows`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
-from ipuserve.errors import IpuserveError, ProtocolError, error_for_code
+from ipuserve.errors import ProtocolError, WorkerFailedError
 from ipuserve.protocol.checks import (
     _BATCH,
     _TENSORS,
@@ -21,21 +22,18 @@ from ipuserve.protocol.checks import (
     _as_object,
     _batch_tensors,
     _check_fields,
-    _code,
     _Decoder,
     _Field,
-    _job_id,
     _memo,
     _name,
     _nbytes,
     _rows,
-    _show,
     _tensor_specs,
-    _text,
 )
 from ipuserve.protocol.client_messages import Reply, Request
 from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
+    MAX_TIMING_KEYS,
     Command,
     Limits,
     _frames,
@@ -43,6 +41,7 @@ from ipuserve.protocol.envelope import (
     _number,
     _specs_json,
 )
+from ipuserve.protocol.failures import Fail, _failure_row
 from ipuserve.protocol.one_row import one_job, one_result
 from ipuserve.protocol.rows import Row, _job_rows, _reply_rows, _request_rows, _result_rows
 from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
@@ -81,6 +80,14 @@ class Result:
         the entry appended, where encoding the dict would give the same JSON object."""
         timing = dict(self.timing)
         text = self.timing_json
+        if key not in timing and len(timing) >= MAX_TIMING_KEYS:
+            # A worker may send MAX_TIMING_KEYS entries, but the reply must stay within
+            # that limit with ``key`` added, or the client refuses it as malformed (and
+            # with it a whole REPLIES batch). The outputs are right, and timing is only
+            # diagnostics: the worker's surplus entries (the last ones) are dropped
+            # rather than failing a correct result.
+            timing = dict(itertools.islice(timing.items(), MAX_TIMING_KEYS - 1))
+            text = None
         if text is not None and (
             key in timing or type(value) is not float or value - value != 0 or '"' in key
         ):
@@ -89,28 +96,6 @@ class Result:
         if text is not None:
             text = f'{text[:-1]}{"," if len(text) > 2 else ""}"{key}":{float(value)!r}}}'
         return Reply(request_id, self.tensors, timing, group, text)
-
-
-@dataclass(frozen=True, slots=True)
-class Fail:
-    """A job that failed: a wire code from ipuserve.errors and a message."""
-
-    job_id: bytes
-    code: str
-    message: str
-
-    @classmethod
-    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
-        return cls(job_id, error.code, str(error))
-
-    def exception(self) -> IpuserveError:
-        return error_for_code(self.code, self.message)
-
-
-def _failure_row(item: Any, limits: Limits) -> Fail:
-    if type(item) is not list or len(item) != 3:
-        raise ProtocolError(f"must be [job id, code, message]; got {_show(item)}")
-    return Fail(_job_id(item[0], limits), _code(item[1], limits), _text(item[2], limits))
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,5 +454,8 @@ def _outputs(
         if isinstance(tensors, Tensors):
             good.append((ident, tensors, timing, group))
         else:
+            if command is Command.RESULTS:  # the worker's outputs: never the client's fault
+                why = f"the worker sent outputs the protocol refuses: {tensors}"
+                tensors = WorkerFailedError(why)
             failures += [Fail.of(member, tensors) for member in group or (ident,)]
     return good, tuple(failures)

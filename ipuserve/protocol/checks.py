@@ -28,10 +28,12 @@ from ipuserve.errors import (
 )
 from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, NAME_RULE, name_problem
 from ipuserve.protocol.envelope import (
+    ENTRY_OVERHEAD,
     MAX_COUNT,
     MAX_ID_BYTES,
     MAX_TIMING_KEYS,
     MAX_TIMING_VALUE,
+    CacheBudget,
     Command,
     Limits,
 )
@@ -71,7 +73,7 @@ def _check_fields(
     header: dict[str, Any], schema: Mapping[str, _Field], where: str, limits: Limits
 ) -> dict[str, Any]:
     if len(header) > len(schema) or any(key not in schema for key in header):
-        unknown = ", ".join(key for key in header if key not in schema)
+        unknown = ", ".join(_show(key) for key in header if key not in schema)
         raise ProtocolError(
             f"{where} has unknown field(s) {unknown}; expected {', '.join(schema) or 'none'}"
         )
@@ -394,6 +396,7 @@ def _memo(check: Check) -> Check:
     A batch's or a reply's specs repeat from message to message.
     """
     memo: dict[str, tuple[Limits, Any]] = {}
+    budget = CacheBudget()
 
     def checked(value: Any, limits: Limits) -> Any:
         try:
@@ -404,15 +407,11 @@ def _memo(check: Check) -> Check:
         if found is not None and (found[0] is limits or found[0] == limits):
             return found[1]
         result = check(value, limits)
-        if len(memo) >= _MEMO_SIZE:
-            memo.clear()
-        memo[key] = (limits, result)
+        if budget.admit(memo, 2 * len(key) + ENTRY_OVERHEAD):  # the value: about its repr
+            memo[key] = (limits, result)
         return result
 
     return checked
-
-
-_MEMO_SIZE = 1024
 
 
 def _show(value: Any) -> str:

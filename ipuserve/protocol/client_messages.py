@@ -32,6 +32,7 @@ from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
     Command,
     Limits,
+    _bounded,
     _frames,
     _json,
     _specs_json,
@@ -146,13 +147,13 @@ class ErrorReply:
 
     @classmethod
     def of(cls, request_id: bytes, error: IpuserveError) -> ErrorReply:
-        return cls(request_id, error.code, str(error))
+        return cls(request_id, error.code, _bounded(str(error)))
 
     def exception(self) -> IpuserveError:
         return error_for_code(self.code, self.message)
 
     def encode(self) -> list[Frame]:
-        header = {"code": self.code, "message": self.message}
+        header = {"code": self.code, "message": _bounded(self.message)}
         return _frames(self.COMMAND, self.request_id, header)
 
 

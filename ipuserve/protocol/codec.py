@@ -25,6 +25,7 @@ from ipuserve.protocol.client_messages import (
 from ipuserve.protocol.envelope import (
     _ENVELOPES,
     DEFAULT_LIMITS,
+    ENTRY_OVERHEAD,
     ENVELOPE_BYTES,
     HEADER_FRAMES,
     MAX_ID_BYTES,
@@ -34,7 +35,7 @@ from ipuserve.protocol.envelope import (
     Command,
     Limits,
 )
-from ipuserve.protocol.fastpath import FIELDS_CACHE, FIELDS_CACHE_SIZE, fast_decode
+from ipuserve.protocol.fastpath import FIELDS_BUDGET, FIELDS_CACHE, fast_decode
 from ipuserve.protocol.rows import _hex_id
 from ipuserve.protocol.tensors import Frame
 from ipuserve.protocol.worker_messages import Bye, Heartbeat, Hello, Reconnect, Welcome
@@ -88,7 +89,6 @@ def _full_decode(frames: Sequence[Frame], limits: Limits) -> Message:
 
 #: validated fields by (command, header), for the cacheable commands: see fastpath
 _FIELDS_CACHE = FIELDS_CACHE
-_FIELDS_CACHE_SIZE = FIELDS_CACHE_SIZE
 
 
 def _header_fields(
@@ -105,9 +105,8 @@ def _header_fields(
     if cached is not None and (cached[0] is limits or cached[0] == limits):
         return cached[1]
     fields = decoder.check(_parse_header(raw), limits)
-    if len(_FIELDS_CACHE) >= _FIELDS_CACHE_SIZE:
-        _FIELDS_CACHE.clear()
-    _FIELDS_CACHE[key] = (limits, fields)
+    if FIELDS_BUDGET.admit(_FIELDS_CACHE, 2 * len(raw) + ENTRY_OVERHEAD):
+        _FIELDS_CACHE[key] = (limits, fields)
     return fields
 
 

@@ -30,6 +30,11 @@ MAX_COUNT = 2**53
 #: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).
 MAX_TIMING_VALUE = 1e18
 MAX_TIMING_KEYS = 32
+#: The longest error message sent (ERROR, and failures): a message that quoted what a
+#: peer sent (a 250 KiB unknown field name; non-ASCII text, which JSON escapes to 6
+#: bytes a character) made an ERROR whose header the receiver refused as too big, so
+#: the peer got no error it could read.
+MAX_MESSAGE_CHARS = 2000
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
 
@@ -81,6 +86,51 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+class CacheBudget:
+    """What one of the protocol's caches may hold, in bytes as well as entries.
+
+    A cache bounded by entries alone held whatever its peers sent: 1,024 distinct valid
+    REQUEST headers of 250 KiB (JSON padded with spaces) took the broker's RSS from
+    46 to 120 MiB. So each cache counts the bytes of what it keeps (about: its key's
+    and value's text), is cleared whole when an entry would take it past ``max_bytes``
+    (the caches' users rebuild what they need on the next miss), and does not keep an
+    entry bigger than ``max_entry_bytes`` at all: what the caches are for (a client's
+    repeated header, a batch's spec table) is a few hundred bytes, and a huge one would
+    only evict them. The lookups stay plain dict gets; only an insertion pays.
+    """
+
+    __slots__ = ("entries", "max_bytes", "max_entry_bytes", "used")
+
+    def __init__(
+        self, max_bytes: int = 4 << 20, entries: int = 1024, max_entry_bytes: int = 64 << 10
+    ) -> None:
+        self.max_bytes, self.entries, self.max_entry_bytes = max_bytes, entries, max_entry_bytes
+        #: bytes counted since the table was last cleared
+        self.used = 0
+
+    def admit(self, table: dict[Any, Any], size: int) -> bool:
+        """Whether an entry of about ``size`` bytes may go into ``table``; room is made
+        for it (the table cleared) when the table is full."""
+        if size > self.max_entry_bytes:
+            return False
+        if len(table) >= self.entries or self.used + size > self.max_bytes:
+            table.clear()
+            self.used = 0
+        self.used += size
+        return True
+
+
+def _bounded(message: str) -> str:
+    """``message`` cut to MAX_MESSAGE_CHARS, saying so."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[: MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters)"
+
+
+#: What an entry costs besides its text: the dict slot, the key tuple, the objects.
+ENTRY_OVERHEAD = 200
+
+
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _json = _ENCODER.encode
 
@@ -96,7 +146,8 @@ def _number(value: float | None) -> str:
 
 #: Tensor specs -> their JSON list: the hot messages repeat the same specs.
 _SPECS_JSON: dict[tuple[TensorSpec, ...], str] = {}
-_SPECS_JSON_SIZE = 1024
+_SPECS_JSON_BUDGET = CacheBudget()
+_SPECS_JSON_BY_ID_BUDGET = CacheBudget()
 
 
 #: The same, by the spec tuple's id (kept with the tuple, so a reused id is told
@@ -111,13 +162,14 @@ def _specs_json(tensors: Tensors) -> str:
     if found is not None and found[0] is specs:
         return found[1]
     text = _SPECS_JSON.get(specs)
+    size = 2 * len(text) + ENTRY_OVERHEAD if text is not None else 0
     if text is None:
-        if len(_SPECS_JSON) >= _SPECS_JSON_SIZE:
-            _SPECS_JSON.clear()
-        text = _SPECS_JSON[specs] = _json(tensors.header())
-    if len(_SPECS_JSON_BY_ID) >= _SPECS_JSON_SIZE:
-        _SPECS_JSON_BY_ID.clear()
-    _SPECS_JSON_BY_ID[id(specs)] = (specs, text)
+        text = _json(tensors.header())
+        size = 2 * len(text) + ENTRY_OVERHEAD  # the text, and about as much in specs
+        if _SPECS_JSON_BUDGET.admit(_SPECS_JSON, size):
+            _SPECS_JSON[specs] = text
+    if _SPECS_JSON_BY_ID_BUDGET.admit(_SPECS_JSON_BY_ID, size):
+        _SPECS_JSON_BY_ID[id(specs)] = (specs, text)
     return text
 
 

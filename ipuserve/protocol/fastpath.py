@@ -30,8 +30,10 @@ from ipuserve.protocol.checks import _tensor_specs
 from ipuserve.protocol.client_messages import Reply, Request
 from ipuserve.protocol.envelope import (
     _ENVELOPES,
+    ENTRY_OVERHEAD,
     MAX_TIMING_KEYS,
     MAX_TIMING_VALUE,
+    CacheBudget,
     Command,
     Limits,
 )
@@ -43,7 +45,8 @@ from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
 #: The cached values are immutable (str, float, tuples of frozen specs). The limits
 #: are compared, not hashed: a frozen dataclass hashes in Python, on every lookup.
 FIELDS_CACHE: dict[tuple[Command, bytes], tuple[Limits, dict[str, Any]]] = {}
-FIELDS_CACHE_SIZE = 1024
+#: its bound: the header's bytes count twice (the key, and the fields parsed from it)
+FIELDS_BUDGET = CacheBudget()
 
 _MAX_ENVELOPE = len(_ENVELOPES[Command.REQUEST]) + 64  # tag, version, command, id
 
@@ -219,17 +222,22 @@ def _timing(text: str) -> dict[str, float] | None:
 
 #: spec list JSON text -> (limits, its checked specs): results and replies repeat them.
 _SPEC_TEXTS: dict[bytes, tuple[Limits, tuple[TensorSpec, ...]]] = {}
-_SPEC_TEXTS_SIZE = 1024
+_SPEC_TEXTS_BUDGET = CacheBudget()
 
 
 T = TypeVar("T")
 
 #: JOBS spec table entry JSON text -> (limits, its checked model name and specs)
 _ENTRIES: dict[bytes, tuple[Limits, tuple[str, tuple[TensorSpec, ...]]]] = {}
+_ENTRIES_BUDGET = CacheBudget()
 
 
 def _checked(
-    table: dict[bytes, tuple[Limits, T]], text: bytes, limits: Limits, check: Callable[..., T]
+    table: dict[bytes, tuple[Limits, T]],
+    budget: CacheBudget,
+    text: bytes,
+    limits: Limits,
+    check: Callable[..., T],
 ) -> T | None:
     """``check(json of text, limits)`` as the full decoder runs it, remembered by the text
     (None if it refuses it: the full decoder then says why)."""
@@ -240,20 +248,19 @@ def _checked(
         value = check(_DECODER.decode(text.decode("utf-8")), limits)
     except Exception:  # any refusal: the full decoder says why
         return None
-    if len(table) >= _SPEC_TEXTS_SIZE:
-        table.clear()
-    table[text] = (limits, value)
+    if budget.admit(table, 2 * len(text) + ENTRY_OVERHEAD):
+        table[text] = (limits, value)
     return value
 
 
 def _entry(text: bytes, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]] | None:
     """A JOBS spec table entry, checked as the full decoder checks it (else None)."""
-    return _checked(_ENTRIES, text, limits, _job_spec)
+    return _checked(_ENTRIES, _ENTRIES_BUDGET, text, limits, _job_spec)
 
 
 def _specs(text: bytes, limits: Limits) -> tuple[TensorSpec, ...] | None:
     """A tensor spec list, checked as the full decoder checks it (else None)."""
-    return _checked(_SPEC_TEXTS, text, limits, _tensor_specs)
+    return _checked(_SPEC_TEXTS, _SPEC_TEXTS_BUDGET, text, limits, _tensor_specs)
 
 
 _HANDLERS: dict[bytes, Callable[[bytes, bytes, Sequence[Frame], Limits], Any]] = {

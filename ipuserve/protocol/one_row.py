@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ipuserve.protocol.envelope import _ENVELOPES, Command, _json, _number, _specs_json
+from ipuserve.protocol.envelope import (
+    _ENVELOPES,
+    ENTRY_OVERHEAD,
+    CacheBudget,
+    Command,
+    _json,
+    _number,
+    _specs_json,
+)
 from ipuserve.protocol.tensors import Frame, Tensors
 
 _JOBS_ENVELOPE = _ENVELOPES[Command.JOBS]
@@ -35,14 +43,14 @@ def one_job(job_id: bytes, model: str, tensors: Tensors, budget: float | None) -
 
 #: (model, tensor specs JSON) -> a JOBS spec table entry
 _JOB_ENTRIES: dict[tuple[str, str], str] = {}
-_JOB_ENTRIES_SIZE = 1024
+_JOB_ENTRIES_BUDGET = CacheBudget()
 
 
 def _job_entry(model: str, tensors: Tensors) -> str:
     specs = _specs_json(tensors)
-    if len(_JOB_ENTRIES) >= _JOB_ENTRIES_SIZE:
-        _JOB_ENTRIES.clear()
-    entry = _JOB_ENTRIES[(model, specs)] = f'{{"model":{_json(model)},"tensors":{specs}}}'
+    entry = f'{{"model":{_json(model)},"tensors":{specs}}}'
+    if _JOB_ENTRIES_BUDGET.admit(_JOB_ENTRIES, 2 * len(entry) + ENTRY_OVERHEAD):
+        _JOB_ENTRIES[(model, specs)] = entry
     return entry
 
 

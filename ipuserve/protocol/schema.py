@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipuserve.errors import InvalidInputError
+from ipuserve.protocol.envelope import ENTRY_OVERHEAD, CacheBudget
 from ipuserve.protocol.tensors import TensorSpec
 
 
@@ -71,19 +72,19 @@ class _Passed:
     the broker and worker check each pair once, not per message. Holding the objects
     rules out a reused id."""
 
-    _SIZE = 1024
-
     def __init__(self) -> None:
         self._pairs: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
+        #: the pairs hold spec lists alive: counted by their names' bytes
+        self._budget = CacheBudget()
 
     def __contains__(self, pair: tuple[ModelSpec, Sequence[TensorSpec]]) -> bool:
         seen = self._pairs.get((id(pair[0]), id(pair[1])))
         return seen is not None and seen[0] is pair[0] and seen[1] is pair[1]
 
     def add(self, model: ModelSpec, given: Sequence[TensorSpec]) -> None:
-        if len(self._pairs) >= self._SIZE:
-            self._pairs.clear()
-        self._pairs[(id(model), id(given))] = (model, given)
+        size = sum(len(spec.name) + ENTRY_OVERHEAD for spec in given) + ENTRY_OVERHEAD
+        if self._budget.admit(self._pairs, size):
+            self._pairs[(id(model), id(given))] = (model, given)
 
 
 _INPUTS_PASSED = _Passed()
@@ -120,6 +121,20 @@ def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None
         ):
             return f"output {other}; the model's is {spec}"
     _OUTPUTS_PASSED.add(model, given)
+    return None
+
+
+def batch_problem(model: ModelSpec, given: Sequence[TensorSpec], samples: int) -> str | None:
+    """Why outputs of ``samples`` samples per member (what the job's inputs carried)
+    cannot be the model's answer, else None: along the batching dimension an output has
+    as many samples as the inputs it answers, and a worker that says otherwise would
+    hand the client another request's rows, or too few."""
+    dim = model.batching_dim
+    if dim is None:
+        return None  # every dimension is fixed: outputs_problem checked them
+    for spec in given:
+        if len(spec.shape) > dim and spec.shape[dim] != samples:
+            return f"output {spec} of {spec.shape[dim]} samples for a request of {samples}"
     return None
 
 
@@ -172,4 +187,3 @@ def _check_input(model: ModelSpec, want: TensorSpec, got: TensorSpec) -> None:
             f"{where} must have shape {want.shape}{rule}, got {got.shape}"
             + (hint if unbatched else "")
         )
-

@@ -1,0 +1,77 @@
+"""A job's failure, as RESULTS, REPLIES, JOBS and REQUESTS carry it, and which codes
+a worker may send: the broker turns any other into WORKER_FAILED, so that no worker can
+make a client wait for ever (BROKER_SHUTDOWN) or blame its valid request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ipuserve.errors import (
+    DeadlineExceeded,
+    InferenceError,
+    InvalidInputError,
+    IpuserveError,
+    OverloadedError,
+    PayloadTooLargeError,
+    ProtocolError,
+    UnavailableError,
+    UnknownModelError,
+    WorkerFailedError,
+    error_for_code,
+)
+from ipuserve.protocol.checks import _code, _job_id, _show, _text
+from ipuserve.protocol.envelope import Limits, _bounded
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A job that failed: a wire code from ipuserve.errors and a message."""
+
+    job_id: bytes
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
+        return cls(job_id, error.code, _bounded(str(error)))
+
+    def exception(self) -> IpuserveError:
+        return error_for_code(self.code, self.message)
+
+    def worker_exception(self) -> IpuserveError:
+        """:meth:`exception` for a failure a worker sent: a code outside WORKER_CODES is
+        the worker's fault, and the client hears WORKER_FAILED."""
+        if self.code in WORKER_CODES:
+            return error_for_code(self.code, self.message)
+        return WorkerFailedError(
+            f"the worker failed the job with {self.code!r}, which a worker may not send: "
+            f"{self.message}"
+        )
+
+
+#: The failure codes a worker may send for a job (docs/protocol.md §4), all defined
+#: here: its refusals, a model that raised, its backend closing, a JOBS it could not
+#: read. Any other (BROKER_SHUTDOWN, which the Client keeps pending until its timeout;
+#: a code no error class has) becomes WORKER_FAILED at the broker.
+WORKER_CODES = frozenset(
+    cls.code
+    for cls in (
+        ProtocolError,
+        UnknownModelError,
+        InvalidInputError,
+        PayloadTooLargeError,
+        OverloadedError,
+        DeadlineExceeded,
+        WorkerFailedError,
+        InferenceError,
+        UnavailableError,
+    )
+)
+
+
+def _failure_row(item: Any, limits: Limits) -> Fail:
+    if type(item) is not list or len(item) != 3:
+        raise ProtocolError(f"must be [job id, code, message]; got {_show(item)}")
+    return Fail(_job_id(item[0], limits), _code(item[1], limits), _text(item[2], limits))
