@@ -80,15 +80,18 @@ class Broker:
                 undo.callback(self.metrics_server.close)
             if config.curve_secret_key is not None:
                 self._server_key = load_secret_key(config.curve_secret_key)
-                self.zap = ZapHandler.from_dirs(
-                    self._context,
-                    client_keys=config.client_keys,
-                    worker_keys=config.worker_keys,
-                    admin_keys=config.admin_keys,
-                )
-                self.zap.start()  # before any bind: libzmq admits every key without it
-                undo.callback(self.zap.stop)
-                self.metrics.watch_security(self.zap)
+            # always: without keys it admits loopback peers only (protected mode) or,
+            # with config.insecure, every address; it logs which mode is in force
+            self.zap = ZapHandler.from_dirs(
+                self._context,
+                client_keys=config.client_keys,
+                worker_keys=config.worker_keys,
+                admin_keys=config.admin_keys,
+                insecure=config.insecure,
+            )
+            self.zap.start()  # before any bind: libzmq admits every peer without it
+            undo.callback(self.zap.stop)
+            self.metrics.watch_security(self.zap)
             self._frontend = self._router(
                 config.frontend, FRONTEND_DOMAIN, sndhwm=config.client_hwm, handover=True
             )
