@@ -34,8 +34,8 @@ import pytest
 
 from ipuserve import protocol as wire
 from ipuserve.client import Client
-from ipuserve.runtime.popef import examples
 from ipuserve.errors import DeadlineExceeded
+from ipuserve.runtime.popef import examples
 from tests.compose.conftest import WORKERS, HostKeys
 from tests.compose.harness import ComposeProject, ContainerState, metric_total, poll
 
