@@ -215,7 +215,7 @@ def broker(
     where = f", metrics http://{metrics_host}:{metrics.port}/metrics" if metrics else ""
     click.echo(  # at the default log level too: with --metrics-port 0 nothing else says it
         f"ipuserve broker: frontend {server.frontend_endpoint}, backend "
-        f"{server.backend_endpoint}, epoch {server.epoch}{where}, {_security(options)}",
+        f"{server.backend_endpoint}, epoch {server.epoch}, {_security(options)}{where}",
         err=True,
     )
     server.run()
