@@ -65,6 +65,7 @@ RUN set -eu; \
     useradd --system --uid "${IPUSERVE_UID}" --gid ipuserve --create-home \
         --home-dir /home/ipuserve --shell /usr/sbin/nologin ipuserve; \
     mkdir -p /models; \
+    install -d -m 0700 -o ipuserve -g ipuserve /keys; \
     for name in ${IPUSERVE_EXAMPLE_MODELS}; do \
         ipuserve model example "${name}" "/models/${name}.popef"; \
     done; \
@@ -78,6 +79,8 @@ WORKDIR /home/ipuserve
 
 # 5555: broker frontend (clients), 5556: broker backend (workers),
 # 9100: the broker's Prometheus metrics (compose.yaml turns it on).
+# /keys: owned by the service user, so a named volume mounted there (compose.yaml's
+# `keys`) starts owned by it too and `ipuserve keys generate` can write into it.
 EXPOSE 5555 5556 9100
 # Workers drain in-flight requests on SIGTERM; compose.yaml runs an init (tini) as
 # PID 1 so the signal reaches ipuserve, and gives it a grace period.

@@ -6,12 +6,16 @@ import dataclasses
 import logging
 import re
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
 from ipuserve.clikit import Endpoint, option
 from ipuserve.errors import ConfigError
 from ipuserve.protocol import DEFAULT_LIMITS
+
+if TYPE_CHECKING:
+    from ipuserve.broker.config import BrokerConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +106,20 @@ def _as_options(message: str) -> str:
     type=click.IntRange(min=0, max=65535),
     help="Serve Prometheus metrics over HTTP on this port (0: any free port).",
 )
-@option("--metrics-host", default="0.0.0.0", help="Address the metrics endpoint binds.")
+@option(
+    "--metrics-host",
+    default="127.0.0.1",
+    help="Address the metrics endpoint binds: loopback by default, as it is plain HTTP "
+    "without authentication; 0.0.0.0 exposes it (docs/security.md).",
+)
 @option(
     "--curve-secret-key",
     default=None,
     type=click.Path(dir_okay=False),
     help="The broker's secret key file (broker.key_secret, from `ipuserve keys generate`): "
     "both sockets speak CURVE and admit only allow-listed keys (docs/security.md); needs "
-    "--client-keys and --worker-keys [default: plaintext, every peer admitted].",
+    "--client-keys and --worker-keys [default: plaintext, protected mode: only peers on "
+    "this host (loopback, ipc://) are admitted].",
 )
 @option(
     "--client-keys",
@@ -131,6 +141,12 @@ def _as_options(message: str) -> str:
     help="Folder of the public key files of admins (on the frontend: what a client may, "
     "and what changes the fleet); re-read on SIGHUP.",
 )
+@option(
+    "--insecure",
+    is_flag=True,
+    help="Without keys, admit peers from every address, not only from this host "
+    "(a warning is logged): for a network you trust completely; prefer keys.",
+)
 def broker(
     frontend: str,
     backend: str,
@@ -149,6 +165,7 @@ def broker(
     client_keys: str | None,
     worker_keys: str | None,
     admin_keys: str | None,
+    insecure: bool,
 ) -> None:
     """Balance requests from clients across workers until SIGTERM."""
     from ipuserve.broker.config import BrokerConfig
@@ -177,6 +194,7 @@ def broker(
             client_keys=client_keys,
             worker_keys=worker_keys,
             admin_keys=admin_keys,
+            insecure=insecure,
         )
     except ConfigError as exc:  # settings that disagree: named as the options they are
         raise click.UsageError(_as_options(str(exc))) from None
@@ -191,16 +209,25 @@ def broker(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if server.zap is not None:  # without keys SIGHUP keeps its default (ends the broker)
+    if server.zap is not None and options.curve:  # keyless: SIGHUP keeps its default
         reload_on_sighup(server.zap)
     metrics = server.metrics_server
     where = f", metrics http://{metrics_host}:{metrics.port}/metrics" if metrics else ""
     click.echo(  # at the default log level too: with --metrics-port 0 nothing else says it
         f"ipuserve broker: frontend {server.frontend_endpoint}, backend "
-        f"{server.backend_endpoint}, epoch {server.epoch}{where}",
+        f"{server.backend_endpoint}, epoch {server.epoch}, {_security(options)}{where}",
         err=True,
     )
     server.run()
+
+
+def _security(options: BrokerConfig) -> str:
+    """The start-up line's word on who is admitted (the ZAP handler logs it in full)."""
+    if options.curve:
+        return "security CURVE (peers admitted by key)"
+    if options.insecure:
+        return "security INSECURE (every address admitted, nothing encrypted)"
+    return "security protected mode (only peers on this host admitted; see --insecure)"
 
 
 commands: list[click.Command] = [broker]

@@ -27,7 +27,11 @@ class BrokerConfig:
     directories ``client_keys`` and ``worker_keys`` (and optionally ``admin_keys``)
     puts both sockets under CURVE: only peers whose public key is in the list of a
     role the socket admits complete a handshake (docs/security.md). Without them the
-    broker is plaintext and admits everyone, as before.
+    broker is plaintext and in protected mode: its ZAP handler admits only peers on
+    this host (loopback, ipc://), so a keyless broker bound to ``tcp://*`` on a public
+    host does not hand its workers' tensors to anyone who reaches the port.
+    ``insecure`` (keyless only) admits every address instead. ``metrics_host`` is
+    loopback by default for the same reason: the metrics endpoint is plain HTTP.
     """
 
     frontend: str = "tcp://*:5555"
@@ -41,13 +45,14 @@ class BrokerConfig:
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
     client_hwm: int = 1000
     client_backlog: int = 1000
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     shutdown_linger_ms: int = 100
     curve_secret_key: str | None = None
     client_keys: str | None = None
     worker_keys: str | None = None
     admin_keys: str | None = None
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -83,6 +88,11 @@ class BrokerConfig:
         given = [name for name, value in dirs.items() if value is not None]
         if self.admin_keys is not None:
             given.append("admin_keys")
+        if self.curve_secret_key is not None and self.insecure:
+            raise ConfigError(
+                "insecure and curve_secret_key exclude each other: insecure opens a broker "
+                "without keys to every address; one with keys admits peers by key"
+            )
         if self.curve_secret_key is None:
             if given:
                 raise ConfigError(

@@ -70,7 +70,11 @@ class Broker:
             self.metrics_server = MetricsServer(
                 self.metrics, config.metrics_host, config.metrics_port
             )
-        self._context = context or zmq.Context.instance()
+        # A context of its own unless given one: its ZAP handler (always started) binds
+        # the context's one ZAP endpoint, so two brokers in one process (tests, an
+        # embedding application) cannot share the process-wide instance.
+        self._own_context = context is None
+        self._context = context or zmq.Context()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         #: with keys: the broker's pair and the ZAP handler judging every handshake
         self._server_key: KeyPair | None = None
@@ -78,17 +82,22 @@ class Broker:
         with contextlib.ExitStack() as undo:  # if a bind fails, close what is open
             if self.metrics_server is not None:
                 undo.callback(self.metrics_server.close)
+            if self._own_context:
+                undo.callback(self._context.term)  # last out: after every socket closed
             if config.curve_secret_key is not None:
                 self._server_key = load_secret_key(config.curve_secret_key)
-                self.zap = ZapHandler.from_dirs(
-                    self._context,
-                    client_keys=config.client_keys,
-                    worker_keys=config.worker_keys,
-                    admin_keys=config.admin_keys,
-                )
-                self.zap.start()  # before any bind: libzmq admits every key without it
-                undo.callback(self.zap.stop)
-                self.metrics.watch_security(self.zap)
+            # always: without keys it admits loopback peers only (protected mode) or,
+            # with config.insecure, every address; it logs which mode is in force
+            self.zap = ZapHandler.from_dirs(
+                self._context,
+                client_keys=config.client_keys,
+                worker_keys=config.worker_keys,
+                admin_keys=config.admin_keys,
+                insecure=config.insecure,
+            )
+            self.zap.start()  # before any bind: libzmq admits every peer without it
+            undo.callback(self.zap.stop)
+            self.metrics.watch_security(self.zap)
             self._frontend = self._router(
                 config.frontend, FRONTEND_DOMAIN, sndhwm=config.client_hwm, handover=True
             )
@@ -182,6 +191,8 @@ class Broker:
         self._wake.close()
         if self.zap is not None:
             self.zap.stop()  # after its sockets: the thread holds their monitors
+        if self._own_context:
+            self._context.term()
         if self.metrics_server is not None:
             self.metrics_server.close()
         log.info("broker closed")

@@ -48,10 +48,12 @@ def handshake_problem(event: int, value: int) -> str | None:
     """Why the broker refused a handshake, in the client's words (None: not a refusal
     a client can act on). A refused peer gets no answer at all, so this is all it learns."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return (
-            f"the broker refused this client's key (ZAP status {value}): its public key is "
-            "in none of the broker's allow-lists for clients (`ipuserve keys show FILE` "
-            "prints it for the broker's operator)"
+        return (  # the event does not say which mechanism was refused: name both causes
+            f"the broker refused this client (ZAP status {value}): with keys, its public "
+            "key is in none of the broker's allow-lists for clients (`ipuserve keys show "
+            "FILE` prints it for the broker's operator); without keys, it is not on the "
+            "broker's host and the broker, keyless too, runs in protected mode (it admits "
+            "other hosts only with keys, or with --insecure)"
         )
     if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
         return (

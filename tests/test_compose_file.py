@@ -14,15 +14,10 @@ from ipuserve.face.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 #: Options compose.yaml fixes on purpose (docs/deploy.md, "Fixed in compose.yaml"),
 #: or that only make sense outside a container.
+#: compose runs with keys, so --insecure (keyless only) would be a usage error there.
 FIXED = {
-    "broker": {"frontend", "backend", "metrics_port", "metrics_host"},
+    "broker": {"frontend", "backend", "metrics_port", "metrics_host", "insecure"},
     "worker": {"broker", "models", "worker_id", "metrics_host"},
-}
-#: Key options: a key file needs a volume, so compose runs keyless until keys come to
-#: compose together with protected mode (issue 16; docs/security.md, "Status").
-KEYS = {
-    "broker": {"curve_secret_key", "client_keys", "worker_keys", "admin_keys"},
-    "worker": {"curve_secret_key", "broker_public_key"},
 }
 
 
@@ -33,7 +28,7 @@ def test_compose_passes_every_option_through_under_its_cli_name(command: str) ->
     options = {
         p.name for p in main.commands[command].params if p.name and p.param_type_name == "option"
     }
-    passed_through = options - FIXED[command] - KEYS[command]
+    passed_through = options - FIXED[command]
     expected = {f"IPUSERVE_{command.upper()}_{name.upper()}" for name in passed_through}
     assert expected - passed == set()
     documented = (ROOT / "docs" / "deploy.md").read_text()

@@ -142,7 +142,12 @@ class ModelFiles(click.Path):
     help="Serve Prometheus metrics (jobs and the runtime's monitoring statistics) over HTTP "
     "on this port (0: any free port).",
 )
-@option("--metrics-host", default="0.0.0.0", help="Address the metrics endpoint binds.")
+@option(
+    "--metrics-host",
+    default="127.0.0.1",
+    help="Address the metrics endpoint binds: loopback by default, as it is plain HTTP "
+    "without authentication; 0.0.0.0 exposes it (docs/security.md).",
+)
 @curve_client_options
 def worker(
     broker: str,

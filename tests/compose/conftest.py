@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import docker
@@ -102,6 +104,24 @@ def stack(
         finally:
             leftover = project.remove_leftovers()
         assert not leftover, f"`down` left containers behind: {leftover}"
+
+
+@dataclass(frozen=True)
+class HostKeys:
+    """A host-side client's CURVE keys, copied out of compose's `keys` volume."""
+
+    client_secret: Path
+    broker_public: Path
+
+
+@pytest.fixture(scope="module")
+def host_keys(stack: ComposeProject, tmp_path_factory: pytest.TempPathFactory) -> HostKeys:
+    """compose.yaml's client key and the broker's public key, on the host (the broker
+    container mounts the volume: `docker cp` works with both compose versions)."""
+    folder = tmp_path_factory.mktemp("compose-keys")
+    client = stack.copy_out("broker", "/keys/client", folder)
+    broker = stack.copy_out("broker", "/keys/broker/broker.key", folder)
+    return HostKeys(client_secret=client / "client.key_secret", broker_public=broker)
 
 
 @pytest.fixture(scope="module")

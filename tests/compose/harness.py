@@ -17,6 +17,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import urllib.request
 import warnings
@@ -48,6 +50,8 @@ DEFAULT_IMAGE = "ipuserve:dev"
 DEBOOTSTRAP_BASE = "ipuserve-base:bookworm"
 COMPOSE_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
+ONE_SHOT_SERVICES = frozenset({"keys"})
+"""Services that run to completion (compose.yaml's `keys`): done, not unhealthy, once exited 0."""
 BUILD_STAGE_LABEL = "org.ipuserve.stage=build"
 """The Dockerfile's label on its build stage (pruned after a build here, as .ci/run does)."""
 
@@ -229,6 +233,8 @@ class ContainerState:
     """'starting', 'healthy', 'unhealthy', or None without a health check."""
     health_output: str = ""
     """Output of the last health check (for diagnostics)."""
+    exit_code: int | None = None
+    """The exit status once exited, else None."""
 
     @classmethod
     def of(cls, container: Container) -> ContainerState:
@@ -244,6 +250,7 @@ class ContainerState:
             status=str(state.get("Status", "unknown")),
             health=str(health["Status"]) if health.get("Status") else None,
             health_output=str(checks[-1].get("Output", "")).strip() if checks else "",
+            exit_code=int(state.get("ExitCode", 0)) if state.get("Status") == "exited" else None,
         )
 
     @property
@@ -338,8 +345,28 @@ class ComposeProject:
         return [str(container.name) for container in leftover]
 
     def health(self) -> dict[str, str]:
-        """Container name -> health while running ('healthy', ...), else its status."""
-        return {c.name: c.summary for c in self.containers()}
+        """Container name -> health while running ('healthy', ...), else its status;
+        one-shot services (``keys``) only once they failed (they are meant to exit)."""
+        return {
+            c.name: c.summary
+            for c in self.containers()
+            if c.service not in ONE_SHOT_SERVICES or c.exit_code not in (None, 0)
+        }
+
+    def copy_out(self, service: str, path: str, destination: Path) -> Path:
+        """Copy ``path`` (a file or folder) out of ``service``'s first container into
+        ``destination`` (as ``docker cp`` does, volumes included); the copy's path.
+
+        How a host-side client gets compose's keys: they live in a named volume."""
+        container = self._containers(service)[0]
+        stream, _stat = container.get_archive(path)
+        with tempfile.TemporaryFile() as archive:
+            for chunk in stream:
+                archive.write(chunk)
+            archive.seek(0)
+            with tarfile.open(fileobj=archive) as tar:
+                tar.extractall(destination, filter="data")  # no owners, no odd paths
+        return destination / Path(path).name
 
     def wait_healthy(self, expected: int, timeout: float = 180) -> dict[str, str]:
         """Wait until exactly ``expected`` containers run and report healthy."""

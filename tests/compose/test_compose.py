@@ -1,5 +1,10 @@
 """compose.yaml end to end: a broker and two workers in containers, clients on the host.
 
+Everything runs under CURVE with the keys compose.yaml's one-shot `keys` service
+makes into its volume: the host-side clients use the client key and the broker's
+public key copied out of it (conftest.py, ``host_keys``), and a client without
+them is refused and counted.
+
 The image bakes ``/models/mlp.popef`` with ``ipuserve model example mlp`` and its
 default seed; the host builds the same example in memory, so it knows the weights
 and checks every result against the plain-numpy reference. Requests go through
@@ -29,8 +34,9 @@ import pytest
 
 from ipuserve import protocol as wire
 from ipuserve.client import Client
+from ipuserve.errors import DeadlineExceeded
 from ipuserve.runtime.popef import examples
-from tests.compose.conftest import WORKERS
+from tests.compose.conftest import WORKERS, HostKeys
 from tests.compose.harness import ComposeProject, ContainerState, metric_total, poll
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
@@ -51,8 +57,13 @@ def weights() -> dict[str, Array]:
 
 
 @pytest.fixture(scope="module")
-def client(frontend: str) -> Iterator[Client]:
-    with Client(frontend, timeout=REQUEST_TIMEOUT_S) as connected:
+def client(frontend: str, host_keys: HostKeys) -> Iterator[Client]:
+    with Client(
+        frontend,
+        timeout=REQUEST_TIMEOUT_S,
+        curve_secret_key=host_keys.client_secret,
+        broker_public_key=host_keys.broker_public,
+    ) as connected:
         yield connected
 
 
@@ -123,7 +134,26 @@ def test_stack_is_healthy(stack: ComposeProject) -> None:
     status = stack.health()
     assert sorted(status.values()) == ["healthy"] * (1 + WORKERS), status
     services = sorted(c.service for c in stack.containers())
-    assert services == ["broker"] + ["worker"] * WORKERS
+    assert services == ["broker", "keys"] + ["worker"] * WORKERS
+    (keys,) = stack.containers("keys")
+    assert (keys.status, keys.exit_code) == ("exited", 0)
+
+
+def test_a_host_client_without_keys_is_refused_and_counted(
+    frontend: str, metrics_url: str
+) -> None:
+    """The broker runs with keys: a plaintext client completes no handshake, so its
+    request dies of its own timeout, and the refusal shows in the metrics."""
+    family = "ipuserve_broker_refused_handshakes_total"
+    refused = metric_total(metrics_url, family)
+    with Client(frontend, timeout=2) as plain, pytest.raises(DeadlineExceeded):
+        plain.models()
+    poll(
+        lambda: True if metric_total(metrics_url, family) > refused else None,
+        timeout=READY_TIMEOUT_S,
+        interval=0.2,
+        what=f"{family} to count the plaintext client",
+    )
 
 
 def test_host_client_gets_correct_results(
@@ -140,9 +170,9 @@ def test_host_client_gets_correct_results(
 
 
 def test_ipuserve_infer_on_the_host(
-    frontend: str, weights: dict[str, Array], tmp_path: Path
+    frontend: str, host_keys: HostKeys, weights: dict[str, Array], tmp_path: Path
 ) -> None:
-    """The CLI a user types on the host, against the published port."""
+    """The CLI a user types on the host, against the published port, with the keys."""
     batch = np.random.default_rng(4).standard_normal((5, 784)).astype(np.float32)
     np.save(tmp_path / "input.npy", batch)
     argv = [
@@ -158,6 +188,10 @@ def test_ipuserve_infer_on_the_host(
         f"input={tmp_path / 'input.npy'}",
         "--output",
         str(tmp_path / "out.npz"),
+        "--curve-secret-key",
+        str(host_keys.client_secret),
+        "--broker-public-key",
+        str(host_keys.broker_public),
     ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve.security import KeyPair, Role, generate_keypair, load_secret_key
+from tests.helpers import processes  # noqa: F401  (a fixture: real processes)
 
 #: bounds a failing wait; a passing test never comes near it
 WAIT_MS = 10_000

@@ -1,5 +1,6 @@
 """Protected mode with real sockets: a broker without keys admits peers on this host
-only, and every address with ``insecure``.
+only, and every address with ``insecure``; the last test runs it end to end with a
+real ``ipuserve broker`` process and a real client in the namespace.
 
 The non-loopback peer runs in a network namespace this test creates for itself,
 joined to this host by a veth pair with addresses in 10.200.N.0/30 (a prefix no
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +33,11 @@ from ipuserve.security import (
     keyless_server,
     peer_user_id,
 )
+from tests.helpers import Processes, scrape, start_broker
 from tests.security.conftest import handshake, receive, watch
+
+#: the broker's metric family of refused handshakes (by socket)
+REFUSED = "ipuserve_broker_refused_handshakes_total"
 
 Context = zmq.Context[zmq.Socket[bytes]]
 _names = itertools.count()
@@ -202,3 +209,48 @@ def test_insecure_mode_warns_once_at_start(
         pass
     warnings = [r for r in caplog.records if "INSECURE" in r.message]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+
+
+def models_from(namespace: Namespace, frontend: str) -> subprocess.CompletedProcess[str]:
+    """``ipuserve models --json`` run in the namespace (a real client, keyless)."""
+    argv = [sys.executable, "-m", "ipuserve", "models", "--broker", frontend, "--json",
+            "--timeout-s", "3"]  # fmt: skip
+    return subprocess.run(
+        ["ip", "netns", "exec", namespace.name, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("insecure", [False, True], ids=["protected", "insecure"])
+def test_a_keyless_broker_process_serves_another_address_only_when_insecure(
+    processes: Processes, namespace: Namespace, insecure: bool
+) -> None:
+    """End to end: ``ipuserve broker`` without keys, bound on this host's end of the
+    veth pair, and ``ipuserve models`` from the namespace. By default (protected
+    mode) the broker says so at start, refuses the peer (logged with its address and
+    counted) and the client gets nothing but its timeout; with ``--insecure`` the
+    broker warns at start and the same client is served."""
+    host = namespace.host_address
+    broker = start_broker(
+        processes,
+        *(["--insecure"] if insecure else []),
+        frontend=f"tcp://{host}:*",
+        backend=f"tcp://{host}:*",
+        ping_check=False,  # from this host's side its address is not loopback either
+    )
+    startup = r"WARNING .*security: INSECURE" if insecure else r"security: protected mode"
+    broker.proc.wait_for(startup)
+    listed = models_from(namespace, broker.frontend)
+    refused = scrape(broker.metrics_url).get(f'{REFUSED}{{socket="frontend"}}', 0.0)
+    if insecure:
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout) == []  # served: no worker yet, so no model
+        assert refused == 0
+    else:
+        assert listed.returncode != 0, listed.stdout
+        assert "DEADLINE_EXCEEDED" in listed.stderr and "protected mode" in listed.stderr
+        assert refused >= 1
+        broker.proc.wait_for(rf"address {re.escape(namespace.peer_address)} not a loopback")

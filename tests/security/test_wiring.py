@@ -18,7 +18,7 @@ from ipuserve.broker.loop import Broker
 from ipuserve.client import Client
 from ipuserve.errors import ConfigError
 from ipuserve.face.cli import main
-from ipuserve.security import Role, ZapHandler
+from ipuserve.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, Mode, Role, ZapHandler
 from tests.security.conftest import Keys
 
 LOOPBACK = "tcp://127.0.0.1:*"
@@ -51,6 +51,20 @@ def test_a_broker_with_keys_needs_the_client_and_the_worker_lists(keys: Keys, gi
 def test_admin_keys_alone_are_refused_too() -> None:
     with pytest.raises(ConfigError, match="admin_keys need curve_secret_key"):
         BrokerConfig(admin_keys="admins")
+
+
+@pytest.mark.parametrize("how", ["option", "variable"])
+def test_keys_and_insecure_together_are_a_usage_error(keys: Keys, how: str) -> None:
+    """--insecure opens a keyless broker; with keys it would mean nothing (or worse,
+    suggest keys were ignored), so the CLI refuses it, from the variable too."""
+    argv = ["broker", "--frontend", LOOPBACK, "--backend", LOOPBACK,
+            "--curve-secret-key", key_file(keys, "broker"),
+            "--client-keys", str(keys.dirs[Role.CLIENT]),
+            "--worker-keys", str(keys.dirs[Role.WORKER])]  # fmt: skip
+    env = {"IPUSERVE_BROKER_INSECURE": "1"} if how == "variable" else {}
+    result = CliRunner().invoke(main, argv + (["--insecure"] if how == "option" else []), env=env)
+    assert result.exit_code == 2, result.output
+    assert "--insecure and --curve-secret-key exclude each other" in result.output
 
 
 def test_a_missing_allow_list_folder_stops_the_broker_naming_it(keys: Keys) -> None:
@@ -105,16 +119,22 @@ def test_a_client_given_a_public_file_for_its_secret_says_so(keys: Keys) -> None
         )
 
 
-def test_a_broker_without_keys_has_no_zap_handler_and_one_with_keys_stops_its_own(
+def test_a_broker_without_keys_runs_protected_and_one_with_keys_stops_its_own(
     keys: Keys, context: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
-    """Keyless stays as it was (no ZAP domain, nobody judged); with keys the handler
-    runs on the broker's context and is gone with it, so another can start there."""
-    plain = Broker(BrokerConfig(frontend=LOOPBACK, backend=LOOPBACK), context=context)
-    assert plain.zap is None
-    assert plain._frontend.zap_domain == b""
-    plain.stop()
-    plain.run()
+    """Keyless, the handler judges every peer by address (protected mode; every
+    address with insecure); with keys by key. Each broker's handler is gone with it,
+    so another can start on the same context."""
+    for insecure, mode in ((False, Mode.PROTECTED), (True, Mode.INSECURE)):
+        plain = Broker(
+            BrokerConfig(frontend=LOOPBACK, backend=LOOPBACK, insecure=insecure), context=context
+        )
+        assert plain.zap is not None and plain.zap.mode is mode
+        assert plain._frontend.zap_domain == FRONTEND_DOMAIN.encode()
+        assert plain._backend.zap_domain == BACKEND_DOMAIN.encode()
+        assert not plain._frontend.curve_server
+        plain.stop()
+        plain.run()
     config = BrokerConfig(
         frontend=LOOPBACK,
         backend=LOOPBACK,
