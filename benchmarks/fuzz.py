@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzz.run import SOCKETS, fuzz  # noqa: E402
-from tests.helpers import Processes  # noqa: E402
+from tests.fuzz.run import SOCKETS, fuzz
+from tests.helpers import Processes
 
 
 def main() -> int:

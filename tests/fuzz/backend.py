@@ -18,7 +18,6 @@ really sent for that request. Meanwhile ``add`` requests to the real worker
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -49,17 +48,42 @@ IN_FLIGHT = 6
 TIMEOUT_MS = 1500.0
 ANSWER_GRACE_S = 1.0
 BEHAVIOURS = [
-    "ok", "ok", "ok", "split", "timing-32", "timing-abuse", "wrong-shape", "wrong-dtype",
-    "wrong-name", "extra-output", "wrong-batch", "wrong-bytes", "fail-valid", "fail-unknown",
-    "fail-shutdown", "strangers", "duplicate-row", "duplicate-message", "huge-frames",
-    "mutated", "mutated", "late", "bye", "hello-again",
-]  # fmt: skip
+    "ok",
+    "ok",
+    "ok",
+    "split",
+    "timing-32",
+    "timing-abuse",
+    "wrong-shape",
+    "wrong-dtype",
+    "wrong-name",
+    "extra-output",
+    "wrong-batch",
+    "wrong-bytes",
+    "fail-valid",
+    "fail-unknown",
+    "fail-shutdown",
+    "strangers",
+    "duplicate-row",
+    "duplicate-message",
+    "huge-frames",
+    "mutated",
+    "mutated",
+    "late",
+    "bye",
+    "hello-again",
+]
 
 
 def model_spec(name: str) -> dict[str, Any]:
     inputs = [spec_json("x", 4), spec_json("y", 4)]
-    return {"name": name, "inputs": inputs, "outputs": [spec_json("z", 4)],
-            "batch_size": 4, "batching_dim": 0}  # fmt: skip
+    return {
+        "name": name,
+        "inputs": inputs,
+        "outputs": [spec_json("z", 4)],
+        "batch_size": 4,
+        "batching_dim": 0,
+    }
 
 
 @dataclass
@@ -82,7 +106,7 @@ class BackendFuzzer:
         self.rng = random.Random(seed)
         self.report = Report("backend", seed)
         self.pid = broker_pid
-        context = zmq.Context.instance()
+        context: zmq.Context[Any] = zmq.Context.instance()
         self.client = self._dealer(context, frontend)
         self.prober = self._dealer(context, frontend)
         self.backend = backend
@@ -96,7 +120,7 @@ class BackendFuzzer:
 
     @staticmethod
     def _dealer(context: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
-        socket = context.socket(zmq.DEALER)
+        socket: zmq.Socket[Any] = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(endpoint)
         return socket
@@ -134,8 +158,11 @@ class BackendFuzzer:
             rid = b"b%07d" % self.serial
             rows = self.rng.randrange(1, 4)
             x, y = add_arrays(self.rng, rows)
-            header = {"model": MODEL, "tensors": [spec_json("x", rows), spec_json("y", rows)],
-                      "timeout_ms": TIMEOUT_MS}  # fmt: skip
+            header = {
+                "model": MODEL,
+                "tensors": [spec_json("x", rows), spec_json("y", rows)],
+                "timeout_ms": TIMEOUT_MS,
+            }
             self.client.send_multipart(
                 frames_of(Command.REQUEST, rid, header, x.tobytes(), y.tobytes())
             )
@@ -174,8 +201,9 @@ class BackendFuzzer:
         self.report.violate(
             "every request is answered",
             f"{rid!r} unanswered {ANSWER_GRACE_S} s after its deadline",
-            pending.symptoms.get("REPLY") if "timing-32" in pending.symptoms.values() else
-            pending.symptoms.get("BROKER_SHUTDOWN"),
+            pending.symptoms.get("REPLY")
+            if "timing-32" in pending.symptoms.values()
+            else pending.symptoms.get("BROKER_SHUTDOWN"),
         )
 
     def check_models(self) -> None:
@@ -273,8 +301,14 @@ class BackendFuzzer:
                 return rid
         return b"?"
 
-    def allow(self, rid: bytes, *, reply: Any = None, code: str | None = None,
-              symptom: tuple[str, str] | None = None) -> None:  # fmt: skip
+    def allow(
+        self,
+        rid: bytes,
+        *,
+        reply: Any = None,
+        code: str | None = None,
+        symptom: tuple[str, str] | None = None,
+    ) -> None:
         pending = self.pending.get(rid)
         if pending is None:
             return
@@ -320,8 +354,14 @@ class BackendFuzzer:
                     if self.rng.random() < 0.5:
                         timing.update({f"t{i}": 1.0 for i in range(33)})
             self.send_checked(self.results(results), rows)
-        elif behaviour in ("wrong-shape", "wrong-dtype", "wrong-name", "extra-output",
-                           "wrong-batch", "wrong-bytes"):  # fmt: skip
+        elif behaviour in (
+            "wrong-shape",
+            "wrong-dtype",
+            "wrong-name",
+            "extra-output",
+            "wrong-batch",
+            "wrong-bytes",
+        ):
             self.send(self.wrong_outputs(behaviour, results, rows))
         elif behaviour.startswith("fail-"):
             code = {
@@ -329,16 +369,22 @@ class BackendFuzzer:
                 "fail-unknown": self.rng.choice(["NOPE", "", "x" * 100, "bad_message"]),
                 "fail-shutdown": "BROKER_SHUTDOWN",
             }[behaviour]
-            finding = {"fail-unknown": "unknown-failure-code",
-                       "fail-shutdown": "broker-shutdown-from-worker"}.get(behaviour)  # fmt: skip
+            finding = {
+                "fail-unknown": "unknown-failure-code",
+                "fail-shutdown": "broker-shutdown-from-worker",
+            }.get(behaviour)
             for _job, rid, _z in rows:
-                self.allow(rid, code=code if behaviour == "fail-valid" else None,
-                           symptom=(code, finding) if finding else None)  # fmt: skip
+                self.allow(
+                    rid,
+                    code=code if behaviour == "fail-valid" else None,
+                    symptom=(code, finding) if finding else None,
+                )
                 if finding == "unknown-failure-code":  # the bare IpuserveError's code
                     self.allow(rid, symptom=("INTERNAL", finding))
             failures = [[job.hex(), code, "fuzz"] for job, _rid, _z in rows]
-            self.send(frames_of(Command.RESULTS, b"", {"specs": [], "results": [],
-                                                       "failures": failures}))  # fmt: skip
+            self.send(
+                frames_of(Command.RESULTS, b"", {"specs": [], "results": [], "failures": failures})
+            )
         elif behaviour == "duplicate-row":
             self.send_checked(self.results(results + results[:1]), rows)
         elif behaviour == "mutated":
@@ -405,20 +451,37 @@ class BackendFuzzer:
 
     def abuse(self) -> None:
         """A message between batches: HEARTBEAT, HELLO or BYE abuse, or garbage."""
-        kind = self.rng.choice(["heartbeat", "heartbeat", "credit-0", "hello", "bye-strangers",
-                                "garbage", "stranger-results"])  # fmt: skip
+        kind = self.rng.choice(
+            [
+                "heartbeat",
+                "heartbeat",
+                "credit-0",
+                "hello",
+                "bye-strangers",
+                "garbage",
+                "stranger-results",
+            ]
+        )
         self.report.mutations[f"abuse/{kind}"] += 1
         if kind == "heartbeat":
             value = self.rng.choice([-1, 2**63, 1.5, "x", None, True, CREDIT])
-            self.send(frames_of(Command.HEARTBEAT, b"", {self.rng.choice(["credit", "in_flight",
-                                                                            "other"]): value}))  # fmt: skip
+            self.send(
+                frames_of(
+                    Command.HEARTBEAT,
+                    b"",
+                    {self.rng.choice(["credit", "in_flight", "other"]): value},
+                )
+            )
         elif kind == "credit-0":
             self.send(frames_of(Command.HEARTBEAT, b"", {"in_flight": 0, "credit": 0}))
             self.send(frames_of(Command.HEARTBEAT, b"", {"in_flight": 0, "credit": CREDIT}))
         elif kind == "hello":
-            header = {"worker_id": self.rng.choice(["", "x" * 300, "fuzz-worker", "other"]),
-                      "models": [model_spec(MODEL)], "credit": CREDIT}  # fmt: skip
-            op, frames = mutate(self.rng, frames_of(Command.HELLO, b"", header))
+            header = {
+                "worker_id": self.rng.choice(["", "x" * 300, "fuzz-worker", "other"]),
+                "models": [model_spec(MODEL)],
+                "credit": CREDIT,
+            }
+            _op, frames = mutate(self.rng, frames_of(Command.HELLO, b"", header))
             self.send(frames)
             self.hello()
         elif kind == "bye-strangers":

@@ -73,11 +73,11 @@ class FrontendFuzzer:
         self.frontend, self.pid = frontend, broker_pid
         self.rng = random.Random(seed)
         self.report = Report("frontend", seed)
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context[Any] = zmq.Context.instance()
         self.socket = self._dealer()
 
     def _dealer(self) -> zmq.Socket[Any]:
-        socket = self.context.socket(zmq.DEALER)
+        socket: zmq.Socket[Any] = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self.frontend)
         return socket
@@ -125,7 +125,7 @@ class FrontendFuzzer:
                     self.report.violate(
                         "malformed message answered with a REPLY", f"{kind}/{op}: {why}"
                     )
-                elif not isinstance(answer, str):
+                elif message is not None and not isinstance(answer, str):
                     _check_reply(message, rid, answer, self.report, f"{kind}/{op}")
         if not answered or (message is not None and wanted):
             if message is None:
@@ -186,10 +186,11 @@ def _check_reply(message: wire.Message, rid: bytes, z: Any, report: Report, what
             continue
         arrays = request.tensors.split()[members.index(rid)].arrays()
         x, y = arrays.get("x"), arrays.get("y")
-        ok = request.model == "add" and x is not None and y is not None
-        ok = ok and z is not None and z.shape == x.shape
-        with np.errstate(all="ignore"):  # flipped bits may make inf and NaN
-            ok = ok and np.allclose(z, x + 2 * y, rtol=1e-6, equal_nan=True)
+        ok = False
+        if request.model == "add" and x is not None and y is not None and z is not None:
+            with np.errstate(all="ignore"):  # flipped bits may make inf and NaN
+                expected = x + 2 * y
+                ok = z.shape == x.shape and np.allclose(z, expected, rtol=1e-6, equal_nan=True)
         if not ok:
             report.violate("no well-formed request gets a wrong answer", f"{what}: {rid!r}")
         return
