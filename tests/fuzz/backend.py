@@ -18,6 +18,7 @@ really sent for that request. Meanwhile ``add`` requests to the real worker
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ class Pending:
     codes: set[str] = field(default_factory=lambda: {"DEADLINE_EXCEEDED"})
     symptoms: dict[str, str] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.monotonic)
+    history: list[str] = field(default_factory=list)  # what the fake did with its job
 
 
 class BackendFuzzer:
@@ -135,6 +137,7 @@ class BackendFuzzer:
         report = self.report
         report.rss_before = rss_bytes(self.pid)
         self.hello()
+        self.welcomed()
         next_probe = PROBE_EVERY
         while report.sent < messages:
             self.fill()
@@ -146,6 +149,13 @@ class BackendFuzzer:
         self.check_models()
         report.rss_after = rss_bytes(self.pid)
         return report
+
+    def welcomed(self) -> None:
+        """Wait for the first WELCOME: before it, ``fz`` is nobody's model."""
+        while self.worker.poll(5000):
+            if isinstance(decodes(self.worker.recv_multipart())[0], wire.Welcome):
+                return
+        raise AssertionError("the broker sent the fake worker no WELCOME within 5 s")
 
     def fill(self) -> None:
         """Keep IN_FLIGHT requests for ``fz`` pending (one not answered a second after its
@@ -200,10 +210,8 @@ class BackendFuzzer:
         self.given_up.add(rid)
         self.report.violate(
             "every request is answered",
-            f"{rid!r} unanswered {ANSWER_GRACE_S} s after its deadline",
-            pending.symptoms.get("REPLY")
-            if "timing-32" in pending.symptoms.values()
-            else pending.symptoms.get("BROKER_SHUTDOWN"),
+            f"{rid!r} unanswered {ANSWER_GRACE_S} s after its deadline, after {pending.history}",
+            "timing-32" if "timing-32" in pending.history else None,  # its REPLY undecodable
         )
 
     def check_models(self) -> None:
@@ -249,7 +257,7 @@ class BackendFuzzer:
             if answer not in pending.codes:
                 self.report.violate(
                     "a misbehaving worker's answer reaches the client as the protocol says",
-                    f"{rid!r} got {answer}; allowed {sorted(pending.codes)}",
+                    f"{rid!r} got {answer}; allowed {sorted(pending.codes)} after {pending.history}",
                     pending.symptoms.get(answer),
                 )
             return
@@ -259,7 +267,8 @@ class BackendFuzzer:
         ):
             self.report.violate(
                 "no well-formed request gets a wrong answer",
-                f"{rid!r} got z of shape {getattr(answer, 'shape', None)} for x {pending.x.shape}",
+                f"{rid!r} got z of shape {getattr(answer, 'shape', None)} for x {pending.x.shape}"
+                f" after {pending.history}",
                 pending.symptoms.get("REPLY"),
             )
 
@@ -293,6 +302,9 @@ class BackendFuzzer:
             rows.append((job.job_id, rid, arrays["x"] + 2 * arrays["y"]))
         behaviour = self.rng.choice(BEHAVIOURS) if misbehave else "ok"
         self.report.mutations[behaviour] += 1
+        for _job, rid, _z in rows:
+            if rid in self.pending:
+                self.pending[rid].history.append(behaviour)
         self.behave(behaviour, rows)
 
     def _rid(self, x: np.ndarray[Any, Any]) -> bytes:
@@ -390,6 +402,8 @@ class BackendFuzzer:
         elif behaviour == "mutated":
             op, frames = mutate(self.rng, self.results(results))
             self.report.mutations[f"mutated/{op}"] += 1
+            for _job, rid, _z in rows:
+                self.pending[rid].history.append(op) if rid in self.pending else None
             self.send_checked(frames, rows)
         elif behaviour == "bye":
             self.send(frames_of(Command.BYE, b"", {"handed_back": [j.hex() for j, _r, _z in rows]}))
@@ -422,6 +436,11 @@ class BackendFuzzer:
                     self.allow(rid, reply=np.array(z))
             for fail in message.failures:
                 self.allow(self.jobs.get(fail.job_id, b"?"), code=fail.code)
+        elif message is None:  # the jobs it names fail at once (docs/protocol.md §4)
+            for job_id in _named_jobs(frames):
+                pending = self.pending.get(self.jobs.get(job_id, b"?"))
+                if pending is not None:
+                    pending.codes.discard("DEADLINE_EXCEEDED")
         self.send(frames)
 
     def wrong_outputs(self, behaviour: str, results: list[Any], rows: list[Any]) -> list[bytes]:
@@ -494,3 +513,28 @@ class BackendFuzzer:
         else:
             z = np.zeros((2, ADD_WIDTH), np.float32)
             self.send(self.results([(self.rng.randbytes(8), z, self.timing())]))
+
+
+def _named_jobs(frames: list[bytes]) -> list[bytes]:
+    """The job ids a RESULTS that does not decode still names in a readable header."""
+    if len(frames) < 2 or frames[0] != wire.TAG + bytes([Command.RESULTS]):
+        return []
+    if len(frames[1]) > wire.DEFAULT_LIMITS.max_header_bytes:
+        return []
+    try:
+        header = json.loads(frames[1])
+    except ValueError:
+        return []
+    rows = [
+        row
+        for key in ("results", "failures")
+        for row in (header.get(key) if isinstance(header, dict) else None) or []
+        if isinstance(row, list) and row and isinstance(row[0], str)
+    ]
+    named = []
+    for row in rows:
+        try:
+            named.append(bytes.fromhex(row[0]))
+        except ValueError:
+            pass
+    return named

@@ -33,13 +33,16 @@ from tests.fuzz.engine import (
 )
 
 ANSWER_TIMEOUT_S = 1.0
+#: The share of messages that are valid REQUESTs with distinct headers of 200-255 KiB:
+#: 15 % of 2,000 is 300 of them, ~70 MiB that a cache bounded in entries would keep.
+BIG_HEADERS = 0.15
 CLIENT_MESSAGES = (wire.Request, wire.Requests, wire.ListModels, wire.Ping)
 
 
-def valid_message(rng: random.Random, serial: int) -> tuple[str, list[bytes]]:
-    """A well-formed message of a random client command."""
+def valid_message(rng: random.Random, serial: int, kind: str = "") -> tuple[str, list[bytes]]:
+    """A well-formed message of a random client command (or of ``kind``)."""
     rid = b"f%07d" % serial
-    kind = rng.choice(["request", "request", "requests", "requests", "models", "ping"])
+    kind = kind or rng.choice(["request", "request", "requests", "requests", "models", "ping"])
     if kind == "request":
         rows = rng.randrange(1, 5)
         x, y = add_arrays(rng, rows)
@@ -89,10 +92,14 @@ class FrontendFuzzer:
         report = self.report
         report.rss_before = rss_bytes(self.pid)
         for serial in range(messages):
-            kind, frames = valid_message(self.rng, serial)
             op = "none"
-            if self.rng.random() < 0.85:
-                op, frames = mutate(self.rng, frames)
+            if self.rng.random() < BIG_HEADERS:  # what a header cache must bound in bytes
+                kind, frames = valid_message(self.rng, serial, "request")
+                op, frames = "header-padded", _padded(self.rng, frames)
+            else:
+                kind, frames = valid_message(self.rng, serial)
+                if self.rng.random() < 0.85:
+                    op, frames = mutate(self.rng, frames)
             report.mutations[f"{kind}/{op}"] += 1
             self.exchange(kind, op, frames)
             report.sent += 1
@@ -142,6 +149,12 @@ class FrontendFuzzer:
                     f"{kind}/{op}: {len(wanted) or 1} id(s) unanswered within "
                     f"{ANSWER_TIMEOUT_S} s: {sorted(wanted)[:4]}",
                 )
+
+
+def _padded(rng: random.Random, frames: list[bytes]) -> list[bytes]:
+    """A valid message whose header is 200-255 KiB (JSON whitespace) and distinct."""
+    pad = b" " * rng.randrange(200 * 1024, 255 * 1024)
+    return [frames[0], frames[1][:1] + pad + frames[1][1:], *frames[2:]]
 
 
 def _request_ids(message: wire.Message) -> list[bytes]:
