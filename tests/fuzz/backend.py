@@ -257,12 +257,15 @@ class BackendFuzzer:
             if answer not in pending.codes:
                 self.report.violate(
                     "a misbehaving worker's answer reaches the client as the protocol says",
-                    f"{rid!r} got {answer}; allowed {sorted(pending.codes)} after {pending.history}",
+                    f"{rid!r} got {answer}; allowed {sorted(pending.codes)}"
+                    f" after {pending.history}",
                     pending.symptoms.get(answer),
                 )
             return
         if not any(
-            answer is not None and answer.shape == r.shape and np.array_equal(answer, r)
+            answer is not None
+            and answer.shape == r.shape
+            and np.array_equal(answer, r, equal_nan=True)
             for r in pending.replies
         ):
             self.report.violate(
