@@ -18,7 +18,6 @@ really sent for that request. Meanwhile ``add`` requests to the real worker
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from tests.fuzz.engine import (
     spec_json,
 )
 from tests.fuzz.frontend import probe
+from tests.fuzz.worker_frames import model_spec, named_jobs, results_frames, worker_timing
 
 MODEL = "fz"
 CREDIT = 8
@@ -74,17 +74,6 @@ BEHAVIOURS = [
     "bye",
     "hello-again",
 ]
-
-
-def model_spec(name: str) -> dict[str, Any]:
-    inputs = [spec_json("x", 4), spec_json("y", 4)]
-    return {
-        "name": name,
-        "inputs": inputs,
-        "outputs": [spec_json("z", 4)],
-        "batch_size": 4,
-        "batching_dim": 0,
-    }
 
 
 @dataclass
@@ -335,17 +324,17 @@ class BackendFuzzer:
             pending.symptoms[symptom[0]] = symptom[1]
 
     def behave(self, behaviour: str, rows: list[tuple[bytes, bytes, Any]]) -> None:
-        results = [(job, z, self.timing()) for job, _rid, z in rows]
+        results = [(job, z, worker_timing()) for job, _rid, z in rows]
         for _job, rid, z in rows:
             self.allow(rid, reply=z, code="WORKER_FAILED")  # a re-queued job may fail so
         if behaviour in ("ok", "strangers", "duplicate-message", "late", "huge-frames"):
-            frames = self.results(results)
+            frames = results_frames(results)
             if behaviour == "strangers":
-                self.send(self.results([(self.rng.randbytes(8), z, {}) for _j, z, _t in results]))
+                self.send(results_frames([(self.rng.randbytes(8), z, {}) for _j, z, _t in results]))
             elif behaviour == "duplicate-message":
                 self.send(frames)
                 wrong = [(job, z[:, :7].copy(), t) for job, z, t in results]
-                frames = self.results(wrong)
+                frames = results_frames(wrong)
             elif behaviour == "late":
                 self.late.append((time.monotonic() + TIMEOUT_MS / 1000 * 1.2, frames))
                 return
@@ -354,7 +343,7 @@ class BackendFuzzer:
             self.send(frames)
         elif behaviour == "split":
             for result in results:
-                self.send(self.results([result]))
+                self.send(results_frames([result]))
         elif behaviour in ("timing-32", "timing-abuse"):
             for job, _z, timing in results:
                 rid = self.jobs[job]
@@ -368,7 +357,7 @@ class BackendFuzzer:
                     )
                     if self.rng.random() < 0.5:
                         timing.update({f"t{i}": 1.0 for i in range(33)})
-            self.send_checked(self.results(results), rows)
+            self.send_checked(results_frames(results), rows)
         elif behaviour in (
             "wrong-shape",
             "wrong-dtype",
@@ -401,9 +390,9 @@ class BackendFuzzer:
                 frames_of(Command.RESULTS, b"", {"specs": [], "results": [], "failures": failures})
             )
         elif behaviour == "duplicate-row":
-            self.send_checked(self.results(results + results[:1]), rows)
+            self.send_checked(results_frames(results + results[:1]), rows)
         elif behaviour == "mutated":
-            op, frames = mutate(self.rng, self.results(results))
+            op, frames = mutate(self.rng, results_frames(results))
             self.report.mutations[f"mutated/{op}"] += 1
             for _job, rid, _z in rows:
                 self.pending[rid].history.append(op) if rid in self.pending else None
@@ -413,20 +402,6 @@ class BackendFuzzer:
             self.hello()
         elif behaviour == "hello-again":
             self.hello(extra_models=self.rng.choice([0, 0, 400]))
-
-    def timing(self) -> dict[str, Any]:
-        return {"worker_queue_us": 1.0, "device_us": 2.0, "worker_us": 3.0}
-
-    def results(self, results: list[tuple[bytes, Any, dict[str, Any]]]) -> list[bytes]:
-        specs: list[list[dict[str, Any]]] = []
-        rows, frames = [], []
-        for job, z, timing in results:
-            spec = [spec_json("z", z.shape[0], str(z.dtype), z.shape[1])]
-            if spec not in specs:
-                specs.append(spec)
-            rows.append([job.hex(), specs.index(spec), timing])
-            frames.append(np.ascontiguousarray(z).tobytes())
-        return frames_of(Command.RESULTS, b"", {"specs": specs, "results": rows}, *frames)
 
     def send_checked(self, frames: list[bytes], rows: list[tuple[bytes, bytes, Any]]) -> None:
         """Send RESULTS that may not decode: what decodes is what a REPLY may carry."""
@@ -440,7 +415,7 @@ class BackendFuzzer:
             for fail in message.failures:
                 self.allow(self.jobs.get(fail.job_id, b"?"), code=fail.code)
         elif message is None:  # the jobs it names fail at once (docs/protocol.md §4)
-            for job_id in _named_jobs(frames):
+            for job_id in named_jobs(frames):
                 pending = self.pending.get(self.jobs.get(job_id, b"?"))
                 if pending is not None:
                     pending.codes.discard("DEADLINE_EXCEEDED")
@@ -515,29 +490,4 @@ class BackendFuzzer:
             self.send(mutate(self.rng, base)[1])
         else:
             z = np.zeros((2, ADD_WIDTH), np.float32)
-            self.send(self.results([(self.rng.randbytes(8), z, self.timing())]))
-
-
-def _named_jobs(frames: list[bytes]) -> list[bytes]:
-    """The job ids a RESULTS that does not decode still names in a readable header."""
-    if len(frames) < 2 or frames[0] != wire.TAG + bytes([Command.RESULTS]):
-        return []
-    if len(frames[1]) > wire.DEFAULT_LIMITS.max_header_bytes:
-        return []
-    try:
-        header = json.loads(frames[1])
-    except ValueError:
-        return []
-    rows = [
-        row
-        for key in ("results", "failures")
-        for row in (header.get(key) if isinstance(header, dict) else None) or []
-        if isinstance(row, list) and row and isinstance(row[0], str)
-    ]
-    named = []
-    for row in rows:
-        try:
-            named.append(bytes.fromhex(row[0]))
-        except ValueError:
-            pass
-    return named
+            self.send(results_frames([(self.rng.randbytes(8), z, worker_timing())]))
