@@ -281,23 +281,37 @@ def decodes(frames: list[bytes]) -> tuple[wire.Message | None, str]:
         return None, f"{type(error).__name__}: {error}"
 
 
-def expected_ids(frames: list[bytes]) -> set[bytes]:
-    """The ids an ERROR for ``frames`` may carry: the envelope's as far as it reads
-    (docs/protocol.md §4), every readable row id of a batch, and the empty id."""
-    ids = {b""}
-    if frames and len(frames[0]) >= 6 and frames[0][:4] == wire.PROTOCOL_TAG:
-        ids.add(frames[0][6:])
-    if len(frames) > 1:
-        try:
-            header = json.loads(frames[1])
-        except ValueError:
-            header = None
-        rows = header.get("requests") if isinstance(header, dict) else None
+def envelope_id(frames: list[bytes]) -> bytes:
+    """The id an ERROR for ``frames`` must carry: the envelope's when it can be read (the
+    tag, then at most 64 bytes after version and command), else none (docs/protocol.md
+    §4: "empty if it carried none or a bad one")."""
+    head = frames[0] if frames else b""
+    readable = head[:4] == wire.PROTOCOL_TAG and 6 <= len(head) <= 6 + 64
+    return head[6:] if readable else b""
+
+
+def row_ids(frames: list[bytes]) -> set[bytes]:
+    """The request ids a REQUESTS that may be malformed still names, as far as it can be
+    read: its envelope intact, its header at most 256 KiB of JSON, each id hex of at most
+    64 bytes. The broker answers each with an ERROR (docs/protocol.md §4)."""
+    ids: set[bytes] = set()
+    batch = wire.TAG + bytes([Command.REQUESTS])
+    if len(frames) < 2 or not frames[0].startswith(batch) or len(frames[0]) > 6 + 64:
+        return ids
+    if len(frames[1]) > wire.DEFAULT_LIMITS.max_header_bytes:
+        return ids
+    try:
+        header = json.loads(frames[1])
+    except (ValueError, RecursionError):
+        return ids
+    for key in ("requests",):
+        rows = header.get(key) if isinstance(header, dict) else None
         for row in rows if isinstance(rows, list) else []:
             first = row[0] if isinstance(row, list) and row else None
             for value in first if isinstance(first, list) else [first]:
-                try:
-                    ids.add(bytes.fromhex(value if isinstance(value, str) else "?"))
-                except ValueError:
-                    pass
+                if isinstance(value, str) and len(value) <= 128:
+                    try:
+                        ids.add(bytes.fromhex(value))
+                    except ValueError:
+                        pass
     return ids
