@@ -83,7 +83,10 @@ class Pending:
     x: np.ndarray[Any, Any]
     y: np.ndarray[Any, Any]
     replies: list[np.ndarray[Any, Any]] = field(default_factory=list)
-    codes: set[str] = field(default_factory=lambda: {"DEADLINE_EXCEEDED"})
+    # a job may miss its deadline, and may fail WORKER_FAILED without reaching the fake:
+    # each HELLO or BYE of the fake drops it, and a job its JOBS were still travelling to
+    # is re-queued, an attempt counted (max_attempts of them fail it)
+    codes: set[str] = field(default_factory=lambda: {"DEADLINE_EXCEEDED", "WORKER_FAILED"})
     symptoms: dict[str, str] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.monotonic)
     history: list[str] = field(default_factory=list)  # what the fake did with its job
@@ -134,6 +137,10 @@ class BackendFuzzer:
             if report.sent >= next_probe:
                 probe(self.prober, self.rng, report, report.sent)
                 next_probe += PROBE_EVERY
+                # 400 new model names, then none: what the broker keeps of them must
+                # stay bounded, and MODELS must keep working (check_models)
+                self.hello(extra_models=400)
+                self.hello()
         self.drain()
         self.check_models()
         report.rss_after = rss_bytes(self.pid)
