@@ -291,20 +291,23 @@ def envelope_id(frames: list[bytes]) -> bytes:
 
 
 def row_ids(frames: list[bytes]) -> set[bytes]:
-    """The request ids a REQUESTS that may be malformed still names, as far as it can be
-    read: its envelope intact, its header at most 256 KiB of JSON, each id hex of at most
-    64 bytes. The broker answers each with an ERROR (docs/protocol.md §4)."""
+    """The request ids a batch (REQUESTS, or another batch sent to the frontend) still
+    names, as far as it can be read: its envelope intact, its header at most 256 KiB of
+    JSON, each id hex of at most 64 bytes. The broker answers each with an ERROR
+    (docs/protocol.md §4)."""
     ids: set[bytes] = set()
-    batch = wire.TAG + bytes([Command.REQUESTS])
-    if len(frames) < 2 or not frames[0].startswith(batch) or len(frames[0]) > 6 + 64:
+    batches = [Command.REQUESTS, Command.REPLIES, Command.JOBS, Command.RESULTS]
+    if len(frames) < 2 or len(frames[0]) > 6 + 64:
         return ids
+    if not any(frames[0].startswith(wire.TAG + bytes([batch])) for batch in batches):
+        return ids  # (any batch's rows are read: a JOBS sent to the frontend names ids too)
     if len(frames[1]) > wire.DEFAULT_LIMITS.max_header_bytes:
         return ids
     try:
         header = json.loads(frames[1])
     except (ValueError, RecursionError):
         return ids
-    for key in ("requests",):
+    for key in ("requests", "replies", "errors", "jobs", "results", "failures"):
         rows = header.get(key) if isinstance(header, dict) else None
         for row in rows if isinstance(rows, list) else []:
             first = row[0] if isinstance(row, list) and row else None
