@@ -6,6 +6,25 @@ run with a fixed seed) and by ``python benchmarks/fuzz.py`` (longer runs). Every
 random choice comes from one seeded ``random.Random``, so a run is reproducible from
 its seed (up to the broker's own timing: which messages share a turn of its loop).
 
+The invariants (issue 16), checked on every run:
+
+* the broker process stays up;
+* after every PROBE_EVERY (500) messages a well-formed ``add`` REQUEST is answered
+  correctly (numpy reference) within PROBE_TIMEOUT_S (1 s);
+* frontend: every malformed message gets an ERROR, carrying its envelope's id when
+  that can be read, and one for each request id a batch's header still names
+  (docs/protocol.md §4) — every client is addressable (the ROUTER knows it);
+* no well-formed request gets a wrong answer: a REPLY is x + 2 y of what was sent, or
+  (backend) outputs that fit the model and that the fake worker really sent for it;
+  a misbehaving worker's answer reaches the client as the protocol says (WORKER_FAILED
+  for outputs that do not fit, or codes a worker may not send), exactly once;
+* the broker sends only well-formed messages, and MODELS keeps working;
+* the broker's RSS (/proc/PID/status VmRSS) grows by at most RSS_BOUND_BYTES.
+
+The frontend half is lock-step (one message, then its answers), so a seed fixes the
+whole run; the backend half depends on which jobs the broker batches together, so a
+seed fixes the choices but not every outcome.
+
 A check that fails records a :class:`Violation`. A violation is tagged with a
 finding of issue 16 when it is exactly that finding's symptom; the run fails on
 every violation whose finding is not in :data:`KNOWN`, so once the broker fixes a
