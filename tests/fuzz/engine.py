@@ -45,26 +45,10 @@ import numpy as np
 from ipuserve import protocol as wire
 from ipuserve.protocol import Command
 
-#: Findings of issue 16 the broker on main still shows. A violation tagged with one of
-#: these keys is reported but does not fail the run. Empty this as the fixes land.
-KNOWN: dict[str, str] = {
-    "timing-32": "issue 16: a result with 32 timing entries becomes a 33-entry reply "
-    "that the client rejects as malformed",
-    "models-reply-size": "issue 16: MODELS_REPLY is never split; after ~1,240 model names "
-    "it passes the header limit",
-    "broker-shutdown-from-worker": "issue 16: a worker's BROKER_SHUTDOWN failure is "
-    "forwarded verbatim (the client keeps the request pending)",
-    "header-cache-rss": "issue 16: the header cache keeps up to 1,024 whole headers "
-    "(250 KiB each): RSS grows by up to 256 MiB",
-    "frontend-no-error": "issue 16: an envelope-id mutation and a valid-but-huge header "
-    "on MODELS get no ERROR",
-    "wrong-bytes-blamed-on-client": "issue 16: a result frame of the wrong byte count "
-    "reaches the client as INVALID_INPUT",
-    "unknown-failure-code": "issue 16: a worker's unknown failure code reaches the client "
-    "verbatim instead of WORKER_FAILED",
-    "wrong-batch-size": "issue 16: outputs whose batch size differs from the request's "
-    "are forwarded unchecked",
-}
+#: Findings the broker on main still shows, by key. A violation tagged with one of these
+#: keys is reported but does not fail the run. Empty: every finding of issue 16 is fixed
+#: (tests/broker/test_strict_*.py); a new one goes here only while its fix is under way.
+KNOWN: dict[str, str] = {}
 
 #: The broker's RSS may grow by at most this much over a run. Legitimately it holds only
 #: what is in flight (the fuzzer keeps at most a few messages of at most ~1 MiB pending),
