@@ -10,7 +10,7 @@ import pytest
 
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.loop import Broker
-from tests.helpers import processes  # noqa: F401  (a fixture)
+from tests.helpers import RawClient, processes  # noqa: F401  (processes: a fixture)
 
 StartBroker = Callable[..., Broker]
 
@@ -40,3 +40,16 @@ def start_broker_thread() -> Iterator[StartBroker]:
         broker.stop()
         thread.join(timeout=10)
         assert not thread.is_alive(), "the broker loop did not stop"
+
+
+@pytest.fixture
+def broker(start_broker_thread: StartBroker) -> Broker:
+    """A broker on a thread with the default test settings."""
+    return start_broker_thread()
+
+
+@pytest.fixture
+def client(broker: Broker) -> Iterator[RawClient]:
+    """A bare DEALER on that broker's frontend."""
+    with RawClient(broker.frontend_endpoint) as raw:
+        yield raw

@@ -23,17 +23,6 @@ INPUTS = add_inputs(2)
 
 
 @pytest.fixture
-def broker(start_broker_thread: StartBroker) -> Broker:
-    return start_broker_thread()
-
-
-@pytest.fixture
-def client(broker: Broker) -> Iterator[RawClient]:
-    with RawClient(broker.frontend_endpoint) as raw:
-        yield raw
-
-
-@pytest.fixture
 def workers(broker: Broker) -> Iterator[list[FakeWorker]]:
     made: list[FakeWorker] = []
     yield made

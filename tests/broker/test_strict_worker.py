@@ -14,24 +14,12 @@ import pytest
 
 from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
-from tests.broker.conftest import StartBroker
 from tests.broker.fakes import FakeWorker, result_for
 from tests.helpers import RawClient, add_inputs, assert_add_reply
 
 INPUTS = add_inputs(2)
 #: as many timing entries as the wire allows (docs/protocol.md: at most 32)
 FULL_TIMING = {f"t{n}_us": float(n) for n in range(wire.MAX_TIMING_KEYS)}
-
-
-@pytest.fixture
-def broker(start_broker_thread: StartBroker) -> Broker:
-    return start_broker_thread()
-
-
-@pytest.fixture
-def client(broker: Broker) -> Iterator[RawClient]:
-    with RawClient(broker.frontend_endpoint) as raw:
-        yield raw
 
 
 @pytest.fixture
