@@ -245,10 +245,22 @@ class Replica:
         return None
 
     def _flush_partial(self) -> None:
-        """Flush the partial batch now, naming the input it was waiting for more of."""
-        waited = next((n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None)
-        if waited is not None:
-            self._on_read_timeout_named(waited)
+        """Flush the partial batch now, naming the input it was waiting for more of.
+
+        The reader thread and the device thread may both decide to flush the same
+        partial batch; the check is made again under the lock, so the loser of that
+        race does nothing (rather than the spec's dummy run for an idle runner, which
+        would call the flush callback a second time)."""
+        if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
+            return
+        try:
+            waited = next(
+                (n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None
+            )
+            if waited is not None and not self._stopping:
+                self._flush(waited)
+        finally:
+            self.lock.release()
 
     def _ran(self) -> None:
         """A run ended: its device time (from taking its inputs) is the policy's measure."""
