@@ -3,3 +3,4 @@
 from __future__ import annotations
 
 from tests.helpers import processes  # noqa: F401  (a fixture)
+from tests.integration.fleet import models, procs  # noqa: F401  (fixtures)
