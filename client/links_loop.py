@@ -240,9 +240,11 @@ class LinksLoop:
         for request_id in list(link.ids):
             if request_id in self._targets:
                 link.replies.finish(request_id, gone)
-            else:
+            else:  # placed on the usable links by this turn's _rebalance
                 self._unassign(request_id)
                 self._parked[request_id] = None
+                self._stats.failovers += 1
+                self._stats.resent += 1
         link.close()
 
     def _close_links(self) -> None:

@@ -7,15 +7,30 @@ against numpy, and every request is settled exactly once (its future's one resul
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner, Result
 
+from ipuserve import protocol as wire
 from ipuserve.client import Client, ClientConfig
+from ipuserve.client import client as client_module
+from ipuserve.client.cli import client_address
+from ipuserve.client.fleet import FleetWorker, merge_models
+from ipuserve.client.io_loop import IoLoop
+from ipuserve.client.links import least_loaded
+from ipuserve.client.links_loop import LinksLoop
+from ipuserve.discovery import EndpointSet
+from ipuserve.errors import ConfigError
+from ipuserve.face.cli import main
+from tests.client import fake_broker
 from tests.client.fake_broker import FakeBroker, add_handler
 from tests.client.fake_broker import inputs as fake_inputs
 from tests.helpers import (
@@ -172,6 +187,161 @@ def test_a_duplicate_reply_settles_once() -> None:
             a.send_raw(add_handler(held).encode())
             wait_until(lambda: client.stats.dropped_replies == 1)
             assert client.stats.replies == before
+    finally:
+        a.stop()
+        b.stop()
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_models_with_two_brokers_shows_each_model_once(
+    two_brokers: tuple[BrokerProc, BrokerProc],
+) -> None:
+    first, second = two_brokers
+    listed = json.loads(
+        invoke("models", "--broker", first.frontend, "--broker", second.frontend, "--json").stdout
+    )
+    assert [model["spec"]["name"] for model in listed] == ["add"]
+    (add,) = listed
+    assert sorted(add["brokers"]) == sorted([first.frontend, second.frontend])
+    workers = add["workers"]
+    assert len(workers) == 2 == len({w["worker_id"] for w in workers})  # one per broker
+    assert sorted(b for w in workers for b in w["brokers"]) == sorted(add["brokers"])
+    table = invoke("models", "--broker", first.frontend, "--broker", second.frontend).stdout
+    assert sum(line.startswith("add ") for line in table.splitlines()) == 1
+    for worker in workers:
+        assert f"brokers {worker['brokers'][0]}" in table
+
+
+def test_models_names_a_broker_that_does_not_answer(
+    two_brokers: tuple[BrokerProc, BrokerProc],
+) -> None:
+    first, _ = two_brokers
+    silent = FakeBroker().start()
+    silent.silent = True
+    try:
+        args = ["models", "--broker", first.frontend, "--broker", silent.address]
+        result = invoke(*args, "--json", "--timeout-s", "1")
+    finally:
+        silent.stop()
+    assert [model["spec"]["name"] for model in json.loads(result.stdout)] == ["add"]
+    assert f"warning: {silent.address}: [DEADLINE_EXCEEDED]" in result.stderr
+
+
+def test_infer_takes_the_brokers_from_the_variable_space_separated(
+    two_brokers: tuple[BrokerProc, BrokerProc], tmp_path: Path
+) -> None:
+    first, second = two_brokers
+    given = add_inputs(rows=3, seed=7)
+    for name, array in given.items():
+        np.save(tmp_path / f"{name}.npy", array)
+    out = tmp_path / "out.npz"
+    env = {"IPUSERVE_INFER_BROKER": f"{first.frontend} {second.frontend}"}
+    invoke(
+        "infer", "--model", "add", "--input", f"x={tmp_path / 'x.npy'}",
+        "--input", f"y={tmp_path / 'y.npy'}", "--output", str(out), env=env,
+    )  # fmt: skip
+    with np.load(out) as saved:
+        np.testing.assert_allclose(saved["z"], add_expected(given), rtol=1e-6)
+
+
+def test_bench_spreads_its_load_over_two_brokers(
+    two_brokers: tuple[BrokerProc, BrokerProc],
+) -> None:
+    first, second = two_brokers
+    args = ["bench", "--broker", first.frontend, "--broker", second.frontend, "--model", "add"]
+    result = invoke(*args, "--concurrency", "4", "--requests", "200", "--warmup-s", "0", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["ok"] == summary["requests"] == 200, summary
+    assert accepted(first) > 0 and accepted(second) > 0
+
+
+# ---------------------------------------------------------------- pure logic
+
+
+def test_least_loaded_takes_the_smallest_and_turns_among_equals() -> None:
+    assert least_loaded([3, 1, 2], 0) == 1
+    assert least_loaded([3, 1, 2], 2) == 1
+    assert [least_loaded([0, 0, 0], turn) for turn in range(4)] == [0, 1, 2, 0]
+    assert least_loaded([1, 0, 0], 2) == 2
+    assert least_loaded([5], 7) == 0
+
+
+def test_merge_models_shows_each_model_and_worker_once() -> None:
+    spec = fake_broker.ADD
+    shared = wire.WorkerLoad("w1", credit=4, in_flight=1, requests=2)
+    a = [wire.ModelInfo(spec, 3, (shared, wire.WorkerLoad("w2", 8, 0)))]
+    b = [wire.ModelInfo(spec, 1, (wire.WorkerLoad("w1", 4, 2, 5),))]
+    (model,) = merge_models({"tcp://a:1": a, "tcp://b:1": b})
+    assert model.brokers == ("tcp://a:1", "tcp://b:1")
+    assert model.queued == 4
+    assert model.workers == (
+        FleetWorker("w1", 8, 3, 7, ("tcp://a:1", "tcp://b:1")),
+        FleetWorker("w2", 8, 0, 0, ("tcp://a:1",)),
+    )
+    assert model.info().workers[0] == wire.WorkerLoad("w1", 8, 3, 7)
+
+
+def test_one_broker_keeps_the_single_socket_client() -> None:
+    assert client_address(("tcp://127.0.0.1:5555",)) == "tcp://127.0.0.1:5555"
+    assert client_address(["tcp://127.0.0.1:5555 tcp://127.0.0.2:5555"]) == [
+        "tcp://127.0.0.1:5555",
+        "tcp://127.0.0.2:5555",
+    ]
+    with Client("tcp://127.0.0.1:5555") as one, Client(["tcp://127.0.0.1:5555"]) as listed:
+        assert isinstance(one._io, IoLoop)
+        assert isinstance(listed._io, LinksLoop)
+        assert [link.endpoint for link in listed.links()] == ["tcp://127.0.0.1:5555"]
+
+
+def test_a_client_refuses_an_empty_or_bad_list_of_endpoints() -> None:
+    with pytest.raises(ConfigError, match="at least one"):
+        Client([])
+    with pytest.raises(ConfigError):
+        Client(["tcp://127.0.0.1:5555", "nonsense"])
+
+
+def test_a_name_with_several_addresses_is_one_link_each_followed_as_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tcp://NAME:PORT`` resolving to two addresses: a link to each. When the name
+    resolves to one address again it is used as the name (ipuserve.discovery's
+    rule: ZeroMQ re-resolves it), and the removed links' pending requests move to
+    that link, with their ids."""
+    a = FakeBroker().start()
+    port = a.address.rsplit(":", 1)[1]
+    b = FakeBroker(address=f"tcp://127.0.0.2:{port}").start()
+    addresses = ["127.0.0.1", "127.0.0.2"]
+    follow = partial(EndpointSet, resolver=lambda _host: list(addresses), interval_s=0.05)
+    monkeypatch.setattr(client_module, "EndpointSet", follow)
+    try:
+        with Client([f"tcp://localhost:{port}"], timeout=20, config=CONFIG) as client:
+            wait_until(lambda: usable_links(client) == 2)
+            assert sorted(link.endpoint for link in client.links()) == [a.address, b.address]
+            for seed in range(10):
+                x = fake_inputs(seed)
+                y = client.infer("add", x)["y"]
+                np.testing.assert_allclose(y, x["a"] + x["b"], rtol=1e-6)
+            assert a.requests and b.requests  # both addresses served
+            b.silent = True
+            seen = len(b.requests)
+            both = [client.infer_async("add", fake_inputs(seed)) for seed in (1, 2)]
+            wait_until(lambda: len(b.requests) == seen + 1)  # one of the two went to b
+            held = b.requests[-1].request_id
+            addresses.remove("127.0.0.2")
+            for seed, future in zip((1, 2), both, strict=True):
+                x = fake_inputs(seed)
+                np.testing.assert_allclose(future.result(20)["y"], x["a"] + x["b"], rtol=1e-6)
+            assert [link.endpoint for link in client.links()] == [f"tcp://localhost:{port}"]
+            assert held in [r.request_id for r in a.requests]
+            assert client.stats.failovers >= 1
     finally:
         a.stop()
         b.stop()
