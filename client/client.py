@@ -7,6 +7,12 @@
         future = client.infer_async("mlp", {"x": batch})      # concurrent.futures.Future
         print(future.result()["y"], future.timing)
 
+Several brokers: ``Client(["tcp://b1:5555", "tcp://b2:5555"])`` spreads the
+requests over the brokers that answer and moves a silent or lost broker's pending
+requests to another with the same ids (:mod:`ipuserve.client.links_loop`; every
+request is still answered once). ``links()`` shows the brokers, ``fleet()`` their
+models merged.
+
 One client is meant to be shared by every thread of a process. A caller sends its
 request from its own thread when the socket is idle, else hands it to the
 client's background I/O thread, which receives every reply, keeps the deadlines
@@ -85,7 +91,14 @@ _KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigEr
 
 
 class Client:
-    """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``).
+    """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``), or to
+    several.
+
+    ``address``: one endpoint as a string (one socket, ZeroMQ resolving its host), or
+    a sequence of them: one link per endpoint, and per address of a host that
+    resolves to several (Swarm's ``tasks.broker``), followed as they change; requests
+    go to the live brokers and fail over between them (docs/protocol.md, "A client
+    with several brokers"). Give a list of one to follow such a name.
 
     ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
     timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
@@ -94,7 +107,8 @@ class Client:
     unique among live clients: the broker hands the identity's connection to the
     newest, and the older client's replies go there (its requests time out). An
     ``address`` that is
-    not a ZeroMQ endpoint to connect to raises :class:`ConfigError`.
+    not a ZeroMQ endpoint to connect to (or an empty sequence) raises
+    :class:`ConfigError`.
 
     ``curve_secret_key`` and ``broker_public_key`` (each a key file's path, or the key
     itself as bytes) make the connection CURVE, for a broker with keys
