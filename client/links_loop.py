@@ -18,8 +18,9 @@ What it does (docs/protocol.md, "A client with several brokers"):
   A link that comes back gets new requests again, so the load spreads back.
 * **Discovery.** The configured endpoints are an :class:`EndpointSet`: a name that
   resolves to several addresses is one link per address. It is re-resolved when due
-  and when a link loses its connection; a new address gets a link, a removed one's
-  requests move to the others before its socket closes.
+  and when a link loses its connection or its requests move for another reason; a
+  new address gets a link, a removed one's requests move to the others before its
+  socket closes.
 
 Only the I/O thread touches the sockets: callers hand every request over through the
 inbox (a deque and a :class:`Waker`), unlike the single-broker loop's send from the
@@ -318,6 +319,7 @@ class LinksLoop:
         movable = [rid for rid in link.ids if rid not in self._targets]
         if not movable:
             return
+        self._lost = True  # the name may stand for other addresses now: re-resolve
         log.warning(
             "broker at %s is %s; sending its %d pending requests to the other brokers",
             link.endpoint,
