@@ -98,7 +98,8 @@ class Client:
     a sequence of them: one link per endpoint, and per address of a host that
     resolves to several (Swarm's ``tasks.broker``), followed as they change; requests
     go to the live brokers and fail over between them (docs/protocol.md, "A client
-    with several brokers"). Give a list of one to follow such a name.
+    with several brokers"). Give a list of one to follow such a name; a list of one
+    IP or ``ipc://`` endpoint is the one-socket client.
 
     ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
     timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
@@ -145,11 +146,13 @@ class Client:
             return open_socket(context, endpoint, self.routing_id, self.config, keys)
 
         self._io: IoLoop | LinksLoop
-        if isinstance(address, str):  # one broker: one socket, exactly as ever
-            sock, monitor = connect(address)
-            self._io = IoLoop(sock, monitor, self.config, endpoint=address)
+        followed = EndpointSet(endpoints)
+        if isinstance(address, str) or (len(endpoints) == 1 and not followed.follows_names):
+            # one broker: one socket, exactly as ever (and its send from the caller's thread)
+            sock, monitor = connect(endpoints[0])
+            self._io = IoLoop(sock, monitor, self.config, endpoint=endpoints[0])
         else:
-            self._io = LinksLoop(EndpointSet(endpoints), connect, self.config)
+            self._io = LinksLoop(followed, connect, self.config)
         self._io.thread.start()
         # A client dropped without close() stops its thread and socket when collected.
         self._closer = weakref.finalize(self, self._io.close)

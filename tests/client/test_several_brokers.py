@@ -299,10 +299,13 @@ def test_one_broker_keeps_the_single_socket_client() -> None:
         "tcp://127.0.0.1:5555",
         "tcp://127.0.0.2:5555",
     ]
-    with Client("tcp://127.0.0.1:5555") as one, Client(["tcp://127.0.0.1:5555"]) as listed:
+    fixed = "tcp://127.0.0.1:5555"
+    with Client(fixed) as one, Client([fixed]) as listed, Client(["tcp://localhost:5555"]) as name:
         assert isinstance(one._io, IoLoop)
-        assert isinstance(listed._io, LinksLoop)
-        assert [link.endpoint for link in listed.links()] == ["tcp://127.0.0.1:5555"]
+        assert isinstance(listed._io, IoLoop)  # nothing to follow: the one socket
+        assert isinstance(name._io, LinksLoop)  # a name, followed as it changes
+        assert [link.endpoint for link in listed.links()] == [fixed]
+        assert [link.endpoint for link in name.links()] == ["tcp://localhost:5555"]
 
 
 def test_a_client_refuses_an_empty_or_bad_list_of_endpoints() -> None:
@@ -357,6 +360,7 @@ def test_a_frontend_with_no_broker_is_left_out_and_none_at_all_times_out() -> No
     b = FakeBroker().start()
     nobody = FakeBroker().start()
     nobody.stop()  # its port, with nobody listening
+    port = nobody.address.rsplit(":", 1)[1]
     try:
         with Client([nobody.address, b.address], timeout=20, config=CONFIG) as client:
             for seed in range(5):
@@ -365,7 +369,9 @@ def test_a_frontend_with_no_broker_is_left_out_and_none_at_all_times_out() -> No
             assert len(b.requests) == 5
             assert [link.usable for link in client.links()] == [False, True]
         with (
-            Client([nobody.address], timeout=0.3, config=CONFIG) as client,
+            Client(
+                [nobody.address, f"tcp://127.0.0.2:{port}"], timeout=0.3, config=CONFIG
+            ) as client,
             pytest.raises(DeadlineExceeded, match="nothing has answered"),
         ):
             client.infer("add", fake_inputs())
