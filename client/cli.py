@@ -37,6 +37,10 @@ BROKER_HELP = (
     "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
     "(in the variable: space-separated). Requests spread over the brokers that answer."
 )
+MODELS_BROKER_HELP = (
+    "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
+    "(in the variable: space-separated): their models are shown as one fleet."
+)
 
 
 @contextmanager
@@ -167,7 +171,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
 
 
 @click.command()
-@option("--broker", required=True, multiple=True, type=Endpoint(), help=BROKER_HELP)
+@option("--broker", required=True, multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP)
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @option(
     "--timeout-s",
