@@ -84,7 +84,13 @@ class _Levels(click.ParamType):  # type: ignore[type-arg]
 
 
 @click.command()
-@option("--broker", type=Endpoint(), help="The broker's frontend endpoint (not with --suite).")
+@option(
+    "--broker",
+    multiple=True,
+    type=Endpoint(),
+    help="The broker's frontend endpoint (not with --suite); repeat it for several brokers "
+    "(in the variable: space-separated): one client spreads the load over them.",
+)
 @option("--model", type=ModelName(), help="Model to send requests to (not with --suite).")
 @option(
     "--input",

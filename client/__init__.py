@@ -6,11 +6,25 @@ Example::
 
     with Client("tcp://broker:5555", timeout=10) as client:
         outputs = client.infer("mlp", {"input": batch})
+
+    with Client(["tcp://b1:5555", "tcp://b2:5555"]) as client:  # several brokers
+        outputs = client.infer("mlp", {"input": batch})
 """
 
 from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.fleet import FleetModel, FleetWorker
+from ipuserve.client.links_loop import LinkInfo
 from ipuserve.client.pending import InferFuture
 from ipuserve.client.timing import Timing
 
-__all__ = ["Client", "ClientConfig", "ClientStats", "InferFuture", "Timing"]
+__all__ = [
+    "Client",
+    "ClientConfig",
+    "ClientStats",
+    "FleetModel",
+    "FleetWorker",
+    "InferFuture",
+    "LinkInfo",
+    "Timing",
+]

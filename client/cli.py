@@ -8,7 +8,7 @@ one-line ``Error: [CODE] message`` exits instead of tracebacks.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import numpy as np
 
 from ipuserve import protocol as wire
 from ipuserve.client.client import Client
+from ipuserve.client.fleet import FleetModel, merge_models
 from ipuserve.clikit import (
     Endpoint,
     ModelName,
@@ -26,12 +27,20 @@ from ipuserve.clikit import (
     option,
     writing,
 )
+from ipuserve.discovery import expand, split_endpoints
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
 from ipuserve.security import ClientKeys
 from ipuserve.security.cli import curve_client_options, keys_from_options
 
-BROKER_HELP = "The broker's frontend endpoint, e.g. tcp://HOST:5555."
+BROKER_HELP = (
+    "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
+    "(in the variable: space-separated). Requests spread over the brokers that answer."
+)
+MODELS_BROKER_HELP = (
+    "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
+    "(in the variable: space-separated): their models are shown as one fleet."
+)
 
 
 @contextmanager
@@ -43,12 +52,30 @@ def _typed_errors() -> Iterator[None]:
         raise click.ClickException(f"[{exc.code}] {exc}") from exc
 
 
-def client_for(broker: str, timeout_s: float, keys: ClientKeys | None) -> Client:
-    """A Client to ``broker``, CURVE with ``keys`` (loaded by :func:`keys_from_options`)."""
+def client_address(brokers: str | Sequence[str]) -> str | list[str]:
+    """What the Client is given for the ``--broker`` values: one endpoint as a string
+    (the single-broker client, as ever), unless its host resolves to several addresses
+    (Swarm's ``tasks.SERVICE``); several, or such a name, as a list (one link each)."""
+    if isinstance(brokers, str):
+        brokers = [brokers]
+    endpoints = split_endpoints(brokers)
+    if len(endpoints) != 1:
+        return endpoints
+    try:
+        several = len(expand(endpoints[0])) > 1
+    except OSError:  # not resolvable (yet): ZeroMQ resolves it when it can
+        several = False
+    return endpoints if several else endpoints[0]
+
+
+def client_for(broker: str | Sequence[str], timeout_s: float, keys: ClientKeys | None) -> Client:
+    """A Client to ``broker`` (one or several, :func:`client_address`), CURVE with
+    ``keys`` (loaded by :func:`keys_from_options`)."""
+    address = client_address(broker)
     if keys is None:
-        return Client(broker, timeout=timeout_s)
+        return Client(address, timeout=timeout_s)
     return Client(
-        broker,
+        address,
         timeout=timeout_s,
         curve_secret_key=keys.pair.secret,
         broker_public_key=keys.broker_public,
@@ -86,7 +113,7 @@ def parse_npy_inputs(
 
 
 @click.command()
-@option("--broker", required=True, type=Endpoint(), help=BROKER_HELP)
+@option("--broker", required=True, multiple=True, type=Endpoint(), help=BROKER_HELP)
 @option(
     "--model", required=True, type=ModelName(), help="Model name, as `ipuserve models` lists it."
 )
@@ -111,7 +138,7 @@ def parse_npy_inputs(
 )
 @curve_client_options
 def infer(
-    broker: str,
+    broker: tuple[str, ...],
     model: str,
     inputs: dict[str, Any],
     output: Path | None,
@@ -144,7 +171,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
 
 
 @click.command()
-@option("--broker", required=True, type=Endpoint(), help=BROKER_HELP)
+@option("--broker", required=True, multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP)
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @option(
     "--timeout-s",
@@ -154,7 +181,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
 )
 @curve_client_options
 def models(
-    broker: str,
+    broker: tuple[str, ...],
     as_json: bool,
     timeout_s: float,
     curve_secret_key: Path | None,
@@ -164,15 +191,34 @@ def models(
     and requests.
 
     Credit and jobs count jobs (a group of requests is one job); queued and requests
-    count the clients' requests.
+    count the clients' requests. With several brokers, the fleet as one: each model
+    once, each worker once with the brokers it is registered with (its numbers added
+    up over them); a broker that does not answer is named on stderr and left out.
     """
     keys = keys_from_options(curve_secret_key, broker_public_key)
     with _typed_errors(), client_for(broker, timeout_s, keys) as client:
-        found = client.models()
-    if as_json:
+        if isinstance(client.address, str):
+            found = client.models()
+        else:
+            fleet = _fleet(client)
+    if not isinstance(client.address, str):
+        click.echo(json.dumps(fleet_json(fleet), indent=2) if as_json else fleet_table(fleet))
+    elif as_json:
         click.echo(json.dumps(models_json(found), indent=2))
-        return
-    click.echo(models_table(found))
+    else:
+        click.echo(models_table(found))
+
+
+def _fleet(client: Client) -> list[FleetModel]:
+    """Every broker's models merged; those that did not answer named on stderr."""
+    answers = client.models_by_broker()
+    for endpoint, answer in answers.items():
+        if isinstance(answer, IpuserveError):
+            click.echo(f"warning: {endpoint}: [{answer.code}] {answer}", err=True)
+    found = {e: a for e, a in answers.items() if not isinstance(a, IpuserveError)}
+    if not found:
+        raise next(a for a in answers.values() if isinstance(a, IpuserveError))
+    return merge_models(found)
 
 
 def models_json(found: list[wire.ModelInfo]) -> list[dict[str, Any]]:
@@ -212,6 +258,31 @@ def models_table(found: list[wire.ModelInfo]) -> str:
     if not found:
         lines.append("(no models: no worker has registered yet)")
     return "\n".join(lines)
+
+
+def fleet_json(fleet: list[FleetModel]) -> list[dict[str, Any]]:
+    """:func:`models_json` for several brokers: each worker with its ``brokers``."""
+    listed = [model.to_json() for model in fleet]
+    for info in listed:
+        for load in info["workers"]:
+            load["jobs"] = load["in_flight"]
+    return listed
+
+
+def fleet_table(fleet: list[FleetModel]) -> str:
+    """:func:`models_table` over several brokers: the brokers each worker is registered
+    with on the line below it."""
+    lines = models_table([model.info() for model in fleet]).splitlines()
+    out = lines[:2]
+    rows = iter(lines[2:])
+    for model in fleet:
+        for worker in model.workers or (None,):
+            out.append(next(rows))
+            if worker is not None:
+                out.append(f"{'':20} {'':5} {'':6}  brokers {' '.join(worker.brokers)}")
+        out.append(next(rows))  # the inputs line
+    out.extend(rows)
+    return "\n".join(out)
 
 
 commands: list[click.Command] = [infer, models]

@@ -7,6 +7,12 @@
         future = client.infer_async("mlp", {"x": batch})      # concurrent.futures.Future
         print(future.result()["y"], future.timing)
 
+Several brokers: ``Client(["tcp://b1:5555", "tcp://b2:5555"])`` spreads the
+requests over the brokers that answer and moves a silent or lost broker's pending
+requests to another with the same ids (:mod:`ipuserve.client.links_loop`; every
+request is still answered once). ``links()`` shows the brokers, ``fleet()`` their
+models merged.
+
 One client is meant to be shared by every thread of a process. A caller sends its
 request from its own thread when the socket is idle, else hands it to the
 client's background I/O thread, which receives every reply, keeps the deadlines
@@ -43,7 +49,7 @@ import secrets
 import threading
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -54,12 +60,21 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.fleet import FleetModel, merge_models
 from ipuserve.client.io_loop import IoLoop
-from ipuserve.client.liveness import connection_monitor
+from ipuserve.client.links import open_socket
+from ipuserve.client.links_loop import LinkInfo, LinksLoop
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
+from ipuserve.discovery import EndpointSet
 from ipuserve.endpoints import endpoint_problem
-from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, RuntimeUsageError
-from ipuserve.security import ClientKeys, KeySource, client_keys
+from ipuserve.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    InvalidInputError,
+    IpuserveError,
+    RuntimeUsageError,
+)
+from ipuserve.security import KeySource, client_keys
 
 
 class _Default:
@@ -76,7 +91,15 @@ _KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigEr
 
 
 class Client:
-    """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``).
+    """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``), or to
+    several.
+
+    ``address``: one endpoint as a string (one socket, ZeroMQ resolving its host), or
+    a sequence of them: one link per endpoint, and per address of a host that
+    resolves to several (Swarm's ``tasks.broker``), followed as they change; requests
+    go to the live brokers and fail over between them (docs/protocol.md, "A client
+    with several brokers"). Give a list of one to follow such a name; a list of one
+    IP or ``ipc://`` endpoint is the one-socket client.
 
     ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
     timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
@@ -85,7 +108,8 @@ class Client:
     unique among live clients: the broker hands the identity's connection to the
     newest, and the older client's replies go there (its requests time out). An
     ``address`` that is
-    not a ZeroMQ endpoint to connect to raises :class:`ConfigError`.
+    not a ZeroMQ endpoint to connect to (or an empty sequence) raises
+    :class:`ConfigError`.
 
     ``curve_secret_key`` and ``broker_public_key`` (each a key file's path, or the key
     itself as bytes) make the connection CURVE, for a broker with keys
@@ -95,7 +119,7 @@ class Client:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         timeout: float | None = 30.0,
         *,
         config: ClientConfig | None = None,
@@ -103,11 +127,12 @@ class Client:
         curve_secret_key: KeySource | None = None,
         broker_public_key: KeySource | None = None,
     ) -> None:
-        problem = endpoint_problem(address)
-        if problem is not None:
-            raise ConfigError(problem)
+        endpoints = [address] if isinstance(address, str) else list(address)
+        _check_endpoints(endpoints, address)
         keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
-        self.address = address
+        self.address: str | tuple[str, ...] = (
+            address if isinstance(address, str) else tuple(endpoints)
+        )
         self.config = config or ClientConfig()
         self.timeout = _check_timeout(timeout)
         self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
@@ -115,36 +140,22 @@ class Client:
         # a job it still holds, so a new Client reusing a fixed routing_id must not
         # reuse the ids of one that died (it got that one's results).
         self._ids = itertools.count(secrets.randbits(62))
-        sock, monitor = self._connect(context or zmq.Context.instance(), keys)
-        self._io = IoLoop(sock, monitor, self.config, endpoint=address)
+        context = context or zmq.Context.instance()
+
+        def connect(endpoint: str) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+            return open_socket(context, endpoint, self.routing_id, self.config, keys)
+
+        self._io: IoLoop | LinksLoop
+        followed = EndpointSet(endpoints)
+        if isinstance(address, str) or (len(endpoints) == 1 and not followed.follows_names):
+            # one broker: one socket, exactly as ever (and its send from the caller's thread)
+            sock, monitor = connect(endpoints[0])
+            self._io = IoLoop(sock, monitor, self.config, endpoint=endpoints[0])
+        else:
+            self._io = LinksLoop(followed, connect, self.config)
         self._io.thread.start()
         # A client dropped without close() stops its thread and socket when collected.
         self._closer = weakref.finalize(self, self._io.close)
-
-    def _connect(
-        self, context: zmq.Context[Any], keys: ClientKeys | None
-    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
-        """The DEALER (CURVE with ``keys``), connecting, and its connection monitor
-        (attached first)."""
-        sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
-        monitor: zmq.Socket[Any] | None = None
-        try:
-            sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.config.reconnect_max_s * 1000))
-            if keys is not None:
-                keys.apply(sock)
-            monitor = connection_monitor(sock)
-            sock.connect(self.address)
-        except zmq.ZMQError as exc:
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            sock.close(linger=0)
-            raise ConfigError(f"cannot connect to {self.address!r}: {exc.strerror}") from None
-        return sock, monitor
 
     # ------------------------------------------------------------------ requests
 
@@ -213,13 +224,68 @@ class Client:
         return _wait(future, timeout, self._io)
 
     def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
-        """The broker's models: their specs, queue depth, and each worker's credit/in-flight."""
-        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        """The broker's models: their specs, queue depth, and each worker's credit/in-flight.
+
+        With several brokers, the fleet's (:meth:`fleet`) as one broker would list it:
+        each model once, each worker once, its numbers added up over its brokers; the
+        brokers that do not answer in time are left out (:class:`DeadlineExceeded`
+        when none does)."""
+        if isinstance(self._io, IoLoop):
+            timeout = self._call_timeout(timeout)
+            return _wait(self._ask_models(None, timeout), timeout, self._io)
+        return [model.info() for model in self.fleet(timeout=timeout)]
+
+    def fleet(self, *, timeout: float | None = _DEFAULT) -> list[FleetModel]:
+        """Every broker's models merged (:func:`~ipuserve.client.fleet.merge_models`):
+        each model once, its workers once each with the brokers they are registered
+        with. The brokers that do not answer are left out; raises the first one's
+        error when none answers."""
+        answers = self.models_by_broker(timeout=timeout)
+        found = {broker: a for broker, a in answers.items() if not isinstance(a, Exception)}
+        if not found:
+            raise next(a for a in answers.values() if isinstance(a, IpuserveError))
+        return merge_models(found)
+
+    def models_by_broker(
+        self, *, timeout: float | None = _DEFAULT
+    ) -> dict[str, list[wire.ModelInfo] | IpuserveError]:
+        """Each broker's own list, or the error that came instead, by endpoint (as the
+        client uses it: one per address of a name that resolves to several)."""
+        timeout = self._call_timeout(timeout)
+        if isinstance(self._io, IoLoop):
+            return {self._io.endpoint: self.models(timeout=timeout)}
+        asked = {info.endpoint: self._ask_models(info.endpoint, timeout) for info in self.links()}
+        answers: dict[str, list[wire.ModelInfo] | IpuserveError] = {}
+        for endpoint, future in asked.items():
+            try:
+                answers[endpoint] = _wait(future, timeout, self._io)
+            except IpuserveError as exc:
+                answers[endpoint] = exc
+        return answers
+
+    def links(self) -> list[LinkInfo]:
+        """The client's brokers: endpoint, usable now, pending and assigned requests,
+        epoch. A client of one broker has one (usable: connected)."""
+        if isinstance(self._io, LinksLoop):
+            return self._io.links()
+        io, stats = self._io, self._io.stats
+        pending = stats.sent - stats.replies - stats.expired
+        return [LinkInfo(io.endpoint, io._connected, pending, stats.sent, stats.epoch)]
+
+    def _call_timeout(self, timeout: Any) -> float | None:
+        return self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+
+    def _ask_models(self, to: str | None, timeout: float | None) -> Future[list[wire.ModelInfo]]:
+        """Send a LIST_MODELS (``to``: that broker only, never moved to another)."""
         self._refuse_blocking_on_io_thread("models")
         future: Future[list[wire.ModelInfo]] = Future()
         message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
-        self._io.submit(Pending(message, future, timeout, parse_models))
-        return _wait(future, timeout, self._io)
+        pending = Pending(message, future, timeout, parse_models)
+        if isinstance(self._io, LinksLoop):
+            self._io.submit(pending, to=to)
+        else:
+            self._io.submit(pending)
+        return future
 
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
         """A blocking call from a done-callback would wait for the thread it blocks."""
@@ -298,7 +364,19 @@ def _type_name(value: Any) -> str:
     return f"a {kind.__module__}.{kind.__qualname__}".replace("a builtins.", "a ")
 
 
-def _wait(future: Future[T], timeout: float | None, io: IoLoop) -> T:
+def _check_endpoints(endpoints: list[Any], address: Any) -> None:
+    """Each a ZeroMQ endpoint to connect to, and at least one."""
+    if not endpoints:
+        raise ConfigError(f"a Client needs at least one broker endpoint, got {address!r}")
+    for endpoint in endpoints:
+        if not isinstance(endpoint, str):
+            raise ConfigError(f"an endpoint must be a string, not {_type_name(endpoint)}")
+        problem = endpoint_problem(endpoint)
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+def _wait(future: Future[T], timeout: float | None, io: IoLoop | LinksLoop) -> T:
     """The future's result; the I/O thread fails it at its deadline, the grace is a backstop."""
     try:
         return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)

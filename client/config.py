@@ -69,6 +69,9 @@ class ClientStats:
     #: of those, sent as members of groups (one job for several requests)
     grouped: int = 0
     resent: int = 0
+    #: of those, requests moved to another broker's link when theirs failed (a client
+    #: with several brokers; ipuserve.client.links_loop)
+    failovers: int = 0
     #: requests a stopping broker let go of, kept pending for the broker after it
     held_over_shutdown: int = 0
     replies: int = 0
