@@ -65,7 +65,7 @@ from ipuserve.client.io_loop import IoLoop
 from ipuserve.client.links import open_socket
 from ipuserve.client.links_loop import LinkInfo, LinksLoop
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
-from ipuserve.discovery import EndpointSet
+from ipuserve.discovery import EndpointSet, expand
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import (
     ConfigError,
@@ -98,8 +98,10 @@ class Client:
     a sequence of them: one link per endpoint, and per address of a host that
     resolves to several (Swarm's ``tasks.broker``), followed as they change; requests
     go to the live brokers and fail over between them (docs/protocol.md, "A client
-    with several brokers"). Give a list of one to follow such a name; a list of one
-    IP or ``ipc://`` endpoint is the one-socket client.
+    with several brokers"). A string whose host resolves to several addresses when
+    the client starts is taken as that list of one; give a list of one to follow a
+    name that may resolve to several later. A list of one IP or ``ipc://`` endpoint
+    is the one-socket client.
 
     ``timeout`` (seconds, ``None`` = wait forever) is the default per-request
     timeout; each call may override it. ``routing_id`` (in ``config``) fixes the
@@ -127,6 +129,8 @@ class Client:
         curve_secret_key: KeySource | None = None,
         broker_public_key: KeySource | None = None,
     ) -> None:
+        if isinstance(address, str) and _stands_for_several(address):
+            address = [address]  # Swarm's tasks.broker: one link per broker, followed
         endpoints = [address] if isinstance(address, str) else list(address)
         _check_endpoints(endpoints, address)
         keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
@@ -384,3 +388,12 @@ def _wait(future: Future[T], timeout: float | None, io: IoLoop | LinksLoop) -> T
         raise
     except FutureTimeout:
         raise DeadlineExceeded(f"no reply within {timeout} s{io.silence_hint()}") from None
+
+
+def _stands_for_several(endpoint: str) -> bool:
+    """Whether ``endpoint``'s host resolves to several addresses now (not resolvable
+    yet: no, ZeroMQ resolves it when it can)."""
+    try:
+        return len(expand(endpoint)) > 1
+    except OSError:
+        return False

@@ -27,7 +27,7 @@ from ipuserve.client.fleet import FleetWorker, merge_models
 from ipuserve.client.io_loop import IoLoop
 from ipuserve.client.links import least_loaded
 from ipuserve.client.links_loop import LinksLoop
-from ipuserve.discovery import EndpointSet
+from ipuserve.discovery import EndpointSet, expand
 from ipuserve.errors import ConfigError, DeadlineExceeded
 from ipuserve.face.cli import main
 from tests.client import fake_broker
@@ -349,6 +349,29 @@ def test_a_name_with_several_addresses_is_one_link_each_followed_as_it_changes(
             assert [link.endpoint for link in client.links()] == [f"tcp://localhost:{port}"]
             assert held in [r.request_id for r in a.requests]
             assert client.stats.failovers >= 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_string_naming_several_brokers_is_taken_as_a_list_of_that_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Client("tcp://tasks.broker:5555")``: a plain string whose host resolves to two
+    addresses when the client starts gets a link to each, as the CLI's --broker does."""
+    a = FakeBroker().start()
+    port = a.address.rsplit(":", 1)[1]
+    b = FakeBroker(address=f"tcp://127.0.0.2:{port}").start()
+
+    def table(_host: str) -> list[str]:
+        return ["127.0.0.1", "127.0.0.2"]
+
+    monkeypatch.setattr(client_module, "EndpointSet", partial(EndpointSet, resolver=table))
+    monkeypatch.setattr(client_module, "expand", partial(expand, resolver=table))
+    try:
+        with Client(f"tcp://localhost:{port}", timeout=20, config=ROOMY_CONFIG) as client:
+            wait_until(lambda: usable_links(client) == 2)
+            assert sorted(link.endpoint for link in client.links()) == [a.address, b.address]
     finally:
         a.stop()
         b.stop()
