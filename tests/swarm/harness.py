@@ -205,9 +205,7 @@ class Stack:
         """What of the stack still exists: services, containers, networks, secrets."""
         labels = {"label": f"{STACK_LABEL}={self.name}"}
         found = [f"service {s.name}" for s in self.engine.services.list(filters=labels)]
-        found += [
-            f"container {c.name}" for c in self.engine.containers.list(all=True, filters=labels)
-        ]
+        found += [f"container {name}" for name in self._container_names(labels)]
         found += [f"network {n.name}" for n in self.engine.networks.list(filters=labels)]
         found += [f"secret {s.name}" for s in self.engine.secrets.list(filters=labels)]
         return found
@@ -291,6 +289,12 @@ class Stack:
             for m in listing
         }
 
+    def file_modes(self, task: Task, *paths: str) -> list[str]:
+        """``"UID MODE"`` (octal) of files inside the task's container."""
+        code, output = self.container(task).exec_run(["stat", "-c", "%u %a", *paths])
+        assert code == 0, output
+        return output.decode().split("\n")[: len(paths)]
+
     def broker_metric(self, task: Task, family: str) -> float:
         """One Prometheus family's total as that broker task serves it on :9100."""
         script = (
@@ -343,10 +347,18 @@ class Stack:
         return self.probe_result(self.probe(*args), timeout=timeout)
 
     def remove_probes(self) -> None:
-        for container in self.engine.containers.list(
-            all=True, filters={"label": f"org.ipuserve.test={self.name}"}
-        ):
-            container.remove(force=True)
+        for name in self._container_names({"label": f"org.ipuserve.test={self.name}"}):
+            try:
+                self.engine.containers.get(name).remove(force=True)
+            except docker.errors.NotFound:
+                pass  # went away meanwhile
+
+    def _container_names(self, filters: dict[str, str]) -> list[str]:
+        """Names of the containers that match, without inspecting each (``sparse``: a
+        full listing fails when one of them is removed between the list and its
+        inspection, as Swarm removes old tasks' containers at any time)."""
+        found = self.engine.containers.list(all=True, sparse=True, filters=filters)
+        return [str((c.attrs.get("Names") or [c.id])[0]).lstrip("/") for c in found]
 
     # -- diagnostics -----------------------------------------------------------------
 
@@ -364,11 +376,13 @@ class Stack:
                         f"{status.get('State')} (desired {task.get('DesiredState')}) "
                         f"{status.get('Err', '')}"
                     )
-            for container in self.engine.containers.list(
-                all=True, filters={"label": f"{STACK_LABEL}={self.name}"}
-            ):
-                text = container.logs(tail=30).decode(errors="replace")
-                lines.append(f"--- logs of {container.name} ({container.status})\n{text}")
+            for name in self._container_names({"label": f"{STACK_LABEL}={self.name}"}):
+                try:
+                    container = self.engine.containers.get(name)
+                    text = container.logs(tail=30).decode(errors="replace")
+                except docker.errors.NotFound:
+                    continue  # removed meanwhile
+                lines.append(f"--- logs of {name} ({container.status})\n{text}")
         except (docker.errors.DockerException, requests.RequestException) as exc:
             lines.append(f"(describe failed: {exc})")
         return "\n".join(lines)
