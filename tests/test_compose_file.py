@@ -1,15 +1,18 @@
 """compose.yaml passes every setting of the broker and worker commands through from
-the environment, as docs/deploy.md promises (checked without Docker: the compose
-tests in tests/compose run the file for real)."""
+the environment, as docs/deploy.md promises, and its Swarm filter gives a file Swarm
+can read (checked without Docker: tests/compose and tests/swarm run the file for real)."""
 
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ipuserve.face.cli import main
+from tests.swarm.harness import SWARM_FILTER
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Options compose.yaml fixes on purpose (docs/deploy.md, "Fixed in compose.yaml"),
@@ -17,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: compose runs with keys, so --insecure (keyless only) would be a usage error there.
 FIXED = {
     "broker": {"frontend", "backend", "metrics_port", "metrics_host", "insecure"},
-    "worker": {"broker", "models", "worker_id", "metrics_host"},
+    "worker": {"models", "worker_id", "metrics_host"},
 }
 
 
@@ -33,3 +36,59 @@ def test_compose_passes_every_option_through_under_its_cli_name(command: str) ->
     assert expected - passed == set()
     documented = (ROOT / "docs" / "deploy.md").read_text()
     assert {v for v in expected if f"`{v}`" not in documented} == set()
+
+
+def swarm_view() -> str:
+    return subprocess.run(
+        [*SWARM_FILTER, str(ROOT / "compose.yaml")], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def top_level_keys(text: str) -> list[str]:
+    return re.findall(r"^([a-z][\w-]*):", text, re.MULTILINE)
+
+
+def services(text: str) -> list[str]:
+    body = text[text.index("\nservices:\n") :]
+    return re.findall(r"^  ([a-z][\w-]*):$", body, re.MULTILINE)
+
+
+def test_the_swarm_view_drops_what_stack_deploy_cannot_read() -> None:
+    """`docker stack deploy` reads the v3 format: a version, depends_on lists only, no
+    profiles. The filter leaves it the broker and workers, the network and the
+    secrets, and drops the Compose-only job, volume and ports."""
+    compose = (ROOT / "compose.yaml").read_text()
+    swarm = swarm_view()
+    assert top_level_keys(compose) == [
+        "x-ipuserve",
+        "networks",
+        "x-restart-policy",
+        "volumes",
+        "services",
+    ]
+    assert top_level_keys(swarm) == [
+        "version",
+        "x-ipuserve",
+        "networks",
+        "x-restart-policy",
+        "x-secret-key",
+        "secrets",
+        "services",
+    ]
+    assert services(compose) == ["keys", "broker", "worker", "client"]
+    assert services(swarm) == ["broker", "worker"]
+    for key in ("depends_on:", "profiles:", "build:", "restart:", "ports:", "volumes:"):
+        assert key not in swarm, key
+    assert re.search(r"^ *#swarm ", swarm, re.MULTILINE) is None
+    # Every secret a service mounts is declared, and each at a path of the Compose volume.
+    declared = set(re.findall(r"^  (\w+):\n    file: ", swarm, re.MULTILINE))
+    mounted = re.findall(r"\{source: (\w+), target: (/keys/\S+),", swarm)
+    assert {source for source, _ in mounted} == declared
+    assert all(target.startswith("/keys/") for _, target in mounted)
+
+
+def test_the_swarm_filter_is_the_one_the_docs_show() -> None:
+    """compose.yaml's header and docs/deploy.md show the command the tests run."""
+    sed = shlex.join(SWARM_FILTER)
+    assert sed in (ROOT / "compose.yaml").read_text()
+    assert sed in (ROOT / "docs" / "deploy.md").read_text()

@@ -23,6 +23,7 @@ from tests.compose.harness import (
     REQUIRED_ENV,
     ComposeProject,
     EngineUnavailable,
+    ImageUnavailable,
     compose_command,
     compose_version,
     connect,
@@ -72,7 +73,11 @@ def compose_cli(docker_engine: docker.DockerClient) -> list[str]:
 
 @pytest.fixture(scope="session")
 def ipuserve_image(docker_engine: docker.DockerClient) -> str:
-    return ensure_image(docker_engine, os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
+    """The project image, built here if missing; skips (fails, in CI) when it cannot be."""
+    try:
+        return ensure_image(docker_engine, os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
+    except ImageUnavailable as exc:
+        _unavailable(str(exc))
 
 
 @pytest.fixture(scope="module")

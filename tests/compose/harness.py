@@ -66,6 +66,10 @@ class EngineUnavailable(Exception):
     """No Docker engine answered (or compose is not installed)."""
 
 
+class ImageUnavailable(Exception):
+    """The project image is missing and cannot be built here (no base image to build on)."""
+
+
 def connect(timeout: float = 30) -> docker.DockerClient:
     """A client of the engine ``docker.from_env()`` finds (DOCKER_HOST, else the local
     socket) that answered a ping; EngineUnavailable, with the reason, if none does.
@@ -178,12 +182,19 @@ def image_exists(client: docker.DockerClient, image: str) -> bool:
 
 
 def ensure_image(client: docker.DockerClient, image: str) -> str:
-    """Return ``image``, building it from a fresh wheelhouse first if the engine lacks it."""
+    """Return ``image``, building it from a fresh wheelhouse first if the engine lacks it.
+
+    The build needs a base image: $IPUSERVE_BASE_IMAGE, else the debootstrap base when
+    present, else the Dockerfile's default, pulled if missing. ImageUnavailable, saying
+    what to do, when that base is neither there nor pullable (an engine without access
+    to a registry), rather than a build that fails half-way.
+    """
     if image_exists(client, image):
         return image
     base = os.environ.get(BASE_IMAGE_ENV) or (
         DEBOOTSTRAP_BASE if image_exists(client, DEBOOTSTRAP_BASE) else None
     )
+    _ensure_base(client, base or dockerfile_base(), image)
     wheelhouse = ROOT / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", ".", "-w", str(wheelhouse)])
@@ -198,6 +209,31 @@ def ensure_image(client: docker.DockerClient, image: str) -> str:
         raise RuntimeError(f"building {image} failed: {exc}\n{log[-4000:]}") from None
     client.images.prune(filters={"dangling": True, "label": BUILD_STAGE_LABEL})
     return image
+
+
+def dockerfile_base() -> str:
+    """The Dockerfile's default BASE_IMAGE (what a build without the build argument uses)."""
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("ARG BASE_IMAGE="):
+            return line.split("=", 1)[1].strip()
+    raise RuntimeError("Dockerfile has no `ARG BASE_IMAGE=` default")
+
+
+def _ensure_base(client: docker.DockerClient, base: str, image: str) -> None:
+    """Make sure ``base`` is on the engine (pull it if not), or raise ImageUnavailable."""
+    if image_exists(client, base):
+        return
+    try:
+        client.images.pull(base)
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ImageUnavailable(
+            f"{image} is not on the engine and its base {base} is neither there nor "
+            f"pullable ({reason}); build the base without a registry with "
+            f"`sudo .ci/base-image.sh` (debootstrap: {DEBOOTSTRAP_BASE}, used when present), "
+            f"set {BASE_IMAGE_ENV} to a Python >= 3.11 image the engine has, or set "
+            f"{IMAGE_ENV} to an ipuserve image already built"
+        ) from None
 
 
 def _run(

@@ -139,9 +139,7 @@ def test_stack_is_healthy(stack: ComposeProject) -> None:
     assert (keys.status, keys.exit_code) == ("exited", 0)
 
 
-def test_a_host_client_without_keys_is_refused_and_counted(
-    frontend: str, metrics_url: str
-) -> None:
+def test_a_host_client_without_keys_is_refused_and_counted(frontend: str, metrics_url: str) -> None:
     """The broker runs with keys: a plaintext client completes no handshake, so its
     request dies of its own timeout, and the refusal shows in the metrics."""
     family = "ipuserve_broker_refused_handshakes_total"
