@@ -72,6 +72,8 @@ class ClientStats:
     #: of those, requests moved to another broker's link when theirs failed (a client
     #: with several brokers; ipuserve.client.links_loop)
     failovers: int = 0
+    #: requests a broker answered UNKNOWN_MODEL, sent to another broker (several brokers)
+    unknown_model_retries: int = 0
     #: requests a stopping broker let go of, kept pending for the broker after it
     held_over_shutdown: int = 0
     replies: int = 0

@@ -31,7 +31,7 @@ from ipuserve.client.liveness import Liveness, connection_monitor
 from ipuserve.client.outbox import Outbox
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.client.replies import Replies
-from ipuserve.errors import ConfigError, PayloadTooLargeError
+from ipuserve.errors import ConfigError, PayloadTooLargeError, UnknownModelError
 from ipuserve.security import ClientKeys
 
 log = logging.getLogger(__name__)
@@ -85,11 +85,15 @@ def least_loaded(loads: Sequence[int], turn: int) -> int:
 
 
 class LinkReplies(Replies):
-    """A link's replies: the shared table's, plus two changes for several brokers.
+    """A link's replies: the shared table's, plus three changes for several brokers.
 
     A settled request leaves its link's list too (``forget``). A link pointed at a
     broker's backend (worker) port is only marked unusable: the requests it had go
     to the other links, instead of all of the client's failing as with one broker.
+    UNKNOWN_MODEL from one broker is not the fleet's answer: a broker just restarted
+    (its workers not back yet) or one the model's workers never joined says it while
+    another serves the model, so the request tries the brokers it has not tried
+    (``elsewhere``) before it fails.
     """
 
     def __init__(
@@ -99,9 +103,17 @@ class LinkReplies(Replies):
         liveness: Liveness,
         on_pong: Callable[[wire.Pong], None],
         forget: Callable[[bytes], None],
+        elsewhere: Callable[[bytes], bool],
     ) -> None:
         super().__init__(table, stats, liveness, on_pong)
         self._forget = forget
+        self._elsewhere = elsewhere
+
+    def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
+        request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
+        if error.code == UnknownModelError.code and self._elsewhere(request_id):
+            return
+        super()._on_error(error)
 
     def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
         super().finish(request_id, settle)
@@ -124,10 +136,13 @@ class Link:
         table: PendingTable,
         shared: ClientStats,
         forget: Callable[[bytes], None],
+        elsewhere: Callable[[Link, bytes], bool],
     ) -> None:
         """``shared``: the client's counters (sent, replies, re-sent...); this link's
         own (its broker's epoch and payload limit, reconnects, batches) are
-        :attr:`stats`. ``forget`` drops a settled request from the loop's books."""
+        :attr:`stats`. ``forget`` drops a settled request from the loop's books;
+        ``elsewhere`` gives a request this broker does not serve to another broker
+        (False: there is none left to try)."""
         self.endpoint = endpoint
         self.sock, self.monitor = sockets
         self.config = config
@@ -142,7 +157,9 @@ class Link:
         #: ids that found the socket's pipe full, to send once it has room
         self.unsent: dict[bytes, None] = {}
         self.outbox = Outbox(config, self.stats, self, self._current)
-        self.replies = LinkReplies(table, shared, self.liveness, self._on_pong, forget)
+        self.replies = LinkReplies(
+            table, shared, self.liveness, self._on_pong, forget, lambda rid: elsewhere(self, rid)
+        )
         #: a PONG arrived this turn: the loop may have requests for this link now
         self.answered = False
 

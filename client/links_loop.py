@@ -101,6 +101,8 @@ class LinksLoop:
         self._parked: dict[bytes, None] = {}
         #: requests for one broker (its models), never moved: id -> endpoint
         self._targets: dict[bytes, str] = {}
+        #: the brokers that answered a request UNKNOWN_MODEL: id -> their endpoints
+        self._refused: dict[bytes, set[str]] = {}
         self._assigned: dict[str, int] = {}
         self._turns = 0
         self._lost = False
@@ -228,7 +230,13 @@ class LinksLoop:
 
     def _add_link(self, endpoint: str) -> None:
         link = Link(
-            endpoint, self._connect(endpoint), self.config, self._table, self._stats, self._forget
+            endpoint,
+            self._connect(endpoint),
+            self.config,
+            self._table,
+            self._stats,
+            self._forget,
+            self._elsewhere,
         )
         link.replies.due = self._due
         self._links[endpoint] = link
@@ -257,6 +265,7 @@ class LinksLoop:
         self._unassign(request_id)
         self._parked.pop(request_id, None)
         self._targets.pop(request_id, None)
+        self._refused.pop(request_id, None)
 
     def _unassign(self, request_id: bytes) -> None:
         link = self._owner.pop(request_id, None)
@@ -314,6 +323,24 @@ class LinksLoop:
                 del self._parked[request_id]
             elif not self._assign(pending, now):
                 return
+
+    def _elsewhere(self, link: Link, request_id: bytes) -> bool:
+        """``link``'s broker does not serve the request's model: give it to a usable
+        link whose broker has not said so yet; False when none is left (it fails)."""
+        pending = self._table.get(request_id)
+        if pending is None or request_id in self._targets:
+            return False
+        refused = self._refused.setdefault(request_id, set())
+        refused.add(link.endpoint)
+        now = time.monotonic()
+        others = [k for k in self._links.values() if k.endpoint not in refused and k.usable(now)]
+        if not others:
+            return False
+        self._unassign(request_id)
+        self._turns += 1
+        self._give(others[least_loaded([len(k.ids) for k in others], self._turns)], pending)
+        self._stats.unknown_model_retries += 1
+        return True
 
     def _move_from(self, link: Link, now: float) -> None:
         movable = [rid for rid in link.ids if rid not in self._targets]

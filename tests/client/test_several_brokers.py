@@ -28,7 +28,7 @@ from ipuserve.client.io_loop import IoLoop
 from ipuserve.client.links import least_loaded
 from ipuserve.client.links_loop import LinksLoop
 from ipuserve.discovery import EndpointSet, expand
-from ipuserve.errors import ConfigError, DeadlineExceeded
+from ipuserve.errors import ConfigError, DeadlineExceeded, UnknownModelError
 from ipuserve.face.cli import main
 from tests.client import fake_broker
 from tests.client.fake_broker import FakeBroker, add_handler
@@ -423,3 +423,20 @@ def test_a_broker_shutting_down_hands_its_requests_to_the_other() -> None:
     finally:
         stopping.stop()
         b.stop()
+
+
+def test_a_model_one_broker_does_not_serve_is_asked_of_the_other(processes: Processes) -> None:
+    """UNKNOWN_MODEL from one broker is not the fleet's answer (a restarted broker
+    whose workers are not back yet says it too): the request goes to a broker that
+    has not said so, and fails only when every usable one has."""
+    serving, empty = start_broker(processes), start_broker(processes)
+    start_worker(processes, serving)  # `add`, at the first broker only
+    with Client([serving.frontend, empty.frontend], timeout=20, config=CONFIG) as client:
+        wait_until(lambda: usable_links(client) == 2)
+        for i in range(20):
+            inputs = add_inputs(1 + i % 3, seed=i)
+            check(client.infer("add", inputs), inputs)
+        assert client.stats.unknown_model_retries >= 5  # about half went to `empty` first
+        with pytest.raises(UnknownModelError, match="nope"):
+            client.infer("nope", add_inputs(1))
+    assert accepted(serving) == 20  # (a refused request is not counted as accepted)
