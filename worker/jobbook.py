@@ -46,6 +46,8 @@ class Held:
     submitted: float = 0.0
     #: a group job: this many requests joined along the batching dimension
     members: int = 1
+    #: the connection (JobBook.session) it came on
+    session: int = 0
 
 
 class JobBook:
@@ -63,6 +65,13 @@ class JobBook:
         self.epoch: str | None = None
         #: every job held: waiting, or handed to the backend and not yet answered
         self.jobs: dict[bytes, Held] = {}
+        #: the current connection's number, and how many of the jobs held came on it
+        #: (the others came on earlier ones: see ipuserve.worker.credit)
+        self.session = 0
+        self.held_current = 0
+        #: the most jobs of the current connection to hold; None: the single-broker
+        #: rule (jobs beyond the credit wait here, up to twice the credit in all)
+        self.session_limit: int | None = None
         self.waiting: deque[Held] = deque()
         #: no waiting job expires before this (monotonic seconds)
         self.next_expiry = math.inf
@@ -88,6 +97,7 @@ class JobBook:
                 self.refuse(job.job_id, job.model, exc)
                 continue
             self.jobs[job.job_id] = held
+            self.held_current += 1
             self.waiting.append(held)
             if held.job.deadline is not None:
                 self.next_expiry = min(self.next_expiry, held.job.deadline)
@@ -108,6 +118,11 @@ class JobBook:
                 f"model {spec.name!r} cannot take a group of requests: not every tensor has "
                 f"its batching dimension ({spec.batching_dim})"
             )
+        if self.session_limit is not None and self.held_current >= self.session_limit:
+            raise OverloadedError(
+                f"the broker sent more jobs than this connection's credit "
+                f"({self.session_limit}); this worker serves several brokers"
+            )
         if len(self.jobs) >= 2 * self.credit:
             held, credit = len(self.jobs), self.credit
             raise OverloadedError(f"worker holds {held} jobs; its credit is {credit}")
@@ -124,7 +139,19 @@ class JobBook:
         samples = members * spec.samples(t.shape for t in message.tensors.specs)
         job = Job(message.job_id, message.model, inputs, deadline, samples)
         assert self.epoch is not None
-        return Held(job, self.epoch, now, members=members)
+        return Held(job, self.epoch, now, members=members, session=self.session)
+
+    def new_session(self) -> None:
+        """A new connection: every job held now came on an earlier one."""
+        self.session += 1
+        self.held_current = 0
+
+    def drop(self, job_id: bytes) -> Held | None:
+        """Stop holding a job (answered, expired, handed back or forgotten)."""
+        held = self.jobs.pop(job_id, None)
+        if held is not None and held.session == self.session:
+            self.held_current -= 1
+        return held
 
     # ------------------------------------------------------------ starting
 
@@ -164,14 +191,14 @@ class JobBook:
         refused = self._backend.submit_all(starting, done)
         for job, error in refused:
             self.running -= 1
-            self.jobs.pop(job.job_id, None)
+            self.drop(job.job_id)
             self.refuse(job.job_id, job.model, error)
         return bool(refused) and bool(self.waiting)
 
     # ------------------------------------------------------------ expiry
 
     def _expired(self, held: Held) -> None:
-        self.jobs.pop(held.job.job_id, None)
+        self.drop(held.job.job_id)
         waited = "the job's deadline passed while it waited at the worker"
         self.refuse(held.job.job_id, held.job.model, DeadlineExceeded(waited))
 
@@ -194,7 +221,7 @@ class JobBook:
         """Stop holding the waiting jobs (draining: they are handed back); their ids."""
         ids = [held.job.job_id for held in self.waiting]
         for job_id in ids:
-            self.jobs.pop(job_id, None)
+            self.drop(job_id)
         self.waiting.clear()
         return ids
 
@@ -204,9 +231,9 @@ class JobBook:
             return
         dropped = len(unsent) + len(self.waiting)
         for job, _outcome in unsent:
-            self.jobs.pop(job.job_id, None)
+            self.drop(job.job_id)
         for held in self.waiting:
-            self.jobs.pop(held.job.job_id, None)
+            self.drop(held.job.job_id)
         unsent.clear()
         self.waiting.clear()
         self._failures.clear()  # refusals of its jobs, made while disconnected
@@ -243,7 +270,8 @@ class JobBook:
 
     def answer(self, job: Job, outcome: Result | IpuserveError) -> None:
         """The outcome of a job this book holds joins this turn's RESULTS."""
-        held = self.jobs.pop(job.job_id)
+        held = self.drop(job.job_id)
+        assert held is not None
         if held.epoch != self.epoch:
             log.debug("dropping the result of job %s from epoch %s", job.job_id.hex(), held.epoch)
             return
