@@ -161,4 +161,3 @@ class Fleet:
             running.node.mailbox.close()
         self._nodes.clear()
         self._leaving.clear()
-
