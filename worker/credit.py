@@ -108,6 +108,13 @@ class Share:
         leftover = self.held_total - self.held_current
         return leftover + max(self.exposure, self.held_current)
 
+    def admits(self) -> bool:
+        """Whether a new job on the current session keeps within the invariant: with a
+        broker that respects its credit, always. Read without the lock from the share's
+        own loop: its exposure rises before that loop announces the rise, and falls
+        only in that loop (:meth:`confirm`)."""
+        return self.held_current < self.exposure
+
     def hello(self, held_total: int) -> int:
         """A new session begins: what it holds now is leftover; the credit to announce."""
         return self._pool.hello(self, held_total)
@@ -148,6 +155,9 @@ class CreditPool:
         self.held = 0
         self.held_max = 0
         self._next_rebalance = 0.0
+        #: a live share's credit is below its target: room a finished job frees goes
+        #: to it at once, not at the next rebalance
+        self._short = False
 
     @property
     def solo(self) -> bool:
@@ -159,13 +169,6 @@ class CreditPool:
         with self._lock:
             self.shares.append(share)
         return share
-
-    def admits(self, share: Share) -> bool:
-        """Whether a new job on ``share``'s current session keeps within the invariant:
-        with a broker that respects its credit, always. Read without the lock from the
-        share's own loop: its exposure rises only before that loop announces the rise,
-        and falls only in that loop (:meth:`confirm`)."""
-        return share.held_current < share.exposure
 
     def reserved(self) -> int:
         with self._lock:
@@ -190,6 +193,7 @@ class CreditPool:
     def update(self, share: Share, held_total: int, held_current: int) -> None:
         now = self._clock()
         with self._lock:
+            freed = held_total < share.held_total
             share.held_total, share.held_current = held_total, held_current
             share.peak = max(share.peak, held_current)
             if share.live and held_current >= max(1, share.exposure):
@@ -198,7 +202,7 @@ class CreditPool:
             if share.leaving and held_total == 0:
                 self._remove(share)
                 changed = self._rebalance()
-            elif now >= self._next_rebalance:
+            elif now >= self._next_rebalance or (freed and self._short):
                 changed = self._rebalance()
             self._count()
         self._ring(changed)
@@ -242,6 +246,7 @@ class CreditPool:
         self._next_rebalance = now + REBALANCE_S
         live = [s for s in self.shares if s.live]
         if not live:
+            self._short = False
             return []
         targets = self._targets(now)
         for share in self.shares:
@@ -263,6 +268,7 @@ class CreditPool:
             changed.append(share)
         for share in changed:
             share.pending_seq += 1
+        self._short = any(s.granted < targets[s] for s in live)
         return changed
 
     def _targets(self, now: float) -> dict[Share, int]:
@@ -270,8 +276,7 @@ class CreditPool:
         live = [s for s in self.shares if s.live]
         capacity = self.capacity
         wants = {
-            s: capacity if now - s.saturated_at < SATURATED_S else math.ceil(s.peak) + 1
-            for s in live
+            s: capacity if now - s.saturated_at < SATURATED_S else round(s.peak) + 1 for s in live
         }
         by_want = sorted(live, key=lambda s: -wants[s])  # stable: the earlier first on ties
         if capacity < len(live):  # not one each: the most wanting get one
