@@ -54,8 +54,6 @@ class ModelFiles(click.Path):
 @click.command("worker")
 @option(
     "--broker",
-    "brokers",
-    envvar="IPUSERVE_WORKER_BROKER",
     multiple=True,
     required=True,
     type=Endpoint(port=5556),
@@ -162,7 +160,7 @@ class ModelFiles(click.Path):
 )
 @curve_client_options
 def worker(
-    brokers: tuple[str, ...],
+    broker: tuple[str, ...],
     models: tuple[str, ...],
     name: str | None,
     replicas: int,
@@ -182,7 +180,7 @@ def worker(
     broker_public_key: Path | None,
 ) -> None:
     """Serve a model from a ModelRunner to the broker(s) until SIGTERM."""
-    endpoints = split_endpoints(brokers)
+    endpoints = split_endpoints(broker)
     config = WorkerConfig(
         broker=endpoints[0],
         worker_id=worker_id or default_worker_id(),
