@@ -1,0 +1,129 @@
+"""A Fleet (one worker, several brokers) against fake brokers that follow a name's
+addresses: a broker whose address goes away gets its jobs back, and its share of the
+capacity goes to the others once what it gave the worker has finished."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.discovery import EndpointSet
+from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.fleet import Fleet
+from tests.worker.fakes import TIMEOUT, FakeBroker, GatedAdd
+
+CAPACITY = 4
+
+
+def fake_broker_at(endpoint: str) -> FakeBroker:
+    """A FakeBroker bound where asked (FakeBroker() binds 127.0.0.1 on any port)."""
+    broker = FakeBroker.__new__(FakeBroker)
+    broker.socket = zmq.Context.instance().socket(zmq.ROUTER)
+    broker.socket.setsockopt(zmq.LINGER, 0)
+    broker.socket.bind(endpoint)
+    broker.endpoint = endpoint
+    broker.outcomes = []
+    return broker
+
+
+def echo_credit_until(
+    done: Callable[[], bool], *brokers: FakeBroker
+) -> dict[int, list[wire.Message]]:
+    """Answer credit changes as a broker does, on every broker, until ``done``; the other
+    messages each broker got (by position)."""
+    others: dict[int, list[wire.Message]] = {i: [] for i in range(len(brokers))}
+    deadline = time.monotonic() + TIMEOUT
+    while not done():
+        assert time.monotonic() < deadline, f"never done; got {others}"
+        for i, broker in enumerate(brokers):
+            try:
+                identity, message = broker.recv(timeout=0.005, heartbeats=True)
+            except TimeoutError:
+                continue
+            if isinstance(message, wire.Heartbeat) and message.credit is not None:
+                broker.send(identity, wire.Heartbeat(credit=message.credit))
+            elif not isinstance(message, wire.Heartbeat):
+                others[i].append(message)  # type: ignore[arg-type]
+    return others
+
+
+@pytest.fixture
+def brokers() -> Iterator[tuple[FakeBroker, FakeBroker, FakeBroker, str]]:
+    """Three fake brokers on one port of three loopback addresses, and that port (a
+    name that resolves to one address stands for itself: discovery.py)."""
+    first = FakeBroker()
+    port = first.endpoint.rsplit(":", 1)[1]
+    others = [fake_broker_at(f"tcp://127.0.0.{i}:{port}") for i in (2, 3)]
+    yield first, others[0], others[1], port
+    for broker in (first, *others):
+        broker.close()
+
+
+def test_a_broker_gone_from_the_endpoints_gets_its_jobs_back_and_frees_its_share(
+    brokers: tuple[FakeBroker, FakeBroker, FakeBroker, str],
+) -> None:
+    first, second, third, port = brokers
+    addresses = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    endpoints = EndpointSet(
+        [f"tcp://brokers.test:{port}"], interval_s=0.05, resolver=lambda _host: list(addresses)
+    )
+    model = GatedAdd(gated=True)
+    config = WorkerConfig(
+        broker=f"tcp://brokers.test:{port}",
+        worker_id="w1",
+        heartbeat_ms=50,
+        handshake_timeout_ms=300,
+        reconnect_min_ms=10,
+        reconnect_max_ms=50,
+    )
+    fleet = Fleet(
+        model.backend(threads=CAPACITY, capacity=CAPACITY), config, [], endpoint_set=endpoints
+    )
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(fleet.run()), daemon=True)
+    thread.start()
+    try:
+        on_first, on_second, _on_third = first.welcome(), second.welcome(), third.welcome()
+
+        def credits() -> dict[str, Any]:
+            return {s.name: (s.granted, s.pending) for s in fleet.pool.shares}
+
+        stays, gone, idle = (f"tcp://127.0.0.{i}:{port}" for i in (1, 2, 3))
+
+        def settled(total: int, *names: str) -> bool:
+            now = credits()
+            return set(now) == set(names) and (
+                sum(g for g, _p in now.values()) == total
+                and all(p is None for _g, p in now.values())
+            )
+
+        echo_credit_until(lambda: settled(CAPACITY, stays, gone, idle), first, second, third)
+        assert min(g for g, _p in credits().values()) == 1  # 4 over 3: 1, 1 and 2
+        second.job(on_second, b"j1")
+        model.wait_started()
+        addresses.remove("127.0.0.2")  # the broker's task is gone from the name
+        _identity, beat = second.recv(heartbeats=True)
+        assert isinstance(beat, wire.Heartbeat) and beat.credit == 0  # as a drain does
+        _identity, bye = second.expect(wire.Bye)
+        assert bye.handed_back == (b"j1",)
+        # j1 still runs (a backend cannot recall it): 3 for the two that stay, then 4
+        echo_credit_until(lambda: settled(3, stays, gone, idle) and fleet.pool.held == 1,
+                          first, third)  # fmt: skip
+        assert credits()[gone] == (0, None)
+        model.gate.set()
+        echo_credit_until(lambda: settled(CAPACITY, stays, idle), first, third)
+        inputs = first.job(on_first, b"j2")
+        _identity, result = first.expect(wire.Result)
+        assert result.job_id == b"j2"
+        assert (result.tensors.arrays()["z"] == inputs["x"] + 2 * inputs["y"]).all()
+        assert fleet.pool.held_max <= CAPACITY
+    finally:
+        fleet.request_stop()
+        thread.join(TIMEOUT)
+    assert exit_code == [0]
