@@ -81,9 +81,16 @@ class Share:
         self.pending_seq = 0
         self.held_total = 0
         self.held_current = 0
+        #: jobs wait in its book for room in the backend (set by its loop)
+        self.waiting = False
         #: demand: the most held lately (decaying), and when the whole credit was last used
         self.peak = 0.0
         self.saturated_at = -math.inf
+
+    @property
+    def start_lock(self) -> threading.Lock:
+        """The backend's start lock, shared by every connection's book."""
+        return self._pool.start_lock
 
     @property
     def solo(self) -> bool:
@@ -114,6 +121,15 @@ class Share:
         own loop: its exposure rises before that loop announces the rise, and falls
         only in that loop (:meth:`confirm`)."""
         return self.held_current < self.exposure
+
+    def wake_waiting(self) -> None:
+        """Room in the shared backend was freed (a job of this connection finished):
+        wake the other connections' loops whose jobs wait for it, as they would not
+        notice otherwise (from any thread; no lock: a stale list only wakes one more
+        or one less, and that one's own next event starts its jobs)."""
+        for share in self._pool.shares:
+            if share.waiting and share is not self:
+                share.notify()
 
     def hello(self, held_total: int) -> int:
         """A new session begins: what it holds now is leftover; the credit to announce."""
@@ -150,6 +166,8 @@ class CreditPool:
         self.metrics = metrics or CreditMetrics(capacity)
         self._clock = clock
         self._lock = threading.Lock()
+        #: the JobBooks' start lock: one backend behind every connection
+        self.start_lock = threading.Lock()
         self.shares: list[Share] = []
         #: jobs held now, all connections together, and the most ever
         self.held = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -53,8 +54,18 @@ class Held:
 class JobBook:
     """Admission, the waiting queue, expiry and outcomes of the jobs a worker holds."""
 
-    def __init__(self, backend: Backend, models: dict[str, wire.ModelSpec], credit: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        models: dict[str, wire.ModelSpec],
+        credit: int,
+        start_lock: threading.Lock | None = None,
+    ) -> None:
         self._backend = backend
+        #: held from asking the backend for room to handing it the jobs: the books of
+        #: several brokers' loops share one backend, and two of them asking at once
+        #: would each be told the same room
+        self._start_lock = start_lock or threading.Lock()
         #: a backend written before room_for existed takes every job it is handed
         self._paced = hasattr(backend, "room_for")
         #: the backend's job metrics, if it keeps any (the ModelRunner backend does)
@@ -176,19 +187,20 @@ class JobBook:
             candidates.append(held)
         if not candidates:
             return False
-        room = (
-            self._backend.room_for([held.job for held in candidates])
-            if self._paced
-            else len(candidates)
-        )
-        self.waiting.extendleft(reversed(candidates[room:]))
-        starting = [held.job for held in candidates[:room]]
-        for held in candidates[:room]:
-            held.submitted = now
-        self.running += len(starting)
-        if not starting:
-            return False
-        refused = self._backend.submit_all(starting, done)
+        with self._start_lock:
+            room = (
+                self._backend.room_for([held.job for held in candidates])
+                if self._paced
+                else len(candidates)
+            )
+            self.waiting.extendleft(reversed(candidates[room:]))
+            starting = [held.job for held in candidates[:room]]
+            for held in candidates[:room]:
+                held.submitted = now
+            self.running += len(starting)
+            if not starting:
+                return False
+            refused = self._backend.submit_all(starting, done)
         for job, error in refused:
             self.running -= 1
             self.drop(job.job_id)

@@ -95,8 +95,8 @@ class WorkerNode:
         self._credit = config.credit or backend.capacity()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         self._mailbox = Mailbox()
-        self._book = JobBook(backend, self._models, self._credit)
         self._share = share or CreditPool(self._credit).share(config.broker)
+        self._book = JobBook(backend, self._models, self._credit, self._share.start_lock)
         self._share.notify = self._mailbox.wake
         #: the credit HELLO announced, and the last credit change sent (its number)
         self._announced = self._credit
@@ -169,7 +169,8 @@ class WorkerNode:
             self._start_session(joined)
             why = self._serve()
             level = logging.INFO if why is Exit.STOP else logging.WARNING  # asked, or not
-            log.log(level, "worker %s leaves the broker: %s", self._config.worker_id, why.value)
+            reason = "gone from the endpoints" if self._leaving else why.value
+            log.log(level, "worker %s leaves the broker: %s", self._config.worker_id, reason)
             if why is Exit.STOP:
                 self._drain()
                 self._share.lost()
@@ -301,6 +302,7 @@ class WorkerNode:
         nothing else is due (a lone request's result takes no hand-off), else handed to
         the loop through the mailbox, where outcomes of one turn leave together. Jobs
         waiting to start are the loop's to start: never from a backend thread."""
+        self._share.wake_waiting()  # other brokers' jobs may wait for the room it freed
         if self._book.waiting or not self._lock.acquire(blocking=False):
             self._mailbox.put(job, outcome)
             return
@@ -385,6 +387,7 @@ class WorkerNode:
     def _report(self) -> None:
         """Tell the pool what this connection holds; send a credit it changed."""
         share = self._share
+        share.waiting = bool(self._book.waiting)
         share.update(self._held(), self._book.held_current)
         seq, pending = share.pending_seq, share.pending
         if pending is not None and seq != self._sent_seq and self._draining is None:
