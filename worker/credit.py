@@ -210,6 +210,12 @@ class CreditPool:
 
     def update(self, share: Share, held_total: int, held_current: int) -> None:
         now = self._clock()
+        if (
+            held_total == share.held_total
+            and held_current == share.held_current
+            and now < self._next_rebalance
+        ):
+            return  # every turn of every loop reports: most change nothing
         with self._lock:
             freed = held_total < share.held_total
             share.held_total, share.held_current = held_total, held_current
@@ -222,7 +228,7 @@ class CreditPool:
                 changed = self._rebalance()
             elif now >= self._next_rebalance or (freed and self._short):
                 changed = self._rebalance()
-            self._count()
+            self._count(credits=bool(changed))
         self._ring(changed)
 
     def confirm(self, share: Share, credit: int) -> None:
@@ -312,15 +318,17 @@ class CreditPool:
 
     # ------------------------------------------------------------ reporting
 
-    def _count(self) -> None:
+    def _count(self, credits: bool = True) -> None:
+        """The held gauges, and (``credits``: they may have changed) each credit's."""
         held = sum(s.held_total for s in self.shares)
         self.held = held
         self.held_max = max(self.held_max, held)
         metrics = self.metrics
         metrics.held.set(float(held))
         metrics.held_max.set(float(self.held_max))
-        for share in self.shares:
-            metrics.set_credit(share.name, share.granted if share.live else 0)
+        if credits:
+            for share in self.shares:
+                metrics.set_credit(share.name, share.granted if share.live else 0)
 
     @staticmethod
     def _ring(changed: list[Share]) -> None:
