@@ -192,6 +192,13 @@ class CreditPool:
         with self._lock:
             return sum(s.reserve for s in self.shares)
 
+    def rename(self, share: Share, name: str) -> None:
+        """The connection's broker is now reached under ``name`` (its metrics label)."""
+        with self._lock:
+            self.metrics.set_credit(share.name, None)
+            share.name = name
+            self._count()
+
     # ------------------------------------------------------------ events
 
     def hello(self, share: Share, held_total: int) -> int:

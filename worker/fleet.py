@@ -18,6 +18,7 @@ a loop crashed -- which also stops the others, so that a supervisor sees it.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -26,10 +27,10 @@ from typing import Any
 
 import zmq
 
-from ipuserve.discovery import EndpointSet
+from ipuserve.discovery import EndpointSet, Resolver, resolve_ipv4
 from ipuserve.worker.backend import Backend
 from ipuserve.worker.config import WorkerConfig
-from ipuserve.worker.credit import CreditPool
+from ipuserve.worker.credit import CreditPool, Share
 from ipuserve.worker.metrics import CreditMetrics
 from ipuserve.worker.node import WorkerNode
 
@@ -39,8 +40,11 @@ log = logging.getLogger(__name__)
 class _Running:
     """A node on its thread, and its exit code once it ended."""
 
-    def __init__(self, node: WorkerNode, name: str, on_end: Callable[[], None]) -> None:
+    def __init__(
+        self, node: WorkerNode, share: Share, name: str, on_end: Callable[[], None]
+    ) -> None:
         self.node = node
+        self.share = share
         self.code: int | None = None
         self._on_end = on_end
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -64,7 +68,10 @@ class Fleet:
         on_joined: Callable[[str], None] | None = None,
         metrics: CreditMetrics | None = None,
         endpoint_set: EndpointSet | None = None,
+        resolver: Resolver = resolve_ipv4,
     ) -> None:
+        """``endpoint_set`` (default: one for ``endpoints``) and ``resolver`` are a test's
+        to replace: the same resolver for both."""
         self._backend = backend
         self._config = config
         self._on_joined = on_joined
@@ -73,6 +80,9 @@ class Fleet:
         self._endpoints = endpoint_set or EndpointSet(endpoints)
         self._context: zmq.Context[Any] = zmq.Context.instance()
         self._nodes: dict[str, _Running] = {}
+        #: the one address each node's endpoint reached when it was last resolved
+        self._peers: dict[str, str | None] = {}
+        self._resolver = resolver
         self._leaving: list[_Running] = []
         self._ended: list[_Running] = []
         self._wake = threading.Event()
@@ -116,28 +126,70 @@ class Fleet:
     def _follow(self) -> None:
         """Re-resolve; serve what appeared, let go of what disappeared."""
         added, removed = self._endpoints.refresh()
+        moved = self._same_peers(added, removed)
+        for new, old in moved.items():  # the same broker, named another way
+            running = self._nodes.pop(old)
+            self._nodes[new] = running
+            self._peers[new] = self._peers.pop(old)
+            running.node.retarget(new)
+            self.pool.rename(running.share, new)
+            log.info("broker %s is now reached as %s", old, new)
         for endpoint in removed:
-            running = self._nodes.pop(endpoint, None)
-            if running is not None:
+            gone = self._nodes.pop(endpoint, None) if endpoint not in moved.values() else None
+            if gone is not None:
                 log.warning("broker %s is gone from the endpoints: leaving it", endpoint)
-                running.node.request_leave()
-                self._leaving.append(running)
+                self._peers.pop(endpoint, None)
+                gone.node.request_leave()
+                self._leaving.append(gone)
         for endpoint in added:
-            self._start(endpoint)
+            if endpoint not in moved:
+                self._peers[endpoint] = self._peer(endpoint)
+                self._start(endpoint)
+
+    def _peer(self, endpoint: str) -> str | None:
+        """The one address ``endpoint`` reaches now, as ``tcp://ADDRESS:PORT`` (None if
+        unknown): a name kept because it resolves to one address reaches that one."""
+        if not endpoint.startswith("tcp://"):
+            return endpoint
+        host, _colon, port = endpoint[len("tcp://") :].rpartition(":")
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+            return endpoint  # an address already
+        except ValueError:
+            pass
+        try:
+            addresses = set(self._resolver(host))
+        except OSError:
+            return None
+        return f"tcp://{addresses.pop()}:{port}" if len(addresses) == 1 else None
+
+    def _same_peers(self, added: list[str], removed: list[str]) -> dict[str, str]:
+        """Added endpoints that reach the broker a removed one did: a name's addresses
+        went from several to one (the name is used again, discovery.py) or from one
+        to several. That broker's connection goes on; leaving it would hand back its
+        jobs for nothing."""
+        by_peer = {self._peers.get(old): old for old in removed if self._peers.get(old)}
+        moved = {}
+        for new in added:
+            old = by_peer.pop(self._peer(new), None)
+            if old is not None:
+                moved[new] = old
+        return moved
 
     def _start(self, endpoint: str) -> None:
         config = replace(self._config, broker=endpoint)
+        share = self.pool.share(endpoint)
         node = WorkerNode(
             self._backend,
             config,
             self._context,
             on_joined=self._on_joined,
-            share=self.pool.share(endpoint),
+            share=share,
             on_lost=self._on_lost,
             owns_backend=False,
         )
         name = f"worker-node-{len(self._nodes) + len(self._ended)}"
-        running = _Running(node, name, self._wake.set)
+        running = _Running(node, share, name, self._wake.set)
         self._nodes[endpoint] = running
         running.thread.start()
 

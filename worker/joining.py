@@ -71,6 +71,10 @@ class Joiner:
         self._warning_at = 0.0
         self._answer: str | None = None
 
+    def retarget(self, config: WorkerConfig) -> None:
+        """Join ``config.broker`` from the next attempt on (the same broker, renamed)."""
+        self._config = config
+
     def join(self) -> Joined | None:
         """HELLO until WELCOME, backing off between attempts; None if asked to stop (or
         refused: then :attr:`refused` is set)."""

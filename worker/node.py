@@ -27,6 +27,7 @@ lone request's result takes no thread hand-off. Otherwise the outcome goes throu
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -136,6 +137,12 @@ class WorkerNode:
         gave us, then wait for what already runs; the worker goes on with the others."""
         self._leaving = True
         self.request_stop()
+
+    def retarget(self, endpoint: str) -> None:
+        """The same broker is now named ``endpoint`` (a name that resolves to its one
+        address, or that address): the connection goes on; the next join uses it."""
+        self._config = dataclasses.replace(self._config, broker=endpoint)
+        self._joiner.retarget(self._config)
 
     @property
     def mailbox(self) -> Mailbox:

@@ -53,6 +53,42 @@ def echo_credit_until(
     return others
 
 
+class Running:
+    """A Fleet on a thread, following ``tcp://brokers.test:PORT`` whose addresses are the
+    list ``addresses`` as it is at each look-up."""
+
+    def __init__(self, model: GatedAdd, port: str, addresses: list[str]) -> None:
+        def resolver(_host: str) -> list[str]:
+            return list(addresses)
+
+        name = f"tcp://brokers.test:{port}"
+        endpoints = EndpointSet([name], interval_s=0.05, resolver=resolver)
+        config = WorkerConfig(
+            broker=name,
+            worker_id="w1",
+            heartbeat_ms=50,
+            handshake_timeout_ms=300,
+            reconnect_min_ms=10,
+            reconnect_max_ms=50,
+        )
+        backend = model.backend(threads=CAPACITY, capacity=CAPACITY)
+        self.fleet = Fleet(backend, config, [], endpoint_set=endpoints, resolver=resolver)
+        self.exit_code: list[int] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.exit_code.append(self.fleet.run())
+
+    def stop(self) -> list[int]:
+        self.fleet.request_stop()
+        self.thread.join(TIMEOUT)
+        return self.exit_code
+
+    def credits(self) -> dict[str, Any]:
+        return {s.name: (s.granted, s.pending) for s in self.fleet.pool.shares}
+
+
 @pytest.fixture
 def brokers() -> Iterator[tuple[FakeBroker, FakeBroker, FakeBroker, str]]:
     """Three fake brokers on one port of three loopback addresses, and that port (a
@@ -65,46 +101,28 @@ def brokers() -> Iterator[tuple[FakeBroker, FakeBroker, FakeBroker, str]]:
         broker.close()
 
 
+def settled(running: Running, total: int, *names: str) -> bool:
+    """Exactly ``names`` are served, their credits add up to ``total``, none pending."""
+    now = running.credits()
+    return set(now) == set(names) and (
+        sum(g for g, _p in now.values()) == total and all(p is None for _g, p in now.values())
+    )
+
+
 def test_a_broker_gone_from_the_endpoints_gets_its_jobs_back_and_frees_its_share(
     brokers: tuple[FakeBroker, FakeBroker, FakeBroker, str],
 ) -> None:
     first, second, third, port = brokers
     addresses = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-    endpoints = EndpointSet(
-        [f"tcp://brokers.test:{port}"], interval_s=0.05, resolver=lambda _host: list(addresses)
-    )
     model = GatedAdd(gated=True)
-    config = WorkerConfig(
-        broker=f"tcp://brokers.test:{port}",
-        worker_id="w1",
-        heartbeat_ms=50,
-        handshake_timeout_ms=300,
-        reconnect_min_ms=10,
-        reconnect_max_ms=50,
-    )
-    fleet = Fleet(
-        model.backend(threads=CAPACITY, capacity=CAPACITY), config, [], endpoint_set=endpoints
-    )
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(fleet.run()), daemon=True)
-    thread.start()
+    running = Running(model, port, addresses)
+    pool = running.fleet.pool
     try:
         on_first, on_second, _on_third = first.welcome(), second.welcome(), third.welcome()
-
-        def credits() -> dict[str, Any]:
-            return {s.name: (s.granted, s.pending) for s in fleet.pool.shares}
-
         stays, gone, idle = (f"tcp://127.0.0.{i}:{port}" for i in (1, 2, 3))
-
-        def settled(total: int, *names: str) -> bool:
-            now = credits()
-            return set(now) == set(names) and (
-                sum(g for g, _p in now.values()) == total
-                and all(p is None for _g, p in now.values())
-            )
-
-        echo_credit_until(lambda: settled(CAPACITY, stays, gone, idle), first, second, third)
-        assert min(g for g, _p in credits().values()) == 1  # 4 over 3: 1, 1 and 2
+        every = (first, second, third)
+        echo_credit_until(lambda: settled(running, CAPACITY, stays, gone, idle), *every)
+        assert min(g for g, _p in running.credits().values()) == 1  # 4 over 3: 1, 1 and 2
         second.job(on_second, b"j1")
         model.wait_started()
         addresses.remove("127.0.0.2")  # the broker's task is gone from the name
@@ -115,17 +133,52 @@ def test_a_broker_gone_from_the_endpoints_gets_its_jobs_back_and_frees_its_share
         _identity, bye = second.expect(wire.Bye)
         assert bye.handed_back == (b"j1",)
         # j1 still runs (a backend cannot recall it): 3 for the two that stay, then 4
-        echo_credit_until(lambda: settled(3, stays, gone, idle) and fleet.pool.held == 1,
-                          first, third)  # fmt: skip
-        assert credits()[gone] == (0, None)
+        echo_credit_until(
+            lambda: settled(running, 3, stays, gone, idle) and pool.held == 1, first, third
+        )
+        assert running.credits()[gone] == (0, None)
         model.gate.set()
-        echo_credit_until(lambda: settled(CAPACITY, stays, idle), first, third)
+        echo_credit_until(lambda: settled(running, CAPACITY, stays, idle), first, third)
         inputs = first.job(on_first, b"j2")
         _identity, result = first.expect(wire.Result)
         assert result.job_id == b"j2"
         assert (result.tensors.arrays()["z"] == inputs["x"] + 2 * inputs["y"]).all()
-        assert fleet.pool.held_max <= CAPACITY
+        assert pool.held_max <= CAPACITY
     finally:
-        fleet.request_stop()
-        thread.join(TIMEOUT)
-    assert exit_code == [0]
+        assert running.stop() == [0]
+
+
+def test_a_name_down_to_one_address_and_back_keeps_the_connection_to_that_broker(
+    brokers: tuple[FakeBroker, FakeBroker, FakeBroker, str],
+) -> None:
+    """A name that resolves to one address is used as the name (discovery.py): the
+    broker at that address is the same, so its connection goes on -- no BYE, no
+    handed-back jobs -- both when the name shrinks to it and when it grows again."""
+    first, second, _third, port = brokers
+    addresses = ["127.0.0.1", "127.0.0.2"]
+    model = GatedAdd()
+    running = Running(model, port, addresses)
+    name, at_first, at_second = (
+        f"tcp://{h}:{port}" for h in ("brokers.test", "127.0.0.1", "127.0.0.2")
+    )
+    try:
+        on_first, _on_second = first.welcome(), second.welcome()
+        echo_credit_until(lambda: settled(running, CAPACITY, at_first, at_second), first, second)
+        addresses.remove("127.0.0.2")
+        others = echo_credit_until(lambda: settled(running, CAPACITY, name), first, second)
+        assert not [m for m in others[0] if isinstance(m, wire.Bye)]  # the first is kept
+        if not [m for m in others[1] if isinstance(m, wire.Bye)]:
+            second.expect(wire.Bye)  # the broker gone from the name is left
+        addresses.append("127.0.0.2")
+        on_second = second.welcome()  # a new connection to the broker that came back
+        others = echo_credit_until(
+            lambda: settled(running, CAPACITY, at_first, at_second), first, second
+        )
+        assert not [m for m in others[0] if isinstance(m, wire.Bye)]  # the first was kept
+        for broker, identity, job_id in ((first, on_first, b"a"), (second, on_second, b"b")):
+            inputs = broker.job(identity, job_id)
+            _identity, result = broker.expect(wire.Result)
+            assert result.job_id == job_id
+            assert (result.tensors.arrays()["z"] == inputs["x"] + 2 * inputs["y"]).all()
+    finally:
+        assert running.stop() == [0]
