@@ -15,7 +15,9 @@ import zmq
 from ipuserve import protocol as wire
 from ipuserve.discovery import EndpointSet
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.credit import CreditPool
 from ipuserve.worker.fleet import Fleet
+from ipuserve.worker.node import WorkerNode
 from tests.worker.fakes import TIMEOUT, FakeBroker, GatedAdd
 
 CAPACITY = 4
@@ -182,3 +184,32 @@ def test_a_name_down_to_one_address_and_back_keeps_the_connection_to_that_broker
             assert (result.tensors.arrays()["z"] == inputs["x"] + 2 * inputs["y"]).all()
     finally:
         assert running.stop() == [0]
+
+
+def test_a_job_past_the_connections_credit_is_refused_when_the_capacity_is_shared(
+    brokers: tuple[FakeBroker, FakeBroker, FakeBroker, str],
+) -> None:
+    """With several brokers a job beyond what the connection was told (a broker that
+    does not keep to its credit) would take the worker past its capacity: OVERLOADED,
+    where a lone broker's extra jobs would wait (tests/worker/test_node.py)."""
+    broker = brokers[0]
+    pool = CreditPool(2)
+    other = pool.share("elsewhere")
+    assert other.hello(0) == 2  # another broker holds the whole capacity (unconfirmed)
+    model = GatedAdd()
+    config = WorkerConfig(broker=broker.endpoint, worker_id="w1", heartbeat_ms=50)
+    node = WorkerNode(model.backend(), config, share=pool.share(broker.endpoint))
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+        identity, hello = broker.expect(wire.Hello)
+        assert hello.credit == 0
+        broker.send(identity, wire.Welcome("epoch1", 50, 60_000))
+        broker.job(identity, b"over")
+        _identity, fail = broker.expect(wire.Fail)
+        assert (fail.job_id, fail.code) == (b"over", "OVERLOADED")
+        assert "more jobs than this connection's credit" in fail.message
+        assert model.most_running == 0 and pool.held_max == 0
+    finally:
+        node.request_stop()
+        thread.join(TIMEOUT)
