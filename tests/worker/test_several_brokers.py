@@ -184,3 +184,5 @@ def test_the_broker_env_var_takes_a_space_separated_list(
     assert worker.wait() == 0
     joined = [line for line in worker.lines if "joined the broker at" in line]
     assert len(joined) == 2
+    drained = [line for line in worker.lines if "drained: finished" in line]
+    assert len(drained) == 2  # SIGTERM drained the connection to each broker
