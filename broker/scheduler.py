@@ -152,6 +152,17 @@ class Scheduler:
             self._send_replies(*self._replies.popitem())
         self.unsent = 0
 
+    def flush_worker(self, worker: Worker) -> None:
+        """Send now the jobs placed on ``worker`` since the last flush: what must reach it
+        before a message sent next (a credit's echo: they were placed under the old one)."""
+        batch = self._outgoing.pop(worker, None)
+        if batch is None:
+            return
+        jobs = self._live(worker, batch)
+        self.unsent = max(0, self.unsent - len(batch))
+        if jobs and not self._send_jobs(worker, jobs):
+            self.drop_worker(worker, "unreachable", tuple(job.job_id for job in batch))
+
     def _live(self, worker: Worker, batch: list[JobEntry]) -> list[JobEntry]:
         """The batch without jobs answered since they were placed (expired in the same
         turn): never sent, so the worker will not answer them, so they free its credit."""

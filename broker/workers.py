@@ -85,15 +85,28 @@ class WorkerHandlers:
             self._scheduler.drop_worker(namesake, "restarted")
 
     def on_heartbeat(self, worker: Worker, heartbeat: wire.Heartbeat) -> None:
-        if heartbeat.credit is not None and heartbeat.credit != worker.credit:
+        """A heartbeat carrying ``credit`` changes the worker's credit, and is answered by
+        one carrying the credit counted from now on, after every job placed under the
+        old one: a worker serving several brokers hands the room a lowered credit frees
+        to another broker only then (docs/protocol.md, "Several brokers")."""
+        if heartbeat.credit is None:
+            return
+        if heartbeat.credit != worker.credit:
             log.info(
                 "worker %s changes its credit %d -> %d",
                 worker.worker_id,
                 worker.credit,
                 heartbeat.credit,
             )
-            worker.credit = heartbeat.credit
-            self._scheduler.pump(worker)
+        self._scheduler.flush_worker(worker)
+        if self._registry.get(worker.identity) is not worker:
+            return  # unreachable: dropped
+        worker.credit = heartbeat.credit
+        echo = wire.Heartbeat(credit=worker.credit).encode()
+        if not self._outbox.to_worker(worker.identity, echo):
+            self._scheduler.drop_worker(worker, "unreachable")
+            return
+        self._scheduler.pump(worker)
 
     def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
         """Nobody to answer: count it; RESULTS we cannot read fail the jobs they name."""

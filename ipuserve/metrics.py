@@ -113,6 +113,16 @@ class Registry:
         return "\n".join(line for f in self.families() for line in f.render()) + "\n"
 
 
+class Combined:
+    """Several registries behind one endpoint (a worker's jobs, and its credit pool)."""
+
+    def __init__(self, *parts: Renderable) -> None:
+        self._parts = parts
+
+    def render(self) -> str:
+        return "".join(part.render() for part in self._parts)
+
+
 class MetricsServer:
     """GET /metrics on its own thread."""
 

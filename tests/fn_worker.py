@@ -2,6 +2,10 @@
 
     python tests/fn_worker.py --broker tcp://127.0.0.1:PORT --model add [--delay-ms 20]
 
+``--broker`` repeats (a worker serving several brokers); ``--metrics-port`` serves the
+worker's credit metrics (capacity, jobs held, each broker's credit) and prints
+``metrics on URL``.
+
 Models (all with batching dimension 0):
   add    x, y: float32 [B, 8]  ->  z = x + 2 * y
   echo   x: uint8 [B, N]        ->  y = x          (N from --echo-bytes)
@@ -21,10 +25,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ipuserve.discovery import split_endpoints
+from ipuserve.metrics import MetricsServer
 from ipuserve.protocol import ModelSpec, TensorSpec
 from ipuserve.worker.backend import FunctionBackend, ModelFn
 from ipuserve.worker.cli import serve
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.metrics import CreditMetrics
 
 WIDTH = 8
 log = logging.getLogger("fn_worker")
@@ -72,7 +79,7 @@ def models(args: argparse.Namespace) -> dict[ModelSpec, ModelFn]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--broker", required=True)
+    parser.add_argument("--broker", required=True, action="append")
     parser.add_argument("--model", action="append", choices=["add", "echo", "fail"])
     parser.add_argument("--worker-id", default=None)
     parser.add_argument("--credit", type=int, default=None)
@@ -84,6 +91,7 @@ def main() -> int:
     parser.add_argument("--handshake-ms", type=float, default=300.0)
     parser.add_argument("--reconnect-max-ms", type=float, default=200.0)
     parser.add_argument("--drain-timeout-ms", type=float, default=10_000.0)
+    parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args()
     args.model = args.model or ["add"]
     logging.basicConfig(
@@ -91,8 +99,9 @@ def main() -> int:
     )
     backend = FunctionBackend(models(args), threads=args.threads, capacity=args.credit)
     options: dict[str, Any] = {} if args.worker_id is None else {"worker_id": args.worker_id}
+    endpoints = split_endpoints(args.broker)
     config = WorkerConfig(
-        broker=args.broker,
+        broker=endpoints[0],
         credit=args.credit,
         heartbeat_ms=args.heartbeat_ms,
         handshake_timeout_ms=args.handshake_ms,
@@ -101,7 +110,16 @@ def main() -> int:
         drain_timeout_ms=args.drain_timeout_ms,
         **options,
     )
-    return serve(backend, config)
+    metrics = CreditMetrics(args.credit or backend.capacity())
+    server = None
+    if args.metrics_port is not None:
+        server = MetricsServer(metrics, "127.0.0.1", args.metrics_port)
+        print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=sys.stderr, flush=True)
+    try:
+        return serve(backend, config, endpoints, metrics)
+    finally:
+        if server is not None:
+            server.close()
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ipuserve.clikit import Endpoint, ModelName, option, parse_duration_ms
+from ipuserve.discovery import split_endpoints
 from ipuserve.errors import IpuserveError
 from ipuserve.security.cli import curve_client_options, keys_from_options
 from ipuserve.worker.config import WorkerConfig, default_worker_id
+
+if TYPE_CHECKING:
+    from ipuserve.metrics import Renderable
+    from ipuserve.worker.metrics import CreditMetrics
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +54,14 @@ class ModelFiles(click.Path):
 @click.command("worker")
 @option(
     "--broker",
+    multiple=True,
     required=True,
     type=Endpoint(port=5556),
-    help="The broker's backend endpoint, e.g. tcp://HOST:5556.",
+    help="A broker's backend endpoint, e.g. tcp://HOST:5556. Repeat the option (the env "
+    "var takes a space-separated list) to serve several brokers at once: the worker "
+    "registers with each and never holds more requests than its credit in all, shared "
+    "by demand. A host that resolves to several addresses (Swarm's tasks.SERVICE) "
+    "stands for a broker at each, followed as they change.",
 )
 @option(
     "--model",
@@ -150,7 +160,7 @@ class ModelFiles(click.Path):
 )
 @curve_client_options
 def worker(
-    broker: str,
+    broker: tuple[str, ...],
     models: tuple[str, ...],
     name: str | None,
     replicas: int,
@@ -169,9 +179,10 @@ def worker(
     curve_secret_key: Path | None,
     broker_public_key: Path | None,
 ) -> None:
-    """Serve a model from a ModelRunner to the broker until SIGTERM."""
+    """Serve a model from a ModelRunner to the broker(s) until SIGTERM."""
+    endpoints = split_endpoints(broker)
     config = WorkerConfig(
-        broker=broker,
+        broker=endpoints[0],
         worker_id=worker_id or default_worker_id(),
         credit=credit,
         heartbeat_ms=heartbeat_ms,
@@ -205,13 +216,19 @@ def worker(
             look_ahead=look_ahead,
             credit=credit,
         )
+        from ipuserve.metrics import Combined
+        from ipuserve.worker.metrics import CreditMetrics
+
+        credit_metrics = CreditMetrics(credit or backend.capacity())
         try:
-            server = _metrics_server(backend, metrics_host, metrics_port)
+            server = _metrics_server(
+                Combined(backend.metrics, credit_metrics), metrics_host, metrics_port
+            )
         except IpuserveError as exc:
             backend.close()  # lets go of its IPUs
             raise click.ClickException(str(exc)) from None
     try:
-        code = serve(backend, config)
+        code = serve(backend, config, endpoints, credit_metrics)
     finally:
         if server is not None:
             server.close()
@@ -241,12 +258,12 @@ def _stopped_while_loading() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _metrics_server(backend: Any, host: str, port: int | None) -> Any:
+def _metrics_server(metrics: Renderable, host: str, port: int | None) -> Any:
     if port is None:
         return None
     from ipuserve.metrics import MetricsServer
 
-    server = MetricsServer(backend.metrics, host, port)
+    server = MetricsServer(metrics, host, port)
     # at the default log level too: with --metrics-port 0 nothing else says the port
     click.echo(f"ipuserve worker: metrics on http://{host}:{server.port}/metrics", err=True)
     return server
@@ -263,21 +280,33 @@ def _runner_backend(model_paths: list[str], **options: Any) -> Any:
         raise click.ClickException(f"cannot serve {', '.join(model_paths)}: {exc}") from exc
 
 
-def serve(backend: Any, config: WorkerConfig) -> int:
-    """Run a WorkerNode on this (main) thread until SIGTERM/SIGINT drains it; the exit code."""
+def serve(
+    backend: Any,
+    config: WorkerConfig,
+    endpoints: Sequence[str] = (),
+    metrics: CreditMetrics | None = None,
+) -> int:
+    """Serve every broker ``endpoints`` stand for (default: ``config.broker``), one node
+    each on its own thread, until SIGTERM/SIGINT drains them; the exit code."""
     from ipuserve.malloc import retain_freed_memory
-    from ipuserve.worker.node import WorkerNode
+    from ipuserve.worker.fleet import Fleet
 
     retain_freed_memory()
-    node = WorkerNode(backend, config, on_joined=lambda line: click.echo(line, err=True))
+    fleet = Fleet(
+        backend,
+        config,
+        endpoints or [config.broker],
+        on_joined=lambda line: click.echo(line, err=True),
+        metrics=metrics,
+    )
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("worker received %s: draining", signal.Signals(signum).name)
-        node.request_stop()
+        fleet.request_stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    return node.run()
+    return fleet.run()
 
 
 commands: list[click.Command] = [worker]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -46,13 +47,25 @@ class Held:
     submitted: float = 0.0
     #: a group job: this many requests joined along the batching dimension
     members: int = 1
+    #: the connection (JobBook.session) it came on
+    session: int = 0
 
 
 class JobBook:
     """Admission, the waiting queue, expiry and outcomes of the jobs a worker holds."""
 
-    def __init__(self, backend: Backend, models: dict[str, wire.ModelSpec], credit: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        models: dict[str, wire.ModelSpec],
+        credit: int,
+        start_lock: threading.Lock | None = None,
+    ) -> None:
         self._backend = backend
+        #: held from asking the backend for room to handing it the jobs: the books of
+        #: several brokers' loops share one backend, and two of them asking at once
+        #: would each be told the same room
+        self._start_lock = start_lock or threading.Lock()
         #: a backend written before room_for existed takes every job it is handed
         self._paced = hasattr(backend, "room_for")
         #: the backend's job metrics, if it keeps any (the ModelRunner backend does)
@@ -63,6 +76,13 @@ class JobBook:
         self.epoch: str | None = None
         #: every job held: waiting, or handed to the backend and not yet answered
         self.jobs: dict[bytes, Held] = {}
+        #: the current connection's number, and how many of the jobs held came on it
+        #: (the others came on earlier ones: see ipuserve.worker.credit)
+        self.session = 0
+        self.held_current = 0
+        #: the most jobs of the current connection to hold; None: the single-broker
+        #: rule (jobs beyond the credit wait here, up to twice the credit in all)
+        self.session_limit: int | None = None
         self.waiting: deque[Held] = deque()
         #: no waiting job expires before this (monotonic seconds)
         self.next_expiry = math.inf
@@ -88,6 +108,7 @@ class JobBook:
                 self.refuse(job.job_id, job.model, exc)
                 continue
             self.jobs[job.job_id] = held
+            self.held_current += 1
             self.waiting.append(held)
             if held.job.deadline is not None:
                 self.next_expiry = min(self.next_expiry, held.job.deadline)
@@ -108,6 +129,11 @@ class JobBook:
                 f"model {spec.name!r} cannot take a group of requests: not every tensor has "
                 f"its batching dimension ({spec.batching_dim})"
             )
+        if self.session_limit is not None and self.held_current >= self.session_limit:
+            raise OverloadedError(
+                f"the broker sent more jobs than this connection's credit "
+                f"({self.session_limit}); this worker serves several brokers"
+            )
         if len(self.jobs) >= 2 * self.credit:
             held, credit = len(self.jobs), self.credit
             raise OverloadedError(f"worker holds {held} jobs; its credit is {credit}")
@@ -124,7 +150,19 @@ class JobBook:
         samples = members * spec.samples(t.shape for t in message.tensors.specs)
         job = Job(message.job_id, message.model, inputs, deadline, samples)
         assert self.epoch is not None
-        return Held(job, self.epoch, now, members=members)
+        return Held(job, self.epoch, now, members=members, session=self.session)
+
+    def new_session(self) -> None:
+        """A new connection: every job held now came on an earlier one."""
+        self.session += 1
+        self.held_current = 0
+
+    def drop(self, job_id: bytes) -> Held | None:
+        """Stop holding a job (answered, expired, handed back or forgotten)."""
+        held = self.jobs.pop(job_id, None)
+        if held is not None and held.session == self.session:
+            self.held_current -= 1
+        return held
 
     # ------------------------------------------------------------ starting
 
@@ -149,29 +187,30 @@ class JobBook:
             candidates.append(held)
         if not candidates:
             return False
-        room = (
-            self._backend.room_for([held.job for held in candidates])
-            if self._paced
-            else len(candidates)
-        )
-        self.waiting.extendleft(reversed(candidates[room:]))
-        starting = [held.job for held in candidates[:room]]
-        for held in candidates[:room]:
-            held.submitted = now
-        self.running += len(starting)
-        if not starting:
-            return False
-        refused = self._backend.submit_all(starting, done)
+        with self._start_lock:
+            room = (
+                self._backend.room_for([held.job for held in candidates])
+                if self._paced
+                else len(candidates)
+            )
+            self.waiting.extendleft(reversed(candidates[room:]))
+            starting = [held.job for held in candidates[:room]]
+            for held in candidates[:room]:
+                held.submitted = now
+            self.running += len(starting)
+            if not starting:
+                return False
+            refused = self._backend.submit_all(starting, done)
         for job, error in refused:
             self.running -= 1
-            self.jobs.pop(job.job_id, None)
+            self.drop(job.job_id)
             self.refuse(job.job_id, job.model, error)
         return bool(refused) and bool(self.waiting)
 
     # ------------------------------------------------------------ expiry
 
     def _expired(self, held: Held) -> None:
-        self.jobs.pop(held.job.job_id, None)
+        self.drop(held.job.job_id)
         waited = "the job's deadline passed while it waited at the worker"
         self.refuse(held.job.job_id, held.job.model, DeadlineExceeded(waited))
 
@@ -194,7 +233,7 @@ class JobBook:
         """Stop holding the waiting jobs (draining: they are handed back); their ids."""
         ids = [held.job.job_id for held in self.waiting]
         for job_id in ids:
-            self.jobs.pop(job_id, None)
+            self.drop(job_id)
         self.waiting.clear()
         return ids
 
@@ -204,9 +243,9 @@ class JobBook:
             return
         dropped = len(unsent) + len(self.waiting)
         for job, _outcome in unsent:
-            self.jobs.pop(job.job_id, None)
+            self.drop(job.job_id)
         for held in self.waiting:
-            self.jobs.pop(held.job.job_id, None)
+            self.drop(held.job.job_id)
         unsent.clear()
         self.waiting.clear()
         self._failures.clear()  # refusals of its jobs, made while disconnected
@@ -243,7 +282,8 @@ class JobBook:
 
     def answer(self, job: Job, outcome: Result | IpuserveError) -> None:
         """The outcome of a job this book holds joins this turn's RESULTS."""
-        held = self.jobs.pop(job.job_id)
+        held = self.drop(job.job_id)
+        assert held is not None
         if held.epoch != self.epoch:
             log.debug("dropping the result of job %s from epoch %s", job.job_id.hex(), held.epoch)
             return

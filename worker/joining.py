@@ -9,6 +9,7 @@ instead when that was no broker's backend (e.g. a frontend port).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -49,9 +50,13 @@ class Joiner:
         *,
         stopping: Callable[[], bool],
         idle: Callable[[], None],
+        credit: Callable[[], int] | None = None,
     ) -> None:
         """``wake_fd`` is polled beside the socket: ``idle`` runs when it fires (the
-        worker's mailbox: outcomes, and the doorbell of a stop request)."""
+        worker's mailbox: outcomes, and the doorbell of a stop request). ``credit``,
+        if given, is asked before each HELLO for the credit it announces (a worker
+        with several brokers: :mod:`ipuserve.worker.credit`)."""
+        self._credit = credit
         self._config = config
         self._context = context
         self._hello = hello
@@ -65,6 +70,10 @@ class Joiner:
         self._since = 0.0
         self._warning_at = 0.0
         self._answer: str | None = None
+
+    def retarget(self, config: WorkerConfig) -> None:
+        """Join ``config.broker`` from the next attempt on (the same broker, renamed)."""
+        self._config = config
 
     def join(self) -> Joined | None:
         """HELLO until WELCOME, backing off between attempts; None if asked to stop (or
@@ -96,7 +105,10 @@ class Joiner:
 
     def _handshake(self) -> Joined | None:
         sock = self._new_socket()
-        wire.send(sock, self._hello.encode())
+        hello = self._hello
+        if self._credit is not None:
+            hello = dataclasses.replace(hello, credit=self._credit())
+        wire.send(sock, hello.encode())
         deadline = time.monotonic() + self._config.handshake_timeout_ms / 1000
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

@@ -126,3 +126,34 @@ class WorkerMetrics(Registry):
                     )
         for family in (*counts.values(), mean, p99):
             yield from family.render()
+
+
+class CreditMetrics(Registry):
+    """What a worker with several brokers holds against its one capacity
+    (:class:`ipuserve.worker.credit.CreditPool`): an operator checks from these that
+    the brokers' credits never add up to more than the worker can hold."""
+
+    def __init__(self, capacity: int) -> None:
+        p = "ipuserve_worker_"
+        self.capacity = Family(
+            p + "capacity", "Jobs the worker holds at most, all brokers together.", "gauge"
+        )
+        self.capacity.set(float(capacity))
+        self.held = Family(
+            p + "jobs_held", "Jobs held now (waiting or running), all brokers together.", "gauge"
+        )
+        self.held.set(0.0)
+        self.held_max = Family(
+            p + "jobs_held_max", "The most jobs held at once since the worker started.", "gauge"
+        )
+        self.held_max.set(0.0)
+        self.broker_credit = Family(
+            p + "broker_credit", "Credit announced to each broker connection.", "gauge"
+        )
+
+    def set_credit(self, broker: str, credit: int | None) -> None:
+        """A connection's credit; None removes its sample (the broker is no longer served)."""
+        if credit is None:
+            self.broker_credit.samples.pop((("broker", broker),), None)
+        else:
+            self.broker_credit.set(float(credit), broker=broker)

@@ -11,7 +11,13 @@ are dropped: that broker is gone and its successor never heard of those jobs. On
 :meth:`request_stop` (SIGTERM) it drains: credit 0, finish what runs within the drain
 timeout, send the results, hand the rest back in BYE, exit.
 
-Threads: the caller of :meth:`WorkerNode.run` (normally the main thread) runs the
+A worker serving several brokers runs one node per broker, each on its own thread,
+over one backend (:mod:`ipuserve.worker.fleet`); each node's credit is its
+:class:`~ipuserve.worker.credit.Share` of the worker's capacity, which it announces
+in HELLO and changes by HEARTBEAT as the pool rebalances. A node alone has a pool of
+its own, which always gives it the whole capacity.
+
+Threads: the caller of :meth:`WorkerNode.run` runs the
 loop; backend threads report outcomes. The loop holds ``_lock`` -- the book and the
 socket -- for all its work and lets go only while it waits, so a backend thread that
 finishes a job while the loop waits sends the result itself (:meth:`_on_done`): a
@@ -21,6 +27,7 @@ lone request's result takes no thread hand-off. Otherwise the outcome goes throu
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -35,6 +42,7 @@ from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.backend import Backend, Job, Mailbox, Outcome, Result
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.credit import CreditPool, Share
 from ipuserve.worker.jobbook import JobBook
 from ipuserve.worker.joining import Joined, Joiner
 
@@ -69,8 +77,18 @@ class WorkerNode:
         config: WorkerConfig,
         context: zmq.Context[Any] | None = None,
         on_joined: Callable[[str], None] | None = None,
+        *,
+        share: Share | None = None,
+        on_lost: Callable[[], None] | None = None,
+        owns_backend: bool = True,
     ) -> None:
+        """``share``: this connection's part of a worker's capacity (default: a pool of
+        its own); ``on_lost`` is told when a connection to the broker is lost;
+        ``owns_backend``: :meth:`run` closes the backend and the mailbox when it ends
+        (a fleet of nodes closes them itself, once every node has ended)."""
         self._backend = backend
+        self._owns_backend = owns_backend
+        self._on_lost = on_lost
         #: told (a one-line description) each time the broker lets this worker in
         self._on_joined = on_joined
         self._config = config
@@ -78,7 +96,12 @@ class WorkerNode:
         self._credit = config.credit or backend.capacity()
         self._limits = wire.Limits(max_payload_bytes=config.max_payload_bytes)
         self._mailbox = Mailbox()
-        self._book = JobBook(backend, self._models, self._credit)
+        self._share = share or CreditPool(self._credit).share(config.broker)
+        self._book = JobBook(backend, self._models, self._credit, self._share.start_lock)
+        self._share.notify = self._mailbox.wake
+        #: the credit HELLO announced, and the last credit change sent (its number)
+        self._announced = self._credit
+        self._sent_seq = self._share.pending_seq
         hello = wire.Hello(config.worker_id, tuple(self._models.values()), self._credit)
         self._joiner = Joiner(
             config,
@@ -87,12 +110,15 @@ class WorkerNode:
             self._mailbox.fd,
             stopping=lambda: self._stopping,
             idle=self._collect_unsent,
+            credit=self._hello_credit,
         )
         #: the book and the socket: held by the serving loop except while it waits,
         #: and by a backend thread sending a result itself (:meth:`_on_done`)
         self._lock = threading.Lock()
         self._serving = False
         self._stopping = False
+        #: stopping because this broker is no longer served (not the worker's SIGTERM)
+        self._leaving = False
         self._session: Session | None = None
         #: outcomes that finished while no broker was joined: answered on the next WELCOME
         self._unsent: list[Outcome] = []
@@ -105,6 +131,22 @@ class WorkerNode:
         """Ask the loop to drain and exit; safe from a signal handler or another thread."""
         self._stopping = True
         self._mailbox.wake()
+
+    def request_leave(self) -> None:
+        """Stop serving this broker (it left the endpoints): hand back at once what it
+        gave us, then wait for what already runs; the worker goes on with the others."""
+        self._leaving = True
+        self.request_stop()
+
+    def retarget(self, endpoint: str) -> None:
+        """The same broker is now named ``endpoint`` (a name that resolves to its one
+        address, or that address): the connection goes on; the next join uses it."""
+        self._config = dataclasses.replace(self._config, broker=endpoint)
+        self._joiner.retarget(self._config)
+
+    @property
+    def mailbox(self) -> Mailbox:
+        return self._mailbox
 
     def run(self) -> int:
         log.info(
@@ -121,8 +163,9 @@ class WorkerNode:
             return 1
         finally:
             self._close_session(linger=0)
-            self._backend.close()
-            self._mailbox.close()
+            if self._owns_backend:
+                self._backend.close()
+                self._mailbox.close()
             log.info("worker %s closed", self._config.worker_id)
 
     def _run(self) -> int:
@@ -133,15 +176,49 @@ class WorkerNode:
             self._start_session(joined)
             why = self._serve()
             level = logging.INFO if why is Exit.STOP else logging.WARNING  # asked, or not
-            log.log(level, "worker %s leaves the broker: %s", self._config.worker_id, why.value)
+            reason = "gone from the endpoints" if self._leaving else why.value
+            log.log(level, "worker %s leaves the broker: %s", self._config.worker_id, reason)
             if why is Exit.STOP:
                 self._drain()
+                self._share.lost()
+                self._settle()
                 return 0
             self._close_session(linger=0)
+            self._share.lost()
+            if self._on_lost is not None:
+                self._on_lost()
         if self._joiner.refused:
             return 1
         log.info("worker %s stopping while disconnected", self._config.worker_id)
+        self._settle()
         return 0
+
+    def _settle(self) -> None:
+        """Leaving one broker of several: wait for the jobs already running (a backend
+        cannot recall them), so that the pool counts them until they are done."""
+        if not self._leaving:
+            return
+        self._share.leave()
+        book = self._book
+        for held in list(book.waiting):
+            book.drop(held.job.job_id)  # never started: nothing to wait for
+        book.waiting.clear()
+        poller = zmq.Poller()
+        poller.register(self._mailbox.fd, zmq.POLLIN)
+        while book.running > 0:
+            poller.poll(1000)
+            for job, _outcome in book.finished(self._mailbox.take()):
+                book.drop(job.job_id)
+            self._share.update(len(book.jobs), book.held_current)
+        for job_id in list(book.jobs):  # answered while we were away: not running
+            book.drop(job_id)
+        self._share.update(0, 0)
+
+    def _hello_credit(self) -> int:
+        """Before each HELLO: a new connection begins; the credit to announce."""
+        self._book.new_session()
+        self._announced = self._share.hello(len(self._book.jobs))
+        return self._announced
 
     # ------------------------------------------------------------ sessions
 
@@ -160,12 +237,12 @@ class WorkerNode:
             self._config.worker_id,
             self._config.broker,
             welcome.epoch,
-            self._credit,
+            self._announced,
         )
         if self._on_joined is not None:
             self._on_joined(
                 f"worker {self._config.worker_id} joined the broker at {self._config.broker}, "
-                f"serving {', '.join(self._models)} (credit {self._credit})"
+                f"serving {', '.join(self._models)} (credit {self._announced})"
             )
         unsent, self._unsent = self._unsent, []
         for job, outcome in unsent:
@@ -212,6 +289,7 @@ class WorkerNode:
                         self._deliver()  # what finished while we read joins this RESULTS
                     self._book.expire_waiting(time.monotonic())
                     self._flush()
+                    self._report()
                     if (why := self._tick(session)) is not None:
                         return why
                 return Exit.STOP
@@ -231,6 +309,7 @@ class WorkerNode:
         nothing else is due (a lone request's result takes no hand-off), else handed to
         the loop through the mailbox, where outcomes of one turn leave together. Jobs
         waiting to start are the loop's to start: never from a backend thread."""
+        self._share.wake_waiting()  # other brokers' jobs may wait for the room it freed
         if self._book.waiting or not self._lock.acquire(blocking=False):
             self._mailbox.put(job, outcome)
             return
@@ -241,6 +320,7 @@ class WorkerNode:
             for kept, kept_outcome in self._book.finished([(job, outcome)]):
                 self._book.answer(kept, kept_outcome)
             self._flush()
+            self._report()
             session = self._session
             if session is not None and wire.readable(session.socket):
                 self._mailbox.wake()  # our use of the socket may have eaten the loop's edge
@@ -278,6 +358,9 @@ class WorkerNode:
             return Exit.RECONNECT
         elif isinstance(message, wire.Welcome) and message.epoch != session.epoch:
             return Exit.NEW_EPOCH
+        elif isinstance(message, wire.Heartbeat) and message.credit is not None:
+            self._report()  # every JOBS sent before this echo is in the book by now
+            self._share.confirm(message.credit)
         return None
 
     def _on_jobs(self, message: wire.Jobs) -> None:
@@ -285,6 +368,8 @@ class WorkerNode:
             self._book.fail(message.rejected)
             self._draining += [job.job_id for job in message.jobs]
             return
+        share = self._share
+        self._book.session_limit = None if share.solo else share.exposure
         self._book.admit(message.jobs, message.rejected)
         self._book.start_waiting(self._on_done)
 
@@ -305,6 +390,16 @@ class WorkerNode:
             return
         for frames in wire.encode_batch(message, self._limits):
             self._send_frames(frames, "RESULTS")
+
+    def _report(self) -> None:
+        """Tell the pool what this connection holds; send a credit it changed."""
+        share = self._share
+        share.waiting = bool(self._book.waiting)
+        share.update(self._held(), self._book.held_current)
+        seq, pending = share.pending_seq, share.pending
+        if pending is not None and seq != self._sent_seq and self._draining is None:
+            self._sent_seq = seq
+            self._send(wire.Heartbeat(in_flight=self._held(), credit=pending))
 
     def _tick(self, session: Session) -> Exit | None:
         now = time.monotonic()
@@ -341,7 +436,8 @@ class WorkerNode:
         self._draining = book.set_aside_waiting()
         running = len(book.jobs)
         self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
-        self._finish_running(session)
+        if not self._leaving:  # a broker no longer served gets its jobs back at once
+            self._finish_running(session)
         self._read(session)  # JOBS that arrived meanwhile are handed back too
         self._flush()
         handed_back = self._draining + list(book.jobs)

@@ -914,3 +914,38 @@ def test_overload_refusals_not_yet_reported_are_reported_at_shutdown(
 
 def shed_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in list(caplog.records) if "refused OVERLOADED" in r.getMessage()]
+
+
+def _until_echo(worker: FakeWorker) -> tuple[list[bytes], int]:
+    """Job ids that arrive before the broker's HEARTBEAT carrying a credit; that credit."""
+    before: list[bytes] = []
+    while True:
+        assert worker.socket.poll(10_000), "no credit echo from the broker"
+        message = wire.decode(worker.socket.recv_multipart(copy=False))
+        if isinstance(message, wire.Jobs):
+            before += [job.job_id for job in message.jobs]
+        elif isinstance(message, wire.Heartbeat) and message.credit is not None:
+            return before, message.credit
+
+
+def test_a_credit_change_is_echoed_after_the_jobs_placed_under_the_old_credit(
+    broker: Broker, client: RawClient, workers: list[FakeWorker]
+) -> None:
+    """A worker serving several brokers frees a lowered credit's room for another broker
+    only on this echo: any job sent under the old credit must have reached it by then."""
+    worker = fake(broker, workers, credit=1)
+    for _ in range(4):
+        client.request("add", INPUTS)
+    first = worker.job()
+    worker.send(wire.Heartbeat(credit=3))
+    before, echoed = _until_echo(worker)
+    assert (before, echoed) == ([], 3)  # nothing more could be sent under credit 1
+    second, third = worker.job(), worker.job()  # placed under the new credit, after it
+    assert loads(client) == {"": (1, 0), "fake": (3, 3)}
+    worker.send(wire.Heartbeat(credit=1))
+    assert _until_echo(worker) == ([], 1)
+    worker.answer(first, second)  # 1 still held: credit 1 is used up
+    worker.idle_until(lambda: loads(client)["fake"] == (1, 1))
+    worker.answer(third)
+    fourth = worker.job()
+    assert fourth.job_id not in {first.job_id, second.job_id, third.job_id}
