@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, wait_for_models
+from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, process_cpu_seconds, wait_for_models
 
 TARGET_RATIO = 1.7
 
@@ -103,11 +103,19 @@ def main() -> int:
             for run in range(args.runs):
                 cases = ["one", "two"] if run % 2 == 0 else ["two", "one"]
                 figures: dict[str, float] = {}
+                brokers = [c for c in fleet.children if c.name.startswith("broker")]
                 for case in cases:
                     used = fronts[:1] if case == "one" else fronts
                     started = time.monotonic()
+                    cpu = [process_cpu_seconds(b.popen.pid) or 0.0 for b in brokers]
                     figures[case] = drive(used, args.clients, args)
                     fleet.check()
+                    wall = time.monotonic() - started
+                    busy = [
+                        ((process_cpu_seconds(b.popen.pid) or 0.0) - before) / wall
+                        for b, before in zip(brokers, cpu, strict=True)
+                    ]
+                    figures[f"{case}_busiest_broker_cores"] = max(busy)
                     print(
                         f"run {run + 1} {case}: {figures[case]:,.0f} req/s"
                         f" ({time.monotonic() - started:.0f} s)",
@@ -131,7 +139,9 @@ def main() -> int:
         f"{args.workers} workers (noop, no device time), medians of {args.runs} runs:\n"
         f"  one broker:  {median['one']:>10,.0f} req/s\n"
         f"  two brokers: {median['two']:>10,.0f} req/s\n"
-        f"  two / one:   {median['ratio']:>10.2f}  (target >= {TARGET_RATIO})"
+        f"  two / one:   {median['ratio']:>10.2f}  (target >= {TARGET_RATIO})\n"
+        f"  busiest broker's CPU, in cores (incl. warm-up and start): one"
+        f" {median['one_busiest_broker_cores']:.2f}, two {median['two_busiest_broker_cores']:.2f}"
     )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
