@@ -72,14 +72,13 @@ from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.liveness import Liveness, connection_monitor
 from ipuserve.client.outbox import Outbox
-from ipuserve.client.pending import Pending, PendingTable
+from ipuserve.client.pending import Pending, PendingTable, refuse_if_forked
 from ipuserve.client.replies import Replies
 from ipuserve.errors import (
     ClosedError,
     DeadlineExceeded,
     IpuserveError,
     PayloadTooLargeError,
-    RuntimeUsageError,
     UnavailableError,
 )
 from ipuserve.waker import Waker
@@ -162,11 +161,7 @@ class IoLoop:
         """Send a request now when the socket is idle (or on the I/O thread, at the end
         of its turn); else, or when not ``direct``, hand it to the I/O thread. Never
         waits for the I/O thread."""
-        if os.getpid() != self._pid:
-            raise RuntimeUsageError(
-                "this Client was created in another process (this one was forked from "
-                "it): its I/O thread and socket stay there; create a new Client here"
-            )
+        refuse_if_forked(self._pid)
         if threading.current_thread() is self.thread:  # a done-callback: batched
             with self._sock_lock:
                 if self._closed:

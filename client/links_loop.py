@@ -48,14 +48,13 @@ import zmq
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.io_loop import CLOSE_WAIT_S
 from ipuserve.client.links import Link, least_loaded
-from ipuserve.client.pending import Pending, PendingTable
+from ipuserve.client.pending import Pending, PendingTable, refuse_if_forked
 from ipuserve.discovery import EndpointSet
 from ipuserve.errors import (
     ClosedError,
     DeadlineExceeded,
     IpuserveError,
     ProtocolError,
-    RuntimeUsageError,
     UnavailableError,
 )
 from ipuserve.waker import Waker
@@ -151,11 +150,7 @@ class LinksLoop:
         """Hand a request to the I/O thread (``direct`` is the single loop's; here every
         request goes through the I/O thread). ``to``: only that link's broker."""
         del direct
-        if os.getpid() != self._pid:
-            raise RuntimeUsageError(
-                "this Client was created in another process (this one was forked from "
-                "it): its I/O thread and sockets stay there; create a new Client here"
-            )
+        refuse_if_forked(self._pid)
         if threading.current_thread() is self.thread:  # a done-callback: batched
             with self._turn_lock:
                 if self._closed:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import heapq
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -240,3 +241,14 @@ EXPECTS: dict[type[Message], type[wire.Message]] = {
     wire.Request: wire.Reply,
     wire.ListModels: wire.ModelsReply,
 }
+
+
+def refuse_if_forked(created_in: int) -> None:
+    """A Client inherited through ``os.fork()`` has no I/O thread (threads do not
+    survive a fork) and shares its sockets with the parent: a request handed to it
+    would never leave, so the child is told at once."""
+    if os.getpid() != created_in:
+        raise RuntimeUsageError(
+            "this Client was created in another process (this one was forked from "
+            "it): its I/O thread and sockets stay there; create a new Client here"
+        )
