@@ -46,6 +46,7 @@ from typing import Any
 import zmq
 
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.following import Following
 from ipuserve.client.io_loop import CLOSE_WAIT_S
 from ipuserve.client.links import Link, least_loaded
 from ipuserve.client.pending import Pending, PendingTable, refuse_if_forked
@@ -90,7 +91,6 @@ class LinksLoop:
         self.config = config
         self.endpoint = " ".join(endpoints.configured)
         self._stats = ClientStats()
-        self._endpoints = endpoints
         self._connect = connect
         self._table = PendingTable()
         self._due: deque[tuple[Pending, Callable[[Pending], None]]] = deque()
@@ -104,9 +104,9 @@ class LinksLoop:
         self._refused: dict[bytes, set[str]] = {}
         self._assigned: dict[str, int] = {}
         self._turns = 0
-        self._lost = False
         self._poller_stale = True
         self._waker = Waker()
+        self._following = Following(endpoints, self._waker.wake)
         self._inbox: deque[tuple[Pending, str | None]] = deque()
         self._lock = threading.Lock()  # the inbox and _closed
         self._turn_lock = threading.Lock()  # everything else (module docstring)
@@ -341,7 +341,7 @@ class LinksLoop:
         movable = [rid for rid in link.ids if rid not in self._targets]
         if not movable:
             return
-        self._lost = True  # the name may stand for other addresses now: re-resolve
+        self._following.lost()  # the name may stand for other addresses now
         log.warning(
             "broker at %s is %s; sending its %d pending requests to the other brokers",
             link.endpoint,
@@ -356,18 +356,16 @@ class LinksLoop:
                 self._stats.resent += 1
 
     def _follow_endpoints(self) -> None:
-        """Re-resolve when due or after a lost connection; links follow the addresses."""
-        lost, self._lost = self._lost, False
-        if not (self._endpoints.due() or (lost and self._endpoints.follows_names)):
-            return
-        added, removed = self._endpoints.refresh()
-        for endpoint in removed:
-            self._drop_link(endpoint)
-        for endpoint in added:
-            try:
-                self._add_link(endpoint)
-            except IpuserveError as exc:  # ZeroMQ refused it: the others carry on
-                log.warning("%s", exc)
+        """Links follow the addresses the endpoints stand for (re-resolved when due or
+        after a lost connection, off this thread: :mod:`ipuserve.client.following`)."""
+        for added, removed in self._following.changes():
+            for endpoint in removed:
+                self._drop_link(endpoint)
+            for endpoint in added:
+                try:
+                    self._add_link(endpoint)
+                except IpuserveError as exc:  # ZeroMQ refused it: the others carry on
+                    log.warning("%s", exc)
 
     # ------------------------------------------------------------ I/O thread
 
@@ -422,7 +420,7 @@ class LinksLoop:
             self._take_inbox()
         for link in list(self._links.values()):
             if link.monitor in events and link.on_connection_events(now):
-                self._lost = True
+                self._following.lost()
             if link.sock in events:
                 link.receive(now)
             if link.unsent:
@@ -457,7 +455,7 @@ class LinksLoop:
         if self._inbox:
             return 0
         now = time.monotonic()
-        waits = [self.config.ping_interval_s, self._endpoints.seconds_until_due()]
+        waits = [self.config.ping_interval_s, self._following.seconds_until_due()]
         waits += [link.liveness.seconds_to_ping(now) for link in self._links.values()]
         due_ns = self._table.next_deadline_ns()
         if due_ns is not None:

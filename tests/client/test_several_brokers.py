@@ -377,6 +377,38 @@ def test_a_string_naming_several_brokers_is_taken_as_a_list_of_that_name(
         b.stop()
 
 
+def test_a_slow_resolver_does_not_stall_the_replies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-resolving runs off the I/O thread: while a lookup hangs, requests to the
+    brokers already known are still sent and answered (in the swarm test, a lookup on
+    the I/O thread after a broker task died stopped every reply for 2.9 s)."""
+    a = FakeBroker().start()
+    port = a.address.rsplit(":", 1)[1]
+    b = FakeBroker(address=f"tcp://127.0.0.2:{port}").start()
+    hang = threading.Event()
+    lookups: list[str] = []
+
+    def table(host: str) -> list[str]:
+        lookups.append(host)
+        if len(lookups) > 1:
+            hang.wait(30)  # every re-resolution hangs until the test ends
+        return ["127.0.0.1", "127.0.0.2"]
+
+    follow = partial(EndpointSet, resolver=table, interval_s=0.05)
+    monkeypatch.setattr(client_module, "EndpointSet", follow)
+    try:
+        with Client([f"tcp://localhost:{port}"], timeout=5, config=ROOMY_CONFIG) as client:
+            wait_until(lambda: usable_links(client) == 2 and len(lookups) >= 2)
+            for seed in range(20):  # a lookup is hanging all along
+                x = fake_inputs(seed)
+                np.testing.assert_allclose(client.infer("add", x)["y"], x["a"] + x["b"])
+            assert a.requests and b.requests
+            hang.set()
+    finally:
+        hang.set()
+        a.stop()
+        b.stop()
+
+
 def test_a_frontend_with_no_broker_is_left_out_and_none_at_all_times_out() -> None:
     """One of two frontends has no broker: every request goes to the other. With
     neither, a request waits unsent and fails at its own deadline, saying so."""
