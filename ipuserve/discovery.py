@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 log = logging.getLogger(__name__)
 
 #: how often an :class:`EndpointSet` re-resolves its names when nothing else asks it to
-REFRESH_INTERVAL_S = 5.0
+REFRESH_INTERVAL_S = 2.0
 
 #: ``host -> addresses``; raises ``OSError`` when the host does not resolve
 Resolver = Callable[[str], list[str]]
