@@ -70,6 +70,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.lifecycle import IoThread
 from ipuserve.client.liveness import Liveness, connection_monitor
 from ipuserve.client.outbox import Outbox
 from ipuserve.client.pending import Pending, PendingTable, refuse_if_forked
@@ -92,15 +93,13 @@ _MAX_POLL_MS = 60_000
 #: Silence since the client started after which "is the broker running?" is a fair
 #: question: a PONG on a working connection takes milliseconds.
 _SUSPECT_SILENCE_S = 0.05
-#: How long close() waits for the I/O thread: a done-callback blocked for good must not
-#: hang close() and the interpreter's exit (which closes every client) with it.
-CLOSE_WAIT_S = 5.0
 _EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 _NEVER = 1 << 62
 
 
-class IoLoop:
-    """Owns the socket, the pending table, the deadlines and the broker's liveness."""
+class IoLoop(IoThread):
+    """Owns the socket, the pending table, the deadlines and the broker's liveness
+    (its thread's start and end: :class:`~ipuserve.client.lifecycle.IoThread`)."""
 
     def __init__(
         self,
@@ -122,6 +121,7 @@ class IoLoop:
         self._liveness = Liveness(config, endpoint, _SUSPECT_SILENCE_S)
         #: guards the socket and everything below it (see the module's docstring)
         self._sock_lock = threading.Lock()
+        self._work_lock = self._sock_lock  # the lifecycle's name for it
         self._table = PendingTable()
         self._outbox = Outbox(config, self.stats, self, self._table.get)
         self._replies = Replies(self._table, self.stats, self._liveness, self._on_pong)
@@ -224,40 +224,6 @@ class IoLoop:
             pending.fail(exc)
         self._waker.wake()
 
-    def close(self) -> None:
-        forked = os.getpid() != self._pid  # a child's copy: the socket and thread are
-        with self._lock:  # the parent's, so there is nothing to stop, only to fail
-            if self._closed:
-                return
-            self._closed = True
-            if forked:
-                leftovers = self._take_outstanding()
-        if forked:
-            _fail(leftovers, ClosedError("the client is closed"))
-            return
-        self._waker.wake()
-        if threading.current_thread() is not self.thread and self.thread.is_alive():
-            self.thread.join(CLOSE_WAIT_S)  # the thread closes the waker as it ends
-            if self.thread.is_alive():
-                log.warning(
-                    "the client's I/O thread did not stop within %g s: a done-callback "
-                    "is blocking it (one that waits for another request never returns)",
-                    CLOSE_WAIT_S,
-                )
-                # it would fail what is pending as it ends, and it may never end: fail it
-                # here (a future settles once; the thread's own attempt is then a no-op).
-                # Callbacks run without the socket lock, so it is free but for a moment.
-                locked = self._sock_lock.acquire(timeout=CLOSE_WAIT_S)
-                try:
-                    with self._lock:
-                        stranded = self._outstanding()
-                finally:
-                    if locked:
-                        self._sock_lock.release()
-                _fail(stranded, ClosedError("the client is closed"))
-        if self.thread.ident is None:  # never started: nobody else will
-            self._waker.close()
-
     def _outstanding(self) -> list[Pending]:
         """Hold the lock. Every request not yet settled: sent, answered but not settled
         yet, or still in the inbox."""
@@ -351,24 +317,10 @@ class IoLoop:
 
     # ------------------------------------------------------------ I/O thread
 
-    def _run(self) -> None:
-        error: IpuserveError = ClosedError("the client is closed")
-        try:
-            self._loop()
-        except Exception as exc:  # never leave callers waiting on a dead thread
-            log.exception("client I/O thread failed")
-            self._crash = exc
-            error = UnavailableError(f"the client's I/O thread failed: {exc!r}")
-        finally:
-            with self._sock_lock:  # a caller may be sending: let it finish first
-                with self._lock:
-                    self._closed = True
-                    leftovers = self._take_outstanding()
-                self._sock.disable_monitor()
-                self._monitor.close(linger=0)
-                self._sock.close(linger=0)
-                self._waker.close()  # here, not in close(): that may run on this very thread
-            _fail(leftovers, error)
+    def _release(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -494,8 +446,3 @@ class IoLoop:
                 + self.silence_hint()
             )
             self._replies.due.append((pending, partial(Pending.fail, error=error)))
-
-
-def _fail(leftovers: list[Pending], error: IpuserveError) -> None:
-    for pending in leftovers:
-        pending.fail(type(error)(str(error)))

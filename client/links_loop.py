@@ -47,7 +47,7 @@ import zmq
 
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.following import Following
-from ipuserve.client.io_loop import CLOSE_WAIT_S
+from ipuserve.client.lifecycle import IoThread
 from ipuserve.client.links import Link, least_loaded
 from ipuserve.client.pending import Pending, PendingTable, refuse_if_forked
 from ipuserve.discovery import EndpointSet
@@ -81,8 +81,9 @@ class LinkInfo:
     epoch: str | None
 
 
-class LinksLoop:
-    """Owns the links, the shared pending table, the deadlines and the failover."""
+class LinksLoop(IoThread):
+    """Owns the links, the shared pending table, the deadlines and the failover (its
+    thread's start and end: :class:`~ipuserve.client.lifecycle.IoThread`)."""
 
     def __init__(self, endpoints: EndpointSet, connect: Connect, config: ClientConfig) -> None:
         """``connect`` opens a socket and its monitor for one endpoint (ConfigError if
@@ -110,6 +111,7 @@ class LinksLoop:
         self._inbox: deque[tuple[Pending, str | None]] = deque()
         self._lock = threading.Lock()  # the inbox and _closed
         self._turn_lock = threading.Lock()  # everything else (module docstring)
+        self._work_lock = self._turn_lock  # the lifecycle's name for it
         self._closed = False
         self._pid = os.getpid()
         self._crash: Exception | None = None
@@ -164,33 +166,6 @@ class LinksLoop:
             self._inbox.append((pending, to))
         if was_empty:
             self._waker.wake()
-
-    def close(self) -> None:
-        forked = os.getpid() != self._pid
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            leftovers = self._take_outstanding() if forked else []
-        if forked:
-            _fail(leftovers, ClosedError("the client is closed"))
-            return
-        self._waker.wake()
-        if threading.current_thread() is not self.thread and self.thread.is_alive():
-            self.thread.join(CLOSE_WAIT_S)
-            if self.thread.is_alive():  # a done-callback blocks it: fail what it strands
-                log.warning("the client's I/O thread did not stop within %g s", CLOSE_WAIT_S)
-                locked = self._turn_lock.acquire(timeout=CLOSE_WAIT_S)
-                try:
-                    with self._lock:
-                        stranded = self._outstanding()
-                finally:
-                    if locked:
-                        self._turn_lock.release()
-                _fail(stranded, ClosedError("the client is closed"))
-        if self.thread.ident is None:  # never started
-            self._close_links()
-            self._waker.close()
 
     def silence_hint(self) -> str:
         """The first link's hint that has one (none once any broker answered)."""
@@ -369,21 +344,8 @@ class LinksLoop:
 
     # ------------------------------------------------------------ I/O thread
 
-    def _run(self) -> None:
-        error: IpuserveError = ClosedError("the client is closed")
-        try:
-            self._loop()
-        except Exception as exc:  # never leave callers waiting on a dead thread
-            log.exception("client I/O thread failed")
-            self._crash = exc
-            error = UnavailableError(f"the client's I/O thread failed: {exc!r}")
-        finally:
-            with self._turn_lock, self._lock:
-                self._closed = True
-                leftovers = self._take_outstanding()
-                self._close_links()
-                self._waker.close()
-            _fail(leftovers, error)
+    def _release(self) -> None:
+        self._close_links()
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -495,8 +457,3 @@ class LinksLoop:
 
 def _failing(error: IpuserveError) -> Callable[[Pending], None]:
     return partial(Pending.fail, error=error)
-
-
-def _fail(leftovers: list[Pending], error: IpuserveError) -> None:
-    for pending in leftovers:
-        pending.fail(type(error)(str(error)))

@@ -20,7 +20,7 @@ import zmq
 
 from ipuserve import errors
 from ipuserve import protocol as wire
-from ipuserve.client import io_loop
+from ipuserve.client import lifecycle
 from ipuserve.client.client import Client
 from ipuserve.client.io_loop import ClientConfig, IoLoop
 from ipuserve.client.pending import InferFuture
@@ -362,6 +362,7 @@ def test_a_bad_client_config_is_a_config_error_naming_the_setting(
 
 _FORKED_CHILD = """
 import os, sys
+from ipuserve.client import lifecycle
 from ipuserve.client.client import Client
 from ipuserve import errors
 import numpy as np
@@ -401,7 +402,7 @@ def test_close_returns_though_a_done_callback_blocks_the_io_thread(
 ) -> None:
     """A callback waiting (concurrent.futures.wait) for another request never returns:
     close() and the interpreter's exit, which closes every client, hung with it."""
-    monkeypatch.setattr(io_loop, "CLOSE_WAIT_S", 0.2)
+    monkeypatch.setattr(lifecycle, "CLOSE_WAIT_S", 0.2)
     blocking, release = threading.Event(), threading.Event()
 
     def block(_future: Future[Any]) -> None:
@@ -596,7 +597,7 @@ def test_an_io_thread_released_after_close_gave_up_sends_nothing_more(
     """Released from the callback that blocked it past close(), the I/O thread finished
     its turn: it took the blocked time for the broker's silence and re-sent requests
     whose callers already had ClosedError."""
-    monkeypatch.setattr(io_loop, "CLOSE_WAIT_S", 0.2)
+    monkeypatch.setattr(lifecycle, "CLOSE_WAIT_S", 0.2)
     gate = threading.Event()
 
     def second_only(request: wire.Request) -> wire.Message | None:
