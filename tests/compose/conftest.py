@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 import docker
 import pytest
@@ -26,38 +25,19 @@ from tests.compose.harness import (
     ImageUnavailable,
     compose_command,
     compose_version,
-    connect,
-    engine_version,
     ensure_image,
-    env_flag,
     free_port,
+    reachable_engine,
+    unavailable,
 )
 
 WORKERS = 2
 
 
-def _unavailable(reason: str) -> NoReturn:
-    """Skip, or fail when the run must exercise Docker (IPUSERVE_COMPOSE_REQUIRED=1)."""
-    if env_flag(REQUIRED_ENV):
-        pytest.fail(f"{REQUIRED_ENV}=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[docker.DockerClient]:
     """A Docker SDK client of the reachable engine; skips (or fails, in CI) without one."""
-    try:
-        client = connect()
-    except EngineUnavailable as exc:
-        _unavailable(
-            f"no Docker engine reachable ({exc}); start dockerd or set DOCKER_HOST to run "
-            f"the compose tests (.ci/run does, with {REQUIRED_ENV}=1)"
-        )
-    try:
-        print(f"Docker engine {engine_version(client)}")
-        yield client
-    finally:
-        client.close()
+    yield from reachable_engine(REQUIRED_ENV, "compose")
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +46,7 @@ def compose_cli(docker_engine: docker.DockerClient) -> list[str]:
     try:
         command = compose_command()
     except EngineUnavailable as exc:
-        _unavailable(f"{exc}; install Docker Compose to run the compose tests")
+        unavailable(REQUIRED_ENV, f"{exc}; install Docker Compose to run the compose tests")
     print(f"compose: {' '.join(command)}: {compose_version(command)}")
     return command
 
@@ -77,7 +57,7 @@ def ipuserve_image(docker_engine: docker.DockerClient) -> str:
     try:
         return ensure_image(docker_engine, os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
     except ImageUnavailable as exc:
-        _unavailable(str(exc))
+        unavailable(REQUIRED_ENV, str(exc))
 
 
 @pytest.fixture(scope="module")

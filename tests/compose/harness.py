@@ -22,13 +22,14 @@ import tempfile
 import time
 import urllib.request
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import docker
 import docker.errors
+import pytest
 import requests
 from docker.models.containers import Container
 
@@ -60,6 +61,32 @@ T = TypeVar("T")
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}
+
+
+def unavailable(required_env: str, reason: str) -> NoReturn:
+    """Skip with ``reason``, or fail when the run must exercise Docker (``required_env``
+    set, as .ci/run sets it)."""
+    if env_flag(required_env):
+        pytest.fail(f"{required_env}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def reachable_engine(required_env: str, tests: str) -> Iterator[docker.DockerClient]:
+    """A session fixture's Docker SDK client of the reachable engine, closed after;
+    skips (or fails, with ``required_env``) without one, saying how to run ``tests``."""
+    try:
+        client = connect()
+    except EngineUnavailable as exc:
+        unavailable(
+            required_env,
+            f"no Docker engine reachable ({exc}); start dockerd or set DOCKER_HOST to run "
+            f"the {tests} tests (.ci/run does, with {required_env}=1)",
+        )
+    try:
+        print(f"Docker engine {engine_version(client)}")
+        yield client
+    finally:
+        client.close()
 
 
 class EngineUnavailable(Exception):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from typing import NoReturn
 
 import docker
 import pytest
@@ -19,12 +18,10 @@ import pytest
 from tests.compose.harness import (
     DEFAULT_IMAGE,
     IMAGE_ENV,
-    EngineUnavailable,
     ImageUnavailable,
-    connect,
-    engine_version,
     ensure_image,
-    env_flag,
+    reachable_engine,
+    unavailable,
 )
 from tests.swarm.harness import (
     BROKERS_ENV,
@@ -44,27 +41,10 @@ def brokers() -> int:
     return int(os.environ.get(BROKERS_ENV) or 2)
 
 
-def _unavailable(reason: str) -> NoReturn:
-    """Skip, or fail when the run must exercise Swarm (IPUSERVE_SWARM_REQUIRED=1)."""
-    if env_flag(REQUIRED_ENV):
-        pytest.fail(f"{REQUIRED_ENV}=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def swarm_engine() -> Iterator[docker.DockerClient]:
-    try:
-        client = connect()
-    except EngineUnavailable as exc:
-        _unavailable(
-            f"no Docker engine reachable ({exc}); start dockerd or set DOCKER_HOST to run "
-            f"the swarm tests (.ci/run does, with {REQUIRED_ENV}=1)"
-        )
-    try:
-        print(f"Docker engine {engine_version(client)}")
-        yield client
-    finally:
-        client.close()
+    """A Docker SDK client of the reachable engine; skips (or fails, in CI) without one."""
+    yield from reachable_engine(REQUIRED_ENV, "swarm")
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +52,7 @@ def swarm_image(swarm_engine: docker.DockerClient) -> str:
     try:
         return ensure_image(swarm_engine, os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE)
     except ImageUnavailable as exc:
-        _unavailable(str(exc))
+        unavailable(REQUIRED_ENV, str(exc))
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +61,9 @@ def swarm(swarm_engine: docker.DockerClient, swarm_image: str) -> Iterator[Swarm
     try:
         joined = Swarm.join_or_init(swarm_engine)
     except SwarmUnavailable as exc:
-        _unavailable(f"{exc}; the swarm tests need an engine that can be a single-node swarm")
+        unavailable(
+            REQUIRED_ENV, f"{exc}; the swarm tests need an engine that can be a single-node swarm"
+        )
     print(f"swarm: {'made by this session' if joined.created else 'the engine was in one'}")
     try:
         yield joined
