@@ -11,6 +11,7 @@ Example::
         outputs = client.infer("mlp", {"input": batch})
 """
 
+from ipuserve.client.async_client import AsyncClient
 from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.fleet import FleetModel, FleetWorker
@@ -19,6 +20,7 @@ from ipuserve.client.pending import InferFuture
 from ipuserve.client.timing import Timing
 
 __all__ = [
+    "AsyncClient",
     "Client",
     "ClientConfig",
     "ClientStats",
