@@ -1,0 +1,391 @@
+"""The front door against the fabric's own clients, in one run.
+
+    python benchmarks/gateway.py --runs 3 --json gateway.json
+
+Starts a broker, a worker serving the example ``mlp`` (its device time scaled so a
+batch of 16 takes ``--mlp-device-ms``, 2 ms by default), a worker serving ``noop``
+with no device time, and an ``ipuserve gateway`` (HTTP and gRPC) on loopback. Then,
+in each run, one-sample requests in a closed loop at each ``--in-flight`` level
+through each path, the paths in a new order every run:
+
+* ``client``: :class:`ipuserve.client.Client` (``infer_async``, callbacks re-submit);
+* ``async``: :class:`ipuserve.client.AsyncClient` (one task per request in flight);
+* ``http``: Triton's ``tritonclient.http.aio`` with binary tensor data, through the gateway;
+* ``grpc``: Triton's ``tritonclient.grpc.aio`` (raw contents), through the gateway.
+
+``noop`` runs at 1 and 64 in flight only: it measures the front door alone. Prints
+per model, level and path the medians over runs of throughput (and for ``mlp``, the
+share of the ideal: one replica x batch / device time), p50 and p99 latency, and,
+for the gateway's paths, the gateway's CPU per request. The issue's targets
+(issue 20): at 64 in flight on the MLP, HTTP and gRPC >= 0.9 of Client's
+throughput; at 1 in flight on noop, the gateway adds <= 200 us to Client's p50;
+AsyncClient within 10 % of Client at every level. Every figure comes from this
+one machine and run: compare paths, not machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipuserve.bench.fleet import (
+    PYTHON,
+    Fleet,
+    endpoint,
+    free_port,
+    process_cpu_seconds,
+    wait_for_models,
+)
+from ipuserve.client import AsyncClient, Client
+from ipuserve.protocol import ModelSpec
+
+PATHS = ("client", "async", "http", "grpc")
+GATEWAY_PATHS = ("http", "grpc")
+
+
+@dataclass
+class Window:
+    """Latencies of the requests that finished inside the measurement window."""
+
+    start: float
+    end: float
+    latencies_us: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    def record(self, sent: float, done: float, ok: bool) -> None:
+        if self.start <= done <= self.end:
+            if ok:
+                self.latencies_us.append((done - sent) * 1e6)
+            else:
+                self.errors += 1
+
+    def figures(self) -> dict[str, float]:
+        values = np.asarray(self.latencies_us)
+        seconds = self.end - self.start
+        return {
+            "req_per_s": round(values.size / seconds, 1),
+            "p50_us": round(float(np.percentile(values, 50)), 1) if values.size else 0.0,
+            "p99_us": round(float(np.percentile(values, 99)), 1) if values.size else 0.0,
+            "errors": self.errors,
+        }
+
+
+def one_sample(spec: ModelSpec) -> dict[str, np.ndarray[Any, Any]]:
+    """One sample of every input: the batching dimension (or the first) is 1."""
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for tensor in spec.inputs:
+        shape = list(tensor.shape)
+        shape[spec.batching_dim if spec.batching_dim is not None else 0] = 1
+        inputs[tensor.name] = rng.random(shape).astype(tensor.dtype)
+    return inputs
+
+
+def drive_client(
+    client: Client, model: str, inputs: dict[str, Any], level: int, args: Any
+) -> Window:
+    """A closed loop of ``level`` requests in flight through the sync Client's futures."""
+    now = time.perf_counter()
+    window = Window(now + args.warmup_s, now + args.warmup_s + args.seconds)
+    stop_at = window.end
+    done = threading.Event()
+    live = [level]
+    lock = threading.Lock()
+
+    def send() -> None:
+        sent = time.perf_counter()
+        future = client.infer_async(model, inputs, copy=False)
+        future.add_done_callback(lambda f: finished(sent, f.exception() is None))
+
+    def finished(sent: float, ok: bool) -> None:
+        now = time.perf_counter()
+        window.record(sent, now, ok)
+        if now < stop_at:
+            send()
+            return
+        with lock:
+            live[0] -= 1
+            if live[0] == 0:
+                done.set()
+
+    for _ in range(level):
+        send()
+    done.wait(args.seconds + args.warmup_s + 60)
+    return window
+
+
+async def closed_loop(call: Callable[[], Awaitable[Any]], level: int, args: Any) -> Window:
+    """``level`` asyncio tasks, each sending its next request when its last is answered."""
+    now = time.perf_counter()
+    window = Window(now + args.warmup_s, now + args.warmup_s + args.seconds)
+
+    async def worker() -> None:
+        while time.perf_counter() < window.end:
+            sent = time.perf_counter()
+            try:
+                await call()
+            except Exception:
+                window.record(sent, time.perf_counter(), False)
+            else:
+                window.record(sent, time.perf_counter(), True)
+
+    await asyncio.gather(*(worker() for _ in range(level)))
+    return window
+
+
+async def drive_async(
+    frontend: str, model: str, inputs: dict[str, Any], level: int, args: Any
+) -> Window:
+    async with AsyncClient(frontend, timeout=30.0) as client:
+        await client.infer(model, inputs)
+        return await closed_loop(lambda: client.infer(model, inputs, copy=False), level, args)
+
+
+async def drive_http(url: str, model: str, inputs: dict[str, Any], level: int, args: Any) -> Window:
+    import tritonclient.http as http
+    import tritonclient.http.aio as http_aio
+
+    client = http_aio.InferenceServerClient(url=url, conn_limit=max(level, 1))
+    try:
+
+        def request() -> list[Any]:
+            tensors = []
+            for name, array in inputs.items():
+                tensor = http.InferInput(name, list(array.shape), _datatype(array))
+                tensor.set_data_from_numpy(array, binary_data=True)
+                tensors.append(tensor)
+            return tensors
+
+        async def call() -> Any:
+            return await client.infer(model, request())
+
+        await call()
+        return await closed_loop(call, level, args)
+    finally:
+        await client.close()
+
+
+async def drive_grpc(url: str, model: str, inputs: dict[str, Any], level: int, args: Any) -> Window:
+    import tritonclient.grpc as grpc
+    import tritonclient.grpc.aio as grpc_aio
+
+    client = grpc_aio.InferenceServerClient(url=url)
+    try:
+
+        def request() -> list[Any]:
+            tensors = []
+            for name, array in inputs.items():
+                tensor = grpc.InferInput(name, list(array.shape), _datatype(array))
+                tensor.set_data_from_numpy(array)
+                tensors.append(tensor)
+            return tensors
+
+        async def call() -> Any:
+            return await client.infer(model, request())
+
+        await call()
+        return await closed_loop(call, level, args)
+    finally:
+        await client.close()
+
+
+def _datatype(array: np.ndarray[Any, Any]) -> str:
+    from tritonclient.utils import np_to_triton_dtype
+
+    return str(np_to_triton_dtype(array.dtype))
+
+
+def start(fleet: Fleet, work: Path, args: Any) -> tuple[str, str, str, float]:
+    """Broker, workers and gateway; the frontend, HTTP and gRPC addresses, and the
+    MLP's ideal samples/s."""
+    mlp, noop = work / "mlp.popef", work / "noop.popef"
+    model = [*PYTHON, "ipuserve", "model"]
+    subprocess.run([*model, "example", "mlp", str(mlp)], check=True, capture_output=True)
+    subprocess.run([*model, "example", "noop", str(noop)], check=True, capture_output=True)
+    inspected = json.loads(
+        subprocess.run(
+            [*model, "inspect", "--json", str(mlp)], check=True, capture_output=True, text=True
+        ).stdout
+    )
+    [main] = [p for p in inspected["programs"] if p["phase"] == "main"]
+    scale = args.mlp_device_ms / 1e3 / float(main["estimated_seconds"])
+    ideal = int(inspected["batch_size"]) / (args.mlp_device_ms / 1e3)
+    front, back = endpoint(), endpoint()
+    fleet.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back])
+    worker = [*PYTHON, "ipuserve", "worker", "--broker", back]
+    fleet.start(
+        "worker-mlp",
+        [*worker, "--model", str(mlp)],
+        env={"IPUSERVE_SIM_TIME_SCALE": f"{scale:.6g}"},
+    )
+    fleet.start(
+        "worker-noop", [*worker, "--model", str(noop)], env={"IPUSERVE_SIM_TIME_SCALE": "0"}
+    )
+    wait_for_models(fleet, front, {"mlp": 1, "noop": 1})
+    http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    fleet.start(
+        "gateway",
+        [*PYTHON, "ipuserve", "gateway", "--broker", front, "--http", http, "--grpc", grpc],
+    )
+    wait_ready(fleet, http)
+    return front, http, grpc, ideal
+
+
+def wait_ready(fleet: Fleet, http: str, timeout_s: float = 60.0) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fleet.check()
+        try:
+            with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)  # polling a process's start-up, not synchronising a test
+    raise RuntimeError(f"the gateway at {http} was not ready within {timeout_s} s")
+
+
+def measure(
+    path: str,
+    addresses: tuple[str, str, str],
+    client: Client,
+    model: str,
+    inputs: dict[str, Any],
+    level: int,
+    gateway_pid: int,
+    args: Any,
+) -> dict[str, float]:
+    front, http, grpc = addresses
+    cpu_before = process_cpu_seconds(gateway_pid) or 0.0
+    if path == "client":
+        window = drive_client(client, model, inputs, level, args)
+    elif path == "async":
+        window = asyncio.run(drive_async(front, model, inputs, level, args))
+    elif path == "http":
+        window = asyncio.run(drive_http(http, model, inputs, level, args))
+    else:
+        window = asyncio.run(drive_grpc(grpc, model, inputs, level, args))
+    figures = window.figures()
+    if path in GATEWAY_PATHS:
+        # the whole drive's CPU (warm-up and drain too) over the requests it answered
+        answered = figures["req_per_s"] * args.seconds
+        cpu = (process_cpu_seconds(gateway_pid) or 0.0) - cpu_before
+        seconds = args.seconds + args.warmup_s
+        figures["gateway_cpu_us_per_req"] = round(cpu / seconds * args.seconds / answered * 1e6, 1)
+    return figures
+
+
+def cases(args: Any) -> list[tuple[str, int]]:
+    mlp = [("mlp", level) for level in args.in_flight]
+    return [*mlp, ("noop", 1), ("noop", 64)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--in-flight", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64]
+    )
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--warmup-s", type=float, default=1.0)
+    parser.add_argument("--mlp-device-ms", type=float, default=2.0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+
+    runs: list[dict[str, dict[str, float]]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="ipuserve-gateway-bench-") as tmp,
+        Fleet(Path(tmp)) as fleet,
+    ):
+        front, http, grpc, ideal = start(fleet, Path(tmp), args)
+        gateway = next(c for c in fleet.children if c.name == "gateway")
+        with Client(front, timeout=30.0) as client:
+            specs = {m.spec.name: m.spec for m in client.models()}
+            inputs = {name: one_sample(spec) for name, spec in specs.items()}
+            for run in range(args.runs):
+                order = PATHS[run % len(PATHS) :] + PATHS[: run % len(PATHS)]
+                figures: dict[str, dict[str, float]] = {}
+                for model, level in cases(args):
+                    for path in order:
+                        key = f"{model}/{level}/{path}"
+                        figures[key] = measure(
+                            path,
+                            (front, http, grpc),
+                            client,
+                            model,
+                            inputs[model],
+                            level,
+                            gateway.popen.pid,
+                            args,
+                        )
+                        fleet.check()
+                        print(f"run {run + 1} {key}: {figures[key]}", file=sys.stderr)
+                runs.append(figures)
+    median = {
+        key: {
+            name: round(statistics.median(r[key][name] for r in runs), 1) for name in runs[0][key]
+        }
+        for key in runs[0]
+    }
+    result: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "mlp_device_ms": args.mlp_device_ms,
+        "mlp_ideal_samples_per_s": ideal,
+        "runs": runs,
+        "median": median,
+    }
+    print(report(median, ideal, args))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def report(median: dict[str, dict[str, float]], ideal: float, args: Any) -> str:
+    lines = [
+        f"{os.cpu_count()} cores; medians of {args.runs} runs of {args.seconds:g} s; "
+        f"mlp ideal {ideal:,.0f} samples/s ({args.mlp_device_ms:g} ms per batch)",
+        f"{'model':6} {'in flight':>9} {'path':7} {'req/s':>9} {'% ideal':>8} {'vs Client':>9}"
+        f" {'p50 us':>9} {'p99 us':>9} {'gw CPU us/req':>13} {'errors':>6}",
+    ]
+    for key, figures in median.items():
+        model, level, path = key.split("/")
+        base = median[f"{model}/{level}/client"]
+        share = f"{figures['req_per_s'] / ideal:8.0%}" if model == "mlp" else f"{'':8}"
+        cpu = figures.get("gateway_cpu_us_per_req")
+        lines.append(
+            f"{model:6} {level:>9} {path:7} {figures['req_per_s']:>9,.0f} {share}"
+            f" {figures['req_per_s'] / max(base['req_per_s'], 1e-9):>9.2f}"
+            f" {figures['p50_us']:>9,.0f} {figures['p99_us']:>9,.0f}"
+            f" {'' if cpu is None else f'{cpu:,.0f}':>13} {figures['errors']:>6.0f}"
+        )
+    noop_client = median.get("noop/1/client")
+    for path in GATEWAY_PATHS:
+        through = median.get(f"noop/1/{path}")
+        if noop_client and through:
+            added = through["p50_us"] - noop_client["p50_us"]
+            lines.append(
+                f"noop at 1 in flight: the {path} gateway adds {added:,.0f} us to Client's p50"
+                " (target <= 200)"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
