@@ -151,7 +151,7 @@ class ModelFiles(click.Path):
     default=None,
     type=click.IntRange(min=0, max=65535),
     help="Serve Prometheus metrics (jobs and the runtime's monitoring statistics) over HTTP "
-    "on this port (0: any free port).",
+    "on this port (0: any free port), with the /healthz and /ready probes.",
 )
 @option(
     "--metrics-host",
