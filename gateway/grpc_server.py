@@ -47,17 +47,27 @@ Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]
 async def start_grpc(
     service: InferenceService, address: str, config: GatewayConfig, tokens: Tokens
 ) -> grpc.aio.Server:
-    """Bind ``address`` (HOST:PORT; port 0 picks a free one), start serving and return
-    the server; the caller stops it (``await server.stop(grace)``). Logs the address
-    it bound, with the port it got."""
+    """Bind ``address`` (HOST:PORT), start serving and return the server; the caller
+    stops it (``await server.stop(grace)``). :func:`start_grpc_bound` also tells the
+    port that port 0 got."""
+    server, _ = await start_grpc_bound(service, address, config, tokens)
+    return server
+
+
+async def start_grpc_bound(
+    service: InferenceService, address: str, config: GatewayConfig, tokens: Tokens
+) -> tuple[grpc.aio.Server, str]:
+    """:func:`start_grpc`, and the HOST:PORT it bound: grpcio's server does not say
+    which port ``HOST:0`` got once it is bound, only the call that binds it does, so
+    this is the race-free way to serve on a free port. Logs the bound address."""
     server = grpc.aio.server(options=server_options(config))
     server.add_generic_rpc_handlers((_Servicer(service, tokens).handler(),))
     tls = _tls_credentials(config)
     port = _bind(server, address, tls)
     await server.start()
-    host = address.rsplit(":", 1)[0]
-    log.info("gateway gRPC listening on %s:%d (%s)", host, port, "TLS" if tls else "plaintext")
-    return server
+    bound = f"{address.rsplit(':', 1)[0]}:{port}"
+    log.info("gateway gRPC listening on %s (%s)", bound, "TLS" if tls else "plaintext")
+    return server, bound
 
 
 def server_options(config: GatewayConfig) -> list[tuple[str, Any]]:

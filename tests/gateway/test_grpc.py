@@ -62,6 +62,8 @@ def fabric() -> Iterator[tuple[Processes, BrokerProc, str]]:
         argv = fn_worker_argv("add", "--model", "echo", "--echo-bytes", str(ECHO_BYTES))
         start_worker(procs, broker, argv)
         address = start_gateway(procs, broker, "--max-body-bytes", str(MAX_BODY))
+        with grpcclient.InferenceServerClient(address) as triton:
+            wait_until(triton.is_server_ready, timeout=30)  # its client reached the broker
         yield procs, broker, address
     finally:
         procs.close()
@@ -315,7 +317,8 @@ def test_tokens_guard_every_call_but_the_health_probes(
     address = start_gateway(procs, broker, "--infer-tokens", str(tokens))
     inputs, given = add_request()
     with grpcclient.InferenceServerClient(address) as triton:
-        assert triton.is_server_live() and triton.is_server_ready()
+        assert triton.is_server_live()
+        wait_until(triton.is_server_ready, timeout=30)  # open, like the HTTP health paths
         missing = refused(lambda: triton.infer("add", inputs))
         assert missing.status() == "StatusCode.UNAUTHENTICATED"
         assert "missing Authorization header" in missing.message()
