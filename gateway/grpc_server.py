@@ -5,7 +5,9 @@ The handlers are registered by hand under the protocol's full service name rathe
 than through a generated ``_pb2_grpc`` module, because our messages live in the
 protobuf package ``ipuserve.oip`` (see gateway/proto/inference.proto for why): the
 RPC paths, ``/inference.GRPCInferenceService/<Method>``, are the specification's, and
-the message bytes are the same whatever the package is called.
+the message bytes are the same whatever the package is called. The same handlers
+also answer under ``ipuserve.oip.GRPCInferenceService``, for clients generated from
+our own .proto.
 
 Per call: the ``authorization: Bearer ...`` metadata is checked (the health RPCs
 ServerLive and ServerReady are open, as HTTP's ``/v2/health/*`` are, for probes);
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 
 #: the service's full name in the specification: the first part of every RPC path
 SERVICE_NAME = "inference.GRPCInferenceService"
+#: the same service under our .proto's own name, for a client generated from
+#: gateway/proto/inference.proto rather than from the specification's file
+ALIAS_NAME = "ipuserve.oip.GRPCInferenceService"
 #: the role whose tokens may call the guarded RPCs (see gateway/auth.py)
 ROLE = "infer"
 
@@ -61,7 +66,8 @@ async def start_grpc_bound(
     which port ``HOST:0`` got once it is bound, only the call that binds it does, so
     this is the race-free way to serve on a free port. Logs the bound address."""
     server = grpc.aio.server(options=server_options(config))
-    server.add_generic_rpc_handlers((_Servicer(service, tokens).handler(),))
+    servicer = _Servicer(service, tokens)
+    server.add_generic_rpc_handlers(tuple(servicer.handler(n) for n in (SERVICE_NAME, ALIAS_NAME)))
     tls = _tls_credentials(config)
     port = _bind(server, address, tls)
     await server.start()
@@ -108,7 +114,7 @@ class _Servicer:
         self._service = service
         self._tokens = tokens
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    def handler(self, name: str) -> grpc.GenericRpcHandler:
         rpcs: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
             "ServerLive": self._rpc(self.server_live, pb.ServerLiveRequest, guarded=False),
             "ServerReady": self._rpc(self.server_ready, pb.ServerReadyRequest, guarded=False),
@@ -118,7 +124,7 @@ class _Servicer:
             "ModelInfer": self._rpc(self.model_infer, pb.ModelInferRequest),
             "ModelStatistics": self._rpc(self.model_statistics, pb.ModelStatisticsRequest),
         }
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, rpcs)
+        return grpc.method_handlers_generic_handler(name, rpcs)
 
     def _rpc(
         self, fn: Handler, request: type[Message], *, guarded: bool = True

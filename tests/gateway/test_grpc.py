@@ -43,6 +43,7 @@ LISTENING = r"gateway gRPC listening on (\S+):(\d+) \((TLS|plaintext)\)"
 MAX_BODY = 1 << 20
 ECHO_BYTES = 4
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+ALIAS_PATH = "/ipuserve.oip.GRPCInferenceService/ModelInfer"
 
 
 def start_gateway(procs: Processes, broker: BrokerProc, *args: str) -> str:
@@ -237,12 +238,13 @@ def test_statistics(client: Any) -> None:
 # ---------------------------------------------------------------- typed contents
 
 
-@pytest.fixture
-def model_infer(gateway: str) -> Iterator[Any]:
-    """ModelInfer through a bare grpc channel with our own messages."""
+@pytest.fixture(params=[INFER_PATH, ALIAS_PATH], ids=["inference", "ipuserve.oip"])
+def model_infer(gateway: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """ModelInfer through a bare grpc channel with our own messages, at the
+    specification's path and at the one a client generated from our .proto calls."""
     with grpc.insecure_channel(gateway) as channel:
         yield channel.unary_unary(
-            INFER_PATH,
+            request.param,
             request_serializer=pb.ModelInferRequest.SerializeToString,
             response_deserializer=pb.ModelInferResponse.FromString,
         )
