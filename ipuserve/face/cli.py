@@ -105,6 +105,7 @@ def _mount() -> None:
     from ipuserve.bench.cli import commands as bench_commands
     from ipuserve.broker.cli import commands as broker_commands
     from ipuserve.client.cli import commands as client_commands
+    from ipuserve.gateway.cli import commands as gateway_commands
     from ipuserve.runtime.cli import commands as runtime_commands
     from ipuserve.worker.cli import commands as worker_commands
 
@@ -114,6 +115,7 @@ def _mount() -> None:
         *broker_commands,
         *client_commands,
         *bench_commands,
+        *gateway_commands,
     ]:
         main.add_command(command)
 
