@@ -14,7 +14,6 @@ import contextlib
 import ipaddress
 import logging
 import signal
-import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -74,17 +73,6 @@ def ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _free_port(host: str) -> int:
-    """A port free now on ``host``: grpcio's asyncio server does not tell the port it
-    bound for port 0, and the start-up line must name it (a race with another process
-    taking it in between is possible, and then the bind fails loudly)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def security_line(config: GatewayConfig, tokens: Tokens) -> str:
     transport = (
         "TLS"
@@ -120,12 +108,11 @@ class Gateway:
             self.service, host, port, config, self.tokens, ssl_context(config)
         )
         if config.grpc is not None:
-            from ipuserve.gateway.grpc_server import start_grpc  # grpcio loads only if used
+            from ipuserve.gateway.grpc_server import start_grpc_bound  # grpcio only if used
 
-            grpc_host, grpc_port = split_address(config.grpc)
-            grpc_port = grpc_port or _free_port(grpc_host)
-            self.grpc_address = f"{grpc_host}:{grpc_port}"
-            self.grpc = await start_grpc(self.service, self.grpc_address, config, self.tokens)
+            self.grpc, self.grpc_address = await start_grpc_bound(
+                self.service, config.grpc, config, self.tokens
+            )
 
     def start_line(self) -> str:
         assert self.http is not None

@@ -10,8 +10,8 @@ or of the previous response. The door's middleware tells the guard when headers
 arrived (:meth:`ConnectionGuards.request_started`) and when the response is done
 (:meth:`ConnectionGuards.request_done`); the body has its own deadline in the door.
 
-Over ``max_connections``, a new connection is answered ``503`` and closed at once, so
-the open ones keep being served.
+Over ``max_connections``, a new connection is answered ``503`` and closed (after a
+second's linger for the client to read it), so the open ones keep being served.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ _OVER_CAP = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
 )
+
+
+#: how long a refused connection is kept to let the client read its 503
+_LINGER_S = 1.0
 
 
 class ConnectionGuards:
@@ -85,7 +89,10 @@ class GuardedProtocol(asyncio.Protocol):
         if not self._guards._add(self):
             body = b'{"error":"too many connections: the gateway is at its connection cap"}'
             transport.write(_OVER_CAP % (len(body), body))
-            transport.close()
+            # linger a moment, discarding what the client sends: closing with its
+            # request unread would reset the connection before it reads the 503
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
             return
         self._admitted = True
         self._inner.connection_made(transport)
@@ -116,7 +123,7 @@ class GuardedProtocol(asyncio.Protocol):
             self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._admitted else None
+        return self._inner.eof_received() if self._admitted else False
 
     def pause_writing(self) -> None:
         if self._admitted:

@@ -68,7 +68,7 @@ def gateway_argv(broker: BrokerProc, *args: str) -> list[str]:
         "--http",
         "127.0.0.1:0",
         "--grpc",
-        "off",
+        "127.0.0.1:0",
         *args,
     ]
 
