@@ -1,10 +1,12 @@
 """The gateway's gRPC door, driven by Triton's own client (tritonclient.grpc and its
-asyncio twin) against a real gateway process, broker and worker on loopback.
+asyncio twin) against a real ``ipuserve gateway``, broker and workers on loopback
+(tests/gateway/conftest.py): the example ``mlp`` and ``simple`` models, results checked
+against their numpy references, plus a FunctionBackend ``echo`` (x UINT8 [-1, 4] -> y)
+for the typed integer contents.
 
-The `add` model (tests/fn_worker.py): x, y FP32 [-1, 8] -> z = x + 2y; `echo`: x UINT8
-[-1, 4] -> y = x. Results are checked against numpy. Our generated messages and
-tritonclient's are imported side by side here, which is itself the proof that the two
-registries (`ipuserve.oip` and `inference`) do not collide.
+Our generated messages and tritonclient's are imported side by side here, which is
+itself the proof that the two registries (``ipuserve.oip`` and ``inference``) do not
+collide.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,76 +21,51 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcclient_aio
+from tritonclient.utils import InferenceServerException
 
 from ipuserve.gateway.proto import inference_pb2 as pb
-from tests.helpers import (
-    BrokerProc,
-    Processes,
-    add_expected,
-    add_inputs,
-    fn_worker_argv,
-    start_broker,
-    start_worker,
-    wait_until,
-)
+from tests.gateway.conftest import Fabric, GatewayProc, mlp_input, start_gateway
+from tests.helpers import fn_worker_argv, start_worker, wait_until
 
-grpcclient = pytest.importorskip("tritonclient.grpc")
-grpcclient_aio = pytest.importorskip("tritonclient.grpc.aio")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+pytestmark = pytest.mark.slow
 
-GATEWAY = Path(__file__).with_name("grpc_gateway.py")
-LISTENING = r"gateway gRPC listening on (\S+):(\d+) \((TLS|plaintext)\)"
-#: the plain gateway's body limit: small, so the oversized test sends little
-MAX_BODY = 1 << 20
 ECHO_BYTES = 4
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 ALIAS_PATH = "/ipuserve.oip.GRPCInferenceService/ModelInfer"
+CLOSE = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def start_gateway(procs: Processes, broker: BrokerProc, *args: str) -> str:
-    """A gateway process serving gRPC only; its HOST:PORT once it listens."""
-    argv = [sys.executable, str(GATEWAY), "--broker", broker.frontend, *args]
-    found = procs.start("gateway", argv).wait_for(LISTENING)
-    return f"{found[1]}:{found[2]}"
+def _ready(address: str, *models: str, **client: Any) -> None:
+    """Wait until the gateway at ``address`` reached a broker and hears of ``models``."""
+    with grpcclient.InferenceServerClient(address, **client) as triton:
+        wait_until(triton.is_server_ready, timeout=30)
+        for model in models:
+            wait_until(lambda m=model: bool(triton.is_model_ready(m)), timeout=30)
 
 
 @pytest.fixture(scope="module")
-def fabric() -> Iterator[tuple[Processes, BrokerProc, str]]:
-    """One broker, one worker serving `add` and `echo`, one gateway: shared by the
-    module's tests, which only read from them."""
-    procs = Processes()
-    try:
-        broker = start_broker(procs)
-        argv = fn_worker_argv("add", "--model", "echo", "--echo-bytes", str(ECHO_BYTES))
-        start_worker(procs, broker, argv)
-        address = start_gateway(procs, broker, "--max-body-bytes", str(MAX_BODY))
-        with grpcclient.InferenceServerClient(address) as triton:
-            wait_until(triton.is_server_ready, timeout=30)  # its client reached the broker
-        yield procs, broker, address
-    finally:
-        procs.close()
-        print(f"--- output of the module's processes ---\n{procs.output()}")
+def address(fabric: Fabric, gateway: GatewayProc) -> str:
+    """The module gateway's gRPC HOST:PORT, once it serves mlp, simple and echo."""
+    argv = fn_worker_argv("echo", "--echo-bytes", str(ECHO_BYTES))
+    start_worker(fabric.procs, fabric.broker, argv, name="worker-echo")
+    assert gateway.grpc is not None
+    _ready(gateway.grpc, "mlp", "simple", "echo")
+    return gateway.grpc
 
 
 @pytest.fixture
-def gateway(fabric: tuple[Processes, BrokerProc, str]) -> str:
-    return fabric[2]
-
-
-@pytest.fixture
-def client(gateway: str) -> Iterator[Any]:
-    with grpcclient.InferenceServerClient(gateway) as triton:
+def client(address: str) -> Iterator[Any]:
+    with grpcclient.InferenceServerClient(address) as triton:
         yield triton
 
 
-def add_request(rows: int = 2, seed: int = 0) -> tuple[list[Any], dict[str, np.ndarray]]:
-    given = add_inputs(rows=rows, seed=seed)
-    inputs = []
-    for name, array in given.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs, given
+def _input(name: str, array: np.ndarray[Any, Any]) -> Any:
+    datatype = {"float32": "FP32", "float64": "FP64", "uint8": "UINT8"}[array.dtype.name]
+    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
 
 
 def refused(call: Any) -> InferenceServerException:
@@ -104,9 +80,9 @@ def refused(call: Any) -> InferenceServerException:
 def test_health(client: Any) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
-    assert client.is_model_ready("add")
-    assert client.is_model_ready("add", "1")
-    assert not client.is_model_ready("add", "2")
+    assert client.is_model_ready("mlp")
+    assert client.is_model_ready("mlp", "1")
+    assert not client.is_model_ready("mlp", "2")
     assert not client.is_model_ready("nobody-serves-this")
 
 
@@ -118,97 +94,127 @@ def test_server_metadata(client: Any) -> None:
 
 
 def test_model_metadata(client: Any) -> None:
-    meta = client.get_model_metadata("add")
-    assert meta.name == "add"
-    assert list(meta.versions) == ["1"]
+    meta = client.get_model_metadata("mlp")
+    assert (meta.name, list(meta.versions), meta.platform) == ("mlp", ["1"], "ipuserve")
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
-        ("x", "FP32", [-1, 8]),
-        ("y", "FP32", [-1, 8]),
+        ("input", "FP32", [-1, 64])
     ]
-    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [("z", "FP32", [-1, 8])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
+        ("logits", "FP32", [-1, 10]),
+        ("probs", "FP32", [-1, 10]),
+    ]
+    assert client.get_model_metadata("mlp", "1") == meta
+
+
+def test_what_is_not_served_is_unimplemented(client: Any) -> None:
+    error = refused(lambda: client.get_model_config("mlp"))
+    assert error.status() == "StatusCode.UNIMPLEMENTED"
 
 
 def test_model_metadata_of_an_unknown_model_is_not_found(client: Any) -> None:
     error = refused(lambda: client.get_model_metadata("nobody-serves-this"))
     assert error.status() == "StatusCode.NOT_FOUND"
     assert "nobody-serves-this" in error.message()
+    version = refused(lambda: client.get_model_metadata("mlp", "2"))
+    assert version.status() == "StatusCode.NOT_FOUND"
+    assert "has no version '2'" in version.message()
 
 
 # ---------------------------------------------------------------- inference
 
 
-def test_infer_raw_contents(client: Any) -> None:
-    inputs, given = add_request(rows=3, seed=1)
+def test_infer_raw_contents_matches_numpy(fabric: Fabric, client: Any) -> None:
+    mlp = fabric.models["mlp"]
+    for samples in (1, 5, 16):
+        x = mlp_input(samples, seed=samples)
+        result = client.infer("mlp", [_input("input", x)], request_id=f"r{samples}")
+        for name, want in mlp.reference({"input": x}).items():
+            np.testing.assert_allclose(result.as_numpy(name), want, **CLOSE)
+        response = result.get_response()
+        assert response.id == f"r{samples}"
+        assert (response.model_name, response.model_version) == ("mlp", "1")
+        assert len(response.raw_output_contents) == 2
+
+
+def test_requested_outputs_are_the_only_ones_sent(fabric: Fabric, client: Any) -> None:
+    x = mlp_input(3, seed=9)
     result = client.infer(
-        "add", inputs, request_id="req-42", outputs=[grpcclient.InferRequestedOutput("z")]
+        "mlp", [_input("input", x)], outputs=[grpcclient.InferRequestedOutput("probs")]
     )
-    np.testing.assert_allclose(result.as_numpy("z"), add_expected(given), rtol=1e-6)
-    response = result.get_response()
-    assert response.id == "req-42"
-    assert (response.model_name, response.model_version) == ("add", "1")
-    assert [o.name for o in response.outputs] == ["z"]
+    assert [o.name for o in result.get_response().outputs] == ["probs"]
+    want = fabric.models["mlp"].reference({"input": x})["probs"]
+    np.testing.assert_allclose(result.as_numpy("probs"), want, **CLOSE)
+    assert result.as_numpy("logits") is None
 
 
-def test_infer_many_with_the_asyncio_client(gateway: str) -> None:
-    async def run() -> None:
-        async with grpcclient_aio.InferenceServerClient(gateway) as triton:
-            requests = [add_request(rows=1 + i % 4, seed=i) for i in range(24)]
-            results = await asyncio.gather(
+def test_two_inputs_and_every_output_unasked(fabric: Fabric, client: Any) -> None:
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2))
+    result = client.infer("simple", [_input("tensor_A", a), _input("tensor_B", b)])
+    want = fabric.models["simple"].reference({"tensor_A": a, "tensor_B": b})
+    np.testing.assert_allclose(result.as_numpy("output"), want["output"], **CLOSE)
+    assert [o.name for o in result.get_response().outputs] == ["output"]  # all, unasked
+
+
+def test_infer_many_with_the_asyncio_client(fabric: Fabric, address: str) -> None:
+    mlp = fabric.models["mlp"]
+    inputs = [mlp_input(1 + i % 4, seed=100 + i) for i in range(24)]
+
+    async def run() -> list[Any]:
+        async with grpcclient_aio.InferenceServerClient(address) as triton:
+            assert await triton.is_server_ready()
+            return await asyncio.gather(
                 *(
-                    triton.infer("add", inputs, request_id=str(i))
-                    for i, (inputs, _) in enumerate(requests)
+                    triton.infer("mlp", [_input("input", x)], request_id=str(i))
+                    for i, x in enumerate(inputs)
                 )
             )
-            for i, ((_, given), result) in enumerate(zip(requests, results, strict=True)):
-                assert result.get_response().id == str(i)
-                np.testing.assert_allclose(result.as_numpy("z"), add_expected(given), rtol=1e-6)
-            assert await triton.is_server_ready()
 
-    asyncio.run(run())
+    results = asyncio.run(run())
+    for i, (x, result) in enumerate(zip(inputs, results, strict=True)):
+        assert result.get_response().id == str(i)
+        want = mlp.reference({"input": x})["logits"]
+        np.testing.assert_allclose(result.as_numpy("logits"), want, **CLOSE)
 
 
 def test_infer_an_unknown_model_is_not_found(client: Any) -> None:
-    inputs, _ = add_request()
-    error = refused(lambda: client.infer("nobody-serves-this", inputs))
+    error = refused(lambda: client.infer("nobody-serves-this", [_input("input", mlp_input(1))]))
     assert error.status() == "StatusCode.NOT_FOUND"
     assert "no worker serves model 'nobody-serves-this'" in error.message()
 
 
 def test_a_wrong_datatype_is_an_invalid_argument(client: Any) -> None:
-    inputs, given = add_request()
-    inputs[0] = grpcclient.InferInput("x", list(given["x"].shape), "FP64")
-    inputs[0].set_data_from_numpy(given["x"].astype(np.float64))
-    error = refused(lambda: client.infer("add", inputs))
+    x = mlp_input(1).astype(np.float64)
+    error = refused(lambda: client.infer("mlp", [_input("input", x)]))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "input 'x' of model 'add' must be FP32, got FP64" in error.message()
+    assert "input 'input' of model 'mlp' must be FP32, got FP64" in error.message()
 
 
 def test_a_wrong_shape_is_an_invalid_argument(client: Any) -> None:
-    inputs, _ = add_request()
-    inputs[1] = grpcclient.InferInput("y", [2, 7], "FP32")
-    inputs[1].set_data_from_numpy(np.zeros((2, 7), np.float32))
-    error = refused(lambda: client.infer("add", inputs))
+    x = np.zeros((2, 63), np.float32)
+    error = refused(lambda: client.infer("mlp", [_input("input", x)]))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "input 'y' of model 'add' must have shape [-1, 8]" in error.message()
-    assert "got [2, 7]" in error.message()
+    assert "input 'input' of model 'mlp' must have shape [-1, 64]" in error.message()
+    assert "got [2, 63]" in error.message()
 
 
-def test_an_oversized_message_is_resource_exhausted(client: Any) -> None:
-    rows = MAX_BODY // (8 * 4) + 1  # x alone is just over the limit
-    inputs, _ = add_request(rows=rows)
-    error = refused(lambda: client.infer("add", inputs))
-    assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
-    assert str(MAX_BODY) in error.message()
-    assert client.is_server_live()  # and the gateway goes on
+def test_an_oversized_message_is_resource_exhausted(fabric: Fabric) -> None:
+    limit = 1 << 20
+    small = start_gateway(fabric.procs, fabric.broker, "--max-body-bytes", str(limit))
+    assert small.grpc is not None
+    x = mlp_input(limit // (64 * 4) + 1)  # just over the limit
+    with grpcclient.InferenceServerClient(small.grpc) as triton:
+        error = refused(lambda: triton.infer("mlp", [_input("input", x)]))
+        assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert f"vs. {limit})" in error.message()
+        assert triton.is_server_live()  # and the gateway goes on
 
 
-def test_the_timeout_parameter_bounds_the_request(
-    fabric: tuple[Processes, BrokerProc, str], client: Any
-) -> None:
-    """tritonclient's `timeout=` (µs, a request parameter) is the fabric's deadline; a
-    worker that takes 5 s makes the request fail DEADLINE_EXCEEDED from the gateway."""
-    procs, broker, _ = fabric
-    start_worker(procs, broker, fn_worker_argv("fail", "--delay-ms", "5000"))
+def test_the_timeout_parameter_bounds_the_request(fabric: Fabric, client: Any) -> None:
+    """tritonclient's ``timeout=`` (µs, a request parameter) is the fabric's deadline: a
+    worker that takes 5 s makes the request fail DEADLINE_EXCEEDED from the gateway
+    (the client's own deadline, 20 s, is far off)."""
+    start_worker(fabric.procs, fabric.broker, fn_worker_argv("fail", "--delay-ms", "5000"))
     wait_until(lambda: bool(client.is_model_ready("fail")))  # the gateway heard of it
     tensor = grpcclient.InferInput("x", [1, 8], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 8), np.float32))
@@ -218,19 +224,19 @@ def test_the_timeout_parameter_bounds_the_request(
 
 
 def test_statistics(client: Any) -> None:
-    inputs, _ = add_request(rows=2)
-    before = client.get_inference_statistics("add", as_json=True)["model_stats"][0]
+    x = mlp_input(2)
+    before = client.get_inference_statistics("mlp", as_json=True)["model_stats"][0]
     for _ in range(3):
-        client.infer("add", inputs)
-    stats = client.get_inference_statistics("add", as_json=True)["model_stats"]
-    assert [(s["name"], s["version"]) for s in stats] == [("add", "1")]
+        client.infer("mlp", [_input("input", x)])
+    stats = client.get_inference_statistics("mlp", as_json=True)["model_stats"]
+    assert [(s["name"], s["version"]) for s in stats] == [("mlp", "1")]
     success = stats[0]["inference_stats"]["success"]
     old = before["inference_stats"].get("success", {})
     assert int(success["count"]) - int(old.get("count", 0)) == 3
     assert int(success["ns"]) > int(old.get("ns", 0))
     assert int(stats[0]["inference_count"]) - int(before.get("inference_count", 0)) == 6
     everything = client.get_inference_statistics(as_json=True)["model_stats"]
-    assert {"add", "echo"} <= {s["name"] for s in everything}
+    assert {"mlp", "simple", "echo"} <= {s["name"] for s in everything}
     error = refused(lambda: client.get_inference_statistics("nobody-serves-this"))
     assert error.status() == "StatusCode.NOT_FOUND"
 
@@ -239,10 +245,10 @@ def test_statistics(client: Any) -> None:
 
 
 @pytest.fixture(params=[INFER_PATH, ALIAS_PATH], ids=["inference", "ipuserve.oip"])
-def model_infer(gateway: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+def model_infer(address: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     """ModelInfer through a bare grpc channel with our own messages, at the
     specification's path and at the one a client generated from our .proto calls."""
-    with grpc.insecure_channel(gateway) as channel:
+    with grpc.insecure_channel(address) as channel:
         yield channel.unary_unary(
             request.param,
             request_serializer=pb.ModelInferRequest.SerializeToString,
@@ -250,9 +256,12 @@ def model_infer(gateway: str, request: pytest.FixtureRequest) -> Iterator[Any]:
         )
 
 
-def test_typed_contents_in_typed_contents_out(model_infer: Any) -> None:
-    given = add_inputs(rows=2, seed=3)
-    request = pb.ModelInferRequest(model_name="add", id="typed")
+def test_typed_contents_in_typed_contents_out(fabric: Fabric, model_infer: Any) -> None:
+    rng = np.random.default_rng(3)
+    given = {
+        name: rng.standard_normal((2, 4)).astype(np.float32) for name in ("tensor_A", "tensor_B")
+    }
+    request = pb.ModelInferRequest(model_name="simple", id="typed")
     for name, array in given.items():
         tensor = request.inputs.add(name=name, datatype="FP32", shape=array.shape)
         tensor.contents.fp32_contents.extend(array.ravel().tolist())
@@ -260,9 +269,10 @@ def test_typed_contents_in_typed_contents_out(model_infer: Any) -> None:
     assert response.id == "typed"
     assert not response.raw_output_contents
     (out,) = response.outputs
-    assert (out.name, out.datatype, list(out.shape)) == ("z", "FP32", [2, 8])
-    got = np.array(out.contents.fp32_contents, np.float32).reshape(2, 8)
-    np.testing.assert_allclose(got, add_expected(given), rtol=1e-6)
+    assert (out.name, out.datatype, list(out.shape)) == ("output", "FP32", [2, 4])
+    got = np.array(out.contents.fp32_contents, np.float32).reshape(2, 4)
+    want = fabric.models["simple"].reference(given)["output"]
+    np.testing.assert_allclose(got, want, **CLOSE)
 
 
 def test_typed_uint8_rides_uint_contents(model_infer: Any) -> None:
@@ -310,29 +320,29 @@ def test_raw_contents_of_the_wrong_size_are_invalid(model_infer: Any) -> None:
 # ---------------------------------------------------------------- tokens and TLS
 
 
-def test_tokens_guard_every_call_but_the_health_probes(
-    fabric: tuple[Processes, BrokerProc, str], tmp_path: Path
-) -> None:
-    procs, broker, _ = fabric
+def test_tokens_guard_every_call_but_the_health_probes(fabric: Fabric, tmp_path: Path) -> None:
     tokens = tmp_path / "infer.tokens"
     tokens.write_text("# the infer role\ns3cret-token\n")
-    address = start_gateway(procs, broker, "--infer-tokens", str(tokens))
-    inputs, given = add_request()
-    with grpcclient.InferenceServerClient(address) as triton:
+    guarded = start_gateway(fabric.procs, fabric.broker, "--infer-tokens", str(tokens))
+    assert guarded.grpc is not None
+    x = mlp_input(2, seed=5)
+    inputs = [_input("input", x)]
+    with grpcclient.InferenceServerClient(guarded.grpc) as triton:
         assert triton.is_server_live()
         wait_until(triton.is_server_ready, timeout=30)  # open, like the HTTP health paths
-        missing = refused(lambda: triton.infer("add", inputs))
+        missing = refused(lambda: triton.infer("mlp", inputs))
         assert missing.status() == "StatusCode.UNAUTHENTICATED"
         assert "missing Authorization header" in missing.message()
-        wrong = refused(lambda: triton.infer("add", inputs, headers={"authorization": "Bearer x"}))
+        wrong = refused(lambda: triton.infer("mlp", inputs, headers={"authorization": "Bearer x"}))
         assert wrong.status() == "StatusCode.UNAUTHENTICATED"
         assert "unknown bearer token" in wrong.message()
-        meta = refused(lambda: triton.get_model_metadata("add"))
-        assert meta.status() == "StatusCode.UNAUTHENTICATED"
+        for call in (triton.get_model_metadata, triton.is_model_ready):
+            assert refused(lambda c=call: c("mlp")).status() == "StatusCode.UNAUTHENTICATED"
         good = {"authorization": "Bearer s3cret-token"}
-        result = triton.infer("add", inputs, headers=good)
-        np.testing.assert_allclose(result.as_numpy("z"), add_expected(given), rtol=1e-6)
-        assert triton.is_model_ready("add", headers=good)
+        result = triton.infer("mlp", inputs, headers=good)
+        want = fabric.models["mlp"].reference({"input": x})["logits"]
+        np.testing.assert_allclose(result.as_numpy("logits"), want, **CLOSE)
+        assert triton.is_model_ready("mlp", headers=good)
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
@@ -348,17 +358,18 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_tls(fabric: tuple[Processes, BrokerProc, str], tmp_path: Path) -> None:
-    procs, broker, _ = fabric
+def test_tls(fabric: Fabric, tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
-    address = start_gateway(procs, broker, "--tls-cert", str(cert), "--tls-key", str(key))
-    port = address.rsplit(":", 1)[1]
-    inputs, given = add_request()
+    tls = start_gateway(fabric.procs, fabric.broker, "--tls-cert", str(cert), "--tls-key", str(key))
+    assert tls.grpc is not None
+    port = tls.grpc.rsplit(":", 1)[1]
+    x = mlp_input(3, seed=11)
     with grpcclient.InferenceServerClient(
         f"localhost:{port}", ssl=True, root_certificates=str(cert)
     ) as triton:
-        result = triton.infer("add", inputs)
-        np.testing.assert_allclose(result.as_numpy("z"), add_expected(given), rtol=1e-6)
+        result = triton.infer("mlp", [_input("input", x)], client_timeout=30)
+        want = fabric.models["mlp"].reference({"input": x})["logits"]
+        np.testing.assert_allclose(result.as_numpy("logits"), want, **CLOSE)
     with grpcclient.InferenceServerClient(f"localhost:{port}") as plaintext:
         error = refused(lambda: plaintext.get_server_metadata(client_timeout=10))
         assert error.status() == "StatusCode.UNAVAILABLE"
