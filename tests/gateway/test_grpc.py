@@ -206,7 +206,7 @@ def test_an_oversized_message_is_resource_exhausted(fabric: Fabric) -> None:
     with grpcclient.InferenceServerClient(small.grpc) as triton:
         error = refused(lambda: triton.infer("mlp", [_input("input", x)]))
         assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
-        assert f"vs. {limit})" in error.message()
+        assert str(limit) in error.message()  # grpcio: "larger than max (N vs. LIMIT)"
         assert triton.is_server_live()  # and the gateway goes on
 
 
