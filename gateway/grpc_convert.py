@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ipuserve.errors import InvalidInputError
+from ipuserve.errors import DeadlineExceeded, InvalidInputError
 from ipuserve.gateway import service as svc
 from ipuserve.gateway.proto import inference_pb2 as pb
 from ipuserve.gateway.tensors import Tensor, from_buffer, from_list, to_dtype
@@ -118,7 +118,9 @@ def _timeout(
 ) -> float | None:
     """The earlier of the call's deadline and Triton's ``timeout`` parameter (µs; 0 is
     none, as in Triton)."""
-    timeouts = [] if time_remaining is None else [max(time_remaining, 0.0)]
+    if time_remaining is not None and time_remaining <= 0:
+        raise DeadlineExceeded("the call's deadline had passed when the gateway received it")
+    timeouts = [] if time_remaining is None else [time_remaining]
     if TIMEOUT_PARAMETER in parameters:
         param = parameters[TIMEOUT_PARAMETER]
         kind = param.WhichOneof("parameter_choice")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipuserve.errors import InvalidInputError
+from ipuserve.errors import DeadlineExceeded, InvalidInputError
 from ipuserve.gateway import grpc_convert as convert
 from ipuserve.gateway.proto import inference_pb2 as pb
 from ipuserve.gateway.service import InferResponse
@@ -58,7 +58,6 @@ def test_raw_entries_must_match_the_inputs() -> None:
         (2.0, 500_000, 0.5),
         (0.25, 500_000, 0.25),
         (None, 0, None),  # Triton's 0: no timeout
-        (-1.0, None, 0.0),  # a deadline already past
     ],
 )
 def test_the_timeout_is_the_earlier_of_deadline_and_parameter(
@@ -68,6 +67,13 @@ def test_the_timeout_is_the_earlier_of_deadline_and_parameter(
     if micros is not None:
         request.parameters["timeout"].int64_param = micros
     assert convert.infer_request(request, remaining).timeout_s == expected
+
+
+@pytest.mark.parametrize("remaining", [0.0, -1.0])
+def test_a_deadline_already_past_is_deadline_exceeded(remaining: float) -> None:
+    request = _raw_request(np.zeros(1, np.int8), "INT8")
+    with pytest.raises(DeadlineExceeded, match="deadline had passed"):
+        convert.infer_request(request, remaining)
 
 
 def test_a_timeout_parameter_that_is_not_microseconds_is_refused() -> None:
