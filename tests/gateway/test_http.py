@@ -288,3 +288,19 @@ def test_timeout_parameter_is_microseconds_and_checked(gateway: GatewayProc) -> 
 def test_unknown_path_is_a_json_404(gateway: GatewayProc) -> None:
     status, answer = _raw(gateway, "GET", "/v2/nothing/here")
     assert status == 404 and "error" in answer
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_request_and_response(
+    fabric: Fabric, gateway: GatewayProc, algorithm: str
+) -> None:
+    client = _client(gateway)
+    x = mlp_input(3, seed=21)
+    result = client.infer(
+        "mlp",
+        [_input("input", x, binary=True)],
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    want = fabric.models["mlp"].reference({"input": x})["logits"]
+    np.testing.assert_allclose(result.as_numpy("logits"), want, rtol=1e-5, atol=1e-5)

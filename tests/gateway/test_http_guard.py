@@ -116,6 +116,12 @@ def _post(gateway: GatewayProc, body: Any, *, chunked: bool = False) -> tuple[in
         connection.close()
 
 
+def _zeros(samples: int) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("input", [samples, 64], "FP32")
+    tensor.set_data_from_numpy(np.zeros((samples, 64), np.float32))
+    return tensor
+
+
 def test_a_body_over_the_limit_is_413_naming_the_limit(fabric: Fabric) -> None:
     gateway = start_gateway(fabric.procs, fabric.broker, "--max-body-bytes", "2000")
     client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=PATIENCE_S)
@@ -128,4 +134,10 @@ def test_a_body_over_the_limit_is_413_naming_the_limit(fabric: Fabric) -> None:
     # without a Content-Length (chunked), the limit holds as the body arrives
     status, message = _post(gateway, iter([b"{" + b" " * 1500, b" " * 1500 + b"}"]), chunked=True)
     assert status == 413 and "limit of 2000 bytes" in message
+    # compressed, the limit holds for the body as decompressed (no zip bombs)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(
+            "mlp", [_zeros(16)], request_compression_algorithm="gzip"
+        )  # 4 KiB of zeros: a few dozen bytes gzipped
+    assert caught.value.status() == "413"
     _infer_ok(fabric, gateway)  # and a request under the limit is served
