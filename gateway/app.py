@@ -125,6 +125,8 @@ class Gateway:
         )
 
     async def stop(self) -> None:
+        if self.tokens.refused:
+            log.info("refused %d calls without a valid token", self.tokens.refused)
         if self.grpc is not None:
             await self.grpc.stop(5.0)
         if self.http is not None:

@@ -33,7 +33,7 @@ class GatewayConfig:
     header_timeout_s: float = 10.0
     #: ... and its body within this long of its headers
     body_timeout_s: float = 30.0
-    #: open HTTP connections at once; more wait in the listen backlog
+    #: open HTTP connections at once; more are answered 503 and closed
     max_connections: int = 1024
     #: a request with no timeout of its own gets this one
     request_timeout_s: float = 30.0

@@ -199,9 +199,9 @@ class InferenceService:
 
     def _metadata_of(self, spec: wire.ModelSpec) -> ModelMetadata:
         cached = self._metadata.get(spec.name)
-        if cached is None or cached[0] != spec:
+        if cached is None or (cached[0] is not spec and cached[0] != spec):
             cached = (spec, model_metadata_of(spec))
-            self._metadata[spec.name] = cached
+        self._metadata[spec.name] = (spec, cached[1])  # the next lookup: one `is`
         return cached[1]
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
@@ -235,16 +235,12 @@ class InferenceService:
             raise
         samples = _samples(meta, request.inputs)
         self.stats.succeeded(request.model, samples, time.perf_counter() - start, timing)
-        wanted = request.outputs
+        names = list(outputs) if request.outputs is None else request.outputs
         return InferResponse(
             model=request.model,
             version=VERSION,
             id=request.id,
-            outputs=tuple(
-                Tensor.of(name, array)
-                for name, array in outputs.items()
-                if wanted is None or name in wanted
-            ),
+            outputs=tuple(Tensor.of(n, outputs[n]) for n in names if n in outputs),  # as asked
         )
 
     async def _refresh_quietly(self) -> None:
