@@ -26,7 +26,7 @@ import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
 from ipuserve.gateway.proto import inference_pb2 as pb
-from tests.gateway.conftest import Fabric, GatewayProc, mlp_input, start_gateway
+from tests.gateway.conftest import Fabric, GatewayProc, gateway_argv, mlp_input, start_gateway
 from tests.helpers import fn_worker_argv, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
@@ -315,6 +315,19 @@ def test_raw_contents_of_the_wrong_size_are_invalid(model_infer: Any) -> None:
         model_infer(request, timeout=20)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "got 3" in caught.value.details()
+
+
+def test_a_grpc_port_in_use_is_an_error_not_a_shared_port(
+    fabric: Fabric, gateway: GatewayProc
+) -> None:
+    """grpcio sets SO_REUSEPORT by default, which would let a second gateway bind the
+    same port and take half its connections; the gateway turns it off."""
+    assert gateway.grpc is not None
+    argv = gateway_argv(fabric.broker, "--grpc", gateway.grpc)  # the last --grpc wins
+    second = fabric.procs.start("gateway-same-port", argv)
+    found = second.wait_for(r"cannot serve gRPC on '\S+'|ipuserve gateway: http", timeout=60)
+    assert found[0] == f"cannot serve gRPC on '{gateway.grpc}'"
+    assert second.wait() != 0
 
 
 # ---------------------------------------------------------------- tokens and TLS
