@@ -86,7 +86,9 @@ def test_connections_over_the_cap_are_refused_503_and_the_rest_served(fabric: Fa
 
         def third_refused() -> bool:
             with _connection(gateway) as third:
-                third.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: gateway\r\n\r\n")
+                third.sendall(
+                    b"GET /v2/health/live HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n"
+                )
                 return _read_all(third).startswith(b"HTTP/1.1 503")
 
         wait_until(third_refused, timeout=PATIENCE_S)
