@@ -1,12 +1,14 @@
 """Slow or half-open HTTP clients cannot hold the gateway: a deadline for a request's
 headers, a cap on open connections.
 
-aiohttp's server has a keep-alive timeout but nothing that bounds how long a client
-may take to send a request's headers: a client that opens connections and trickles a
-byte now and then (slowloris) would hold them forever. So each connection's aiohttp
-protocol sits behind a :class:`GuardedProtocol`, which closes the connection unless
-a request's headers have arrived within ``header_timeout_s`` of the connection opening
-or of the previous response. The door's middleware tells the guard when headers
+A client that opens connections and trickles a byte now and then (slowloris) must not
+hold them forever. aiohttp's keep-alive timeout (the door sets it to ``header_timeout_s``)
+covers a connection's first request too in recent releases (3.14 arms it at connect and
+does not reset it on partial data), but not in every release the dependency allows, and
+it has no connection cap. So each connection's aiohttp protocol sits behind a
+:class:`GuardedProtocol`, which closes the connection unless a request's headers have
+arrived within ``header_timeout_s`` of the connection opening or of the previous
+response, whatever aiohttp does. The door's middleware tells the guard when headers
 arrived (:meth:`ConnectionGuards.request_started`) and when the response is done
 (:meth:`ConnectionGuards.request_done`); the body has its own deadline in the door.
 
