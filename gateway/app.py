@@ -127,10 +127,12 @@ class Gateway:
     async def stop(self) -> None:
         if self.tokens.refused:
             log.info("refused %d calls without a valid token", self.tokens.refused)
+        # both doors at once: each stops accepting, then waits (up to 5 s) for the
+        # requests under way, which the client (closed last) is still carrying
+        doors = [] if self.http is None else [self.http.stop()]
         if self.grpc is not None:
-            await self.grpc.stop(5.0)
-        if self.http is not None:
-            await self.http.stop()
+            doors.append(self.grpc.stop(5.0))
+        await asyncio.gather(*doors)
         await self.service.stop()
         await self.client.aclose()
 
