@@ -44,7 +44,8 @@ def parse_infer(
     """The request in ``body``; :class:`RequestError` (400) saying what is malformed."""
     view = memoryview(body)
     json_end = _json_length(header_length, len(body))
-    document = _object(_load(view[:json_end]), "the request body")
+    header = body if json_end == len(body) else view[:json_end]  # all JSON: no copy
+    document = _object(_load(header), "the request body")
     parameters = _object(document.get("parameters", {}), "parameters")
     inputs = _list(document.get("inputs"), "inputs")
     tensors: list[Tensor] = []
@@ -86,9 +87,9 @@ def _json_length(header: str | None, size: int) -> int:
     return length
 
 
-def _load(raw: memoryview) -> Any:
+def _load(raw: memoryview | bytes) -> Any:
     try:
-        return json.loads(bytes(raw))
+        return json.loads(raw if isinstance(raw, bytes) else bytes(raw))
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from exc
 
