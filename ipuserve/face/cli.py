@@ -107,6 +107,7 @@ def _mount() -> None:
     from ipuserve.broker.cli import commands as broker_commands
     from ipuserve.client.cli import commands as client_commands
     from ipuserve.face.health import commands as health_commands
+    from ipuserve.gateway.cli import commands as gateway_commands
     from ipuserve.runtime.cli import commands as runtime_commands
     from ipuserve.worker.cli import commands as worker_commands
 
@@ -116,6 +117,7 @@ def _mount() -> None:
         *broker_commands,
         *client_commands,
         *bench_commands,
+        *gateway_commands,
         *health_commands,
     ]:
         main.add_command(command)
