@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from ipuserve.bench.fleet import free_port
+from ipuserve.broker.config import BrokerConfig
+from ipuserve.broker.loop import Broker
 from ipuserve.metrics import MetricsServer
 from ipuserve.probes import Probe
 from tests.helpers import (
@@ -77,6 +80,28 @@ def test_probes_answer_beside_the_metrics_and_follow_their_owner() -> None:
             assert (response.status, response.read()) == (200, b"")
     finally:
         server.close()
+
+
+def test_a_broker_is_neither_live_nor_ready_before_its_loop_runs() -> None:
+    """Bound is not serving: between construction and run() (or after a crash of the
+    loop) both probes say why; once the loop turns, both are ok."""
+    config = BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*", metrics_port=0)
+    broker = Broker(config)
+    assert broker.metrics_server is not None
+    url = f"http://127.0.0.1:{broker.metrics_server.port}"
+    thread = threading.Thread(target=broker.run, name="broker")
+    try:
+        assert get(f"{url}/healthz") == (503, "the broker's loop is not running\n")
+        assert get(f"{url}/ready") == (503, "the broker's loop has not started\n")
+        thread.start()
+        wait_until(lambda: get(f"{url}/ready")[0] == 200, START_TIMEOUT)
+        assert get(f"{url}/healthz") == (200, "ok\n")
+    finally:
+        broker.stop()
+        if thread.is_alive():
+            thread.join(timeout=30)
+        else:
+            broker.run()  # never started: run() sees the stop and closes everything
 
 
 @pytest.mark.slow
