@@ -163,3 +163,20 @@ def test_health_refuses_what_is_not_an_http_url() -> None:
     checked = health("tcp://127.0.0.1:5555")
     assert checked.returncode == 2
     assert "is not an http:// or https:// URL" in checked.stderr
+
+
+def test_health_starts_without_the_other_commands() -> None:
+    """It runs every few seconds in every container: the fabric's modules (ZeroMQ,
+    numpy, the gateway's servers) stay unimported, where they cost ~0.4 s a check."""
+    url = f"http://127.0.0.1:{free_port()}/ready"
+    argv = [sys.executable, "-X", "importtime", "-m", "ipuserve", "health", url]
+    checked = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 1
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in checked.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "ipuserve.face.health" in imported
+    heavy = ("ipuserve.face.cli", "ipuserve.broker", "ipuserve.gateway", "zmq", "numpy", "aiohttp")
+    assert {m for m in imported if m.startswith(heavy)} == set()
