@@ -104,7 +104,8 @@ def _as_options(message: str) -> str:
     "--metrics-port",
     default=None,
     type=click.IntRange(min=0, max=65535),
-    help="Serve Prometheus metrics over HTTP on this port (0: any free port).",
+    help="Serve Prometheus metrics over HTTP on this port (0: any free port), with the "
+    "/healthz and /ready probes.",
 )
 @option(
     "--metrics-host",

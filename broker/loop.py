@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from ipuserve import probes
 from ipuserve import protocol as wire
 from ipuserve.broker.clients import ClientHandlers
 from ipuserve.broker.config import BrokerConfig
@@ -55,6 +56,9 @@ BATCH = 256
 #: a client) starts on them while the broker reads on. Small enough to keep the
 #: fabric's stages working at the same time, big enough to keep messages few.
 FLUSH_ROWS = 16
+#: /healthz fails when the loop has not beaten for this long (or 10 heartbeats, if
+#: longer): generous, as a busy host may starve the loop for a while without harm.
+LIVE_AFTER_S = 10.0
 
 
 class Broker:
@@ -64,11 +68,18 @@ class Broker:
         self.config = config
         self.epoch = secrets.token_hex(8)
         self.metrics = BrokerMetrics()
+        #: the loop's state, for the probes (read from the metrics thread)
+        self._running = False
+        self._stopping = False
+        self._beat_at = 0.0
         # first: a metrics port that cannot be bound (ConfigError) then leaves nothing open
         self.metrics_server: MetricsServer | None = None
         if config.metrics_port is not None:
             self.metrics_server = MetricsServer(
-                self.metrics, config.metrics_host, config.metrics_port
+                self.metrics,
+                config.metrics_host,
+                config.metrics_port,
+                {probes.LIVE: self._live, probes.READY: self._ready},
             )
         # A context of its own unless given one: its ZAP handler (always started) binds
         # the context's one ZAP endpoint, so two brokers in one process (tests, an
@@ -130,7 +141,6 @@ class Broker:
         self.timers.at(now, self._beat)
         self.timers.at(now + config.startup_grace_s, self._end_grace)
         self._wake = Waker()
-        self._stopping = False
 
     def _router(
         self, endpoint: str, domain: str, *, sndhwm: int, handover: bool
@@ -172,6 +182,7 @@ class Broker:
             self.epoch,
             self.metrics_server.port if self.metrics_server else "off",
         )
+        self._beat_at, self._running = time.monotonic(), True
         try:
             self._loop()
             log.info("broker stopping: stop requested")
@@ -179,7 +190,28 @@ class Broker:
             log.exception("broker loop crashed")
             raise
         finally:
+            self._running = False
             self._shutdown()
+
+    # ------------------------------------------------------------ probes (metrics thread)
+
+    def _live(self) -> tuple[bool, str]:
+        """Live while the loop turns: its heartbeat timer fired lately. A loop wedged in
+        a handler stops beating; its workers will be dropped, and a restart is due."""
+        if not self._running:
+            return False, "the broker's loop is not running"
+        late = time.monotonic() - self._beat_at
+        if late > max(LIVE_AFTER_S, 10 * self.config.heartbeat_ms / 1000):
+            return False, f"the broker's loop has not turned for {late:.0f} s"
+        return probes.OK
+
+    def _ready(self) -> tuple[bool, str]:
+        """Ready while it serves: bound (since construction), loop running, not stopping."""
+        if self._stopping:
+            return False, "the broker is stopping"
+        if not self._running:
+            return False, "the broker's loop has not started"
+        return probes.OK
 
     def _shutdown(self) -> None:
         self.scheduler.report_shedding(time.monotonic(), final=True)  # none left unsaid
@@ -295,6 +327,7 @@ class Broker:
 
     def _beat(self, _arg: None, now: float) -> None:
         """Every heartbeat_ms: heartbeat the workers, drop the silent, refresh the gauges."""
+        self._beat_at = now
         self._workers.beat(now)
         self._update_gauges()
         self.timers.at(now + self.config.heartbeat_ms / 1000, self._beat)

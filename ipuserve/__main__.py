@@ -1,4 +1,4 @@
-from ipuserve.face.cli import main
+from ipuserve.face.entry import run
 
 if __name__ == "__main__":
-    main()
+    run()

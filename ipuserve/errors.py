@@ -10,6 +10,7 @@ same in-process and across the network::
     ├── ProtocolError                a frame not following docs/protocol.md      BAD_MESSAGE
     │   └── UnsupportedVersionError  another protocol version                    UNSUPPORTED_VERSION
     ├── RequestError                 the request was understood and refused
+    │   ├── UnauthenticatedError     no valid token at the gateway's front door  UNAUTHENTICATED
     │   ├── UnknownModelError        no worker serves (or served) that model     UNKNOWN_MODEL
     │   ├── InvalidInputError        bad name, dtype, shape or byte count        INVALID_INPUT
     │   ├── PayloadTooLargeError     over the configured size limit              PAYLOAD_TOO_LARGE
@@ -67,6 +68,12 @@ class UnsupportedVersionError(ProtocolError):
 
 class RequestError(IpuserveError):
     code = "BAD_REQUEST"
+
+
+class UnauthenticatedError(RequestError):
+    """The gateway refused a call without a valid bearer token (docs/gateway.md)."""
+
+    code = "UNAUTHENTICATED"
 
 
 class UnknownModelError(RequestError):

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
+from ipuserve import probes as health
 from ipuserve.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -124,11 +125,19 @@ class Combined:
 
 
 class MetricsServer:
-    """GET /metrics on its own thread."""
+    """GET /metrics on its own thread, and the owner's health probes (/healthz, /ready)."""
 
-    def __init__(self, metrics: Renderable, host: str, port: int) -> None:
-        """Raises ConfigError when ``host:port`` cannot be bound (in use, not this host's)."""
-        handler = _handler(metrics)
+    def __init__(
+        self,
+        metrics: Renderable,
+        host: str,
+        port: int,
+        probes: health.Probes | None = None,
+    ) -> None:
+        """Raises ConfigError when ``host:port`` cannot be bound (in use, not this host's).
+        ``probes`` maps paths to :data:`ipuserve.probes.Probe`; it is read at each
+        request, so an owner may fill a dict it passed once it knows its state."""
+        handler = _handler(metrics, {} if probes is None else probes)
         try:
             self._server = http.server.ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -148,7 +157,9 @@ class MetricsServer:
         self._thread.join()
 
 
-def _handler(metrics: Renderable) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler(
+    metrics: Renderable, probes: health.Probes
+) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = self._page()
@@ -160,12 +171,21 @@ def _handler(metrics: Renderable) -> type[http.server.BaseHTTPRequestHandler]:
 
         def _page(self) -> bytes | None:
             """Send the status and headers; the body to write, if any."""
-            if self.path.split("?")[0] not in ("/metrics", "/"):
+            path = self.path.split("?")[0]
+            probe = probes.get(path)
+            if probe is not None:
+                status, reason = health.answer(probe)
+                body = (reason + "\n").encode(errors="backslashreplace")
+                return self._send(status, body, "text/plain; charset=utf-8")
+            if path not in ("/metrics", "/"):
                 self.send_error(404)
                 return None
             body = metrics.render().encode(errors="backslashreplace")  # never a 500
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            return self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> bytes:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             return body

@@ -9,7 +9,7 @@ mkdir -p "$shadow/ipuserve"
 for entry in "$root"/ipuserve/*; do
     ln -s "$entry" "$shadow/ipuserve/$(basename "$entry")"
 done
-for component in runtime worker broker client bench; do
+for component in runtime worker broker client bench gateway; do
     ln -s "$root/$component" "$shadow/ipuserve/$component"
 done
 cd "$shadow"

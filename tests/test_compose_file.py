@@ -20,11 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 #: compose runs with keys, so --insecure (keyless only) would be a usage error there.
 FIXED = {
     "broker": {"frontend", "backend", "metrics_port", "metrics_host", "insecure"},
-    "worker": {"models", "worker_id", "metrics_host"},
+    "worker": {"models", "worker_id", "metrics_port", "metrics_host"},
+    # the doors' addresses and --insecure (the published ports decide exposure); TLS
+    # and tokens need files mounted: an override's (docs/deploy.md)
+    "gateway": {"http", "grpc", "insecure", "tls_cert", "tls_key", "infer_tokens", "admin_tokens"},
 }
 
 
-@pytest.mark.parametrize("command", ["broker", "worker"])
+@pytest.mark.parametrize("command", ["broker", "worker", "gateway"])
 def test_compose_passes_every_option_through_under_its_cli_name(command: str) -> None:
     text = (ROOT / "compose.yaml").read_text()
     passed = set(re.findall(r"^\s+(IPUSERVE_\w+):", text, re.MULTILINE))
@@ -75,8 +78,8 @@ def test_the_swarm_view_drops_what_stack_deploy_cannot_read() -> None:
         "secrets",
         "services",
     ]
-    assert services(compose) == ["keys", "broker", "worker", "client"]
-    assert services(swarm) == ["broker", "worker"]
+    assert services(compose) == ["keys", "broker", "worker", "gateway", "client"]
+    assert services(swarm) == ["broker", "worker", "gateway"]
     for key in ("depends_on:", "profiles:", "build:", "restart:", "ports:", "volumes:"):
         assert key not in swarm, key
     assert re.search(r"^ *#swarm ", swarm, re.MULTILINE) is None
@@ -92,3 +95,43 @@ def test_the_swarm_filter_is_the_one_the_docs_show() -> None:
     sed = shlex.join(SWARM_FILTER)
     assert sed in (ROOT / "compose.yaml").read_text()
     assert sed in (ROOT / "docs" / "deploy.md").read_text()
+
+
+def healthchecks(text: str) -> dict[str, str]:
+    """Service -> its health check's ``test:`` (the text up to the next key)."""
+    body = text[text.index("\nservices:\n") :]
+    found = {}
+    for block in re.split(r"^  (?=[a-z][\w-]*:$)", body, flags=re.MULTILINE)[1:]:
+        test = re.search(r"^    healthcheck:\n      test:(.*?)^      \w", block, re.M | re.S)
+        if test:
+            found[block.split(":", 1)[0]] = test.group(1)
+    return found
+
+
+def test_health_checks_are_probes_not_scripts() -> None:
+    """Each long-running service's check GETs its own /ready with `ipuserve health`
+    (the image has no curl): no Python snippet, no client of the fabric."""
+    checks = healthchecks((ROOT / "compose.yaml").read_text())
+    ready = {
+        "broker": "http://127.0.0.1:9100/ready",
+        "worker": "http://127.0.0.1:9100/ready",
+        "gateway": "http://127.0.0.1:8000/v2/health/ready",
+    }
+    assert sorted(checks) == sorted(ready)
+    for service, test in checks.items():
+        assert "python" not in test and "-c" not in test, service
+        argv = re.fullmatch(r"\s*\[(.*)\]\s*", test, re.S)
+        assert argv is not None, f"{service}: one exec form line"
+        assert [a.strip().strip('"') for a in argv.group(1).split(",")][:4] == [
+            "CMD",
+            "ipuserve",
+            "health",
+            ready[service],
+        ], service
+    # the port each probe asks is the one its service serves on, inside
+    text = (ROOT / "compose.yaml").read_text()
+    assert '"0.0.0.0:8000"' in text
+    for service in ("broker", "worker"):
+        assert f'IPUSERVE_{service.upper()}_METRICS_PORT: "9100"' in text, service
+        assert f"IPUSERVE_{service.upper()}_METRICS_HOST: 0.0.0.0" in text, service
+    assert checks == healthchecks(swarm_view())  # Swarm runs the same

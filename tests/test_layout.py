@@ -1,8 +1,8 @@
 """Dependencies point one way (DESIGN.md §1), read from the source's import statements.
 
 ``runtime`` <- ``worker``; the common ground (``ipuserve/`` outside ``ipuserve/face/``)
-<- every component; ``client`` <- ``bench``; and only the face (CLI root, demo, config
-reference) imports components side by side. Every ``import`` and ``from ... import``
+<- every component; ``client`` <- ``bench`` and ``gateway``; and only the face (CLI root,
+demo, config reference) imports components side by side. Every ``import`` and ``from ... import``
 counts, also those inside functions, which is where a lazy import would hide one.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPONENTS = ("runtime", "worker", "broker", "client", "bench")
+COMPONENTS = ("runtime", "worker", "broker", "client", "bench", "gateway")
 #: the packages above the common ground: the components and the face that mounts them
 UPPER = (*COMPONENTS, "face")
 
@@ -26,6 +26,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "broker": frozenset(),
     "client": frozenset(),
     "bench": frozenset({"client"}),
+    "gateway": frozenset({"client"}),
     "face": frozenset(COMPONENTS),
     # `python -m ipuserve`: the entry point, nothing but the face's CLI
     "main": frozenset({"face"}),

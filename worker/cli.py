@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ipuserve import probes
 from ipuserve.clikit import Endpoint, ModelName, option, parse_duration_ms
 from ipuserve.discovery import split_endpoints
 from ipuserve.errors import IpuserveError
@@ -150,7 +151,7 @@ class ModelFiles(click.Path):
     default=None,
     type=click.IntRange(min=0, max=65535),
     help="Serve Prometheus metrics (jobs and the runtime's monitoring statistics) over HTTP "
-    "on this port (0: any free port).",
+    "on this port (0: any free port), with the /healthz and /ready probes.",
 )
 @option(
     "--metrics-host",
@@ -220,15 +221,17 @@ def worker(
         from ipuserve.worker.metrics import CreditMetrics
 
         credit_metrics = CreditMetrics(credit or backend.capacity())
+        # serve() puts the fleet's probes here once it made the fleet
+        health = {probes.LIVE: probes.not_yet("starting"), probes.READY: probes.not_yet("starting")}
         try:
             server = _metrics_server(
-                Combined(backend.metrics, credit_metrics), metrics_host, metrics_port
+                Combined(backend.metrics, credit_metrics), metrics_host, metrics_port, health
             )
         except IpuserveError as exc:
             backend.close()  # lets go of its IPUs
             raise click.ClickException(str(exc)) from None
     try:
-        code = serve(backend, config, endpoints, credit_metrics)
+        code = serve(backend, config, endpoints, credit_metrics, health)
     finally:
         if server is not None:
             server.close()
@@ -258,12 +261,12 @@ def _stopped_while_loading() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _metrics_server(metrics: Renderable, host: str, port: int | None) -> Any:
+def _metrics_server(metrics: Renderable, host: str, port: int | None, health: probes.Probes) -> Any:
     if port is None:
         return None
     from ipuserve.metrics import MetricsServer
 
-    server = MetricsServer(metrics, host, port)
+    server = MetricsServer(metrics, host, port, health)
     # at the default log level too: with --metrics-port 0 nothing else says the port
     click.echo(f"ipuserve worker: metrics on http://{host}:{server.port}/metrics", err=True)
     return server
@@ -285,9 +288,11 @@ def serve(
     config: WorkerConfig,
     endpoints: Sequence[str] = (),
     metrics: CreditMetrics | None = None,
+    health: dict[str, probes.Probe] | None = None,
 ) -> int:
     """Serve every broker ``endpoints`` stand for (default: ``config.broker``), one node
-    each on its own thread, until SIGTERM/SIGINT drains them; the exit code."""
+    each on its own thread, until SIGTERM/SIGINT drains them; the exit code. ``health``
+    (the metrics server's probes) gets the fleet's."""
     from ipuserve.malloc import retain_freed_memory
     from ipuserve.worker.fleet import Fleet
 
@@ -299,6 +304,8 @@ def serve(
         on_joined=lambda line: click.echo(line, err=True),
         metrics=metrics,
     )
+    if health is not None:
+        health[probes.LIVE], health[probes.READY] = fleet.live, fleet.ready
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("worker received %s: draining", signal.Signals(signum).name)

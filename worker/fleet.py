@@ -88,6 +88,7 @@ class Fleet:
         self._wake = threading.Event()
         self._stopping = False
         self._lost = False
+        self._supervising = False
 
     def request_stop(self) -> None:
         """Drain every node and exit; safe from a signal handler."""
@@ -96,14 +97,38 @@ class Fleet:
 
     def run(self) -> int:
         """Serve until stopped (or a node fails); the worker's exit code."""
+        self._supervising = True
         try:
             code = self._supervise()
         except Exception:
             log.exception("worker %s: the fleet crashed", self._config.worker_id)
             code = 1
         finally:
+            self._supervising = False
             self._stop_all()
         return max([code, *(r.code or 0 for r in self._ended)])
+
+    # ------------------------------------------------------------ probes (another thread)
+
+    def live(self) -> tuple[bool, str]:
+        """Live while the fleet supervises and its nodes' loops run."""
+        if not self._supervising:
+            return False, "the worker is not serving"
+        dead = [e for e, r in list(self._nodes.items()) if not r.thread.is_alive()]
+        if dead:
+            return False, f"the loop serving {', '.join(dead)} ended"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready while serving and registered with at least one broker (the model is
+        loaded before the fleet starts): brokers may send it jobs."""
+        if self._stopping:
+            return False, "the worker is draining"
+        nodes = list(self._nodes.items())
+        if not self._supervising or not any(r.node.joined for _, r in nodes):
+            brokers = ", ".join(e for e, _ in nodes) or "none resolved yet"
+            return False, f"not registered with any broker (brokers: {brokers})"
+        return True, "ok"
 
     # ------------------------------------------------------------ following endpoints
 

@@ -148,6 +148,11 @@ class WorkerNode:
     def mailbox(self) -> Mailbox:
         return self._mailbox
 
+    @property
+    def joined(self) -> bool:
+        """Registered with its broker now (read from other threads: one reference)."""
+        return self._session is not None
+
     def run(self) -> int:
         log.info(
             "worker %s starting: models %s, credit %d, broker %s",

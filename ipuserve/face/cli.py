@@ -2,7 +2,8 @@
 
 The components own their commands (``runtime/cli.py``, ``worker/cli.py``,
 ``broker/cli.py``, ``client/cli.py``, ``bench/cli.py``); this module only collects
-them, and adds ``ipuserve demo`` (:mod:`ipuserve.face.demo`), which uses several.
+them, and adds ``ipuserve demo`` (:mod:`ipuserve.face.demo`), which uses several,
+and ``ipuserve health`` (:mod:`ipuserve.face.health`), which checks any of them.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def _mount() -> None:
     from ipuserve.bench.cli import commands as bench_commands
     from ipuserve.broker.cli import commands as broker_commands
     from ipuserve.client.cli import commands as client_commands
+    from ipuserve.face.health import commands as health_commands
+    from ipuserve.gateway.cli import commands as gateway_commands
     from ipuserve.runtime.cli import commands as runtime_commands
     from ipuserve.worker.cli import commands as worker_commands
 
@@ -114,6 +117,8 @@ def _mount() -> None:
         *broker_commands,
         *client_commands,
         *bench_commands,
+        *gateway_commands,
+        *health_commands,
     ]:
         main.add_command(command)
 

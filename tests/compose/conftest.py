@@ -32,6 +32,8 @@ from tests.compose.harness import (
 )
 
 WORKERS = 2
+#: the long-running containers: a broker, the workers and a gateway
+SERVING = 1 + WORKERS + 1
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +68,7 @@ def stack(
 ) -> Iterator[ComposeProject]:
     """compose.yaml brought up with one broker and two workers; torn down whatever happens."""
     name = os.environ.get(PROJECT_ENV) or f"ipuserve-test-{uuid.uuid4().hex[:8]}"
-    frontend_port, metrics_port = free_port(), free_port()
+    frontend_port, metrics_port, http_port = free_port(), free_port(), free_port()
     project = ComposeProject(
         name=name,
         command=compose_cli,
@@ -75,12 +77,14 @@ def stack(
             IMAGE_ENV: ipuserve_image,
             "IPUSERVE_FRONTEND_PORT": f"127.0.0.1:{frontend_port}",
             "IPUSERVE_METRICS_PORT": f"127.0.0.1:{metrics_port}",
+            "IPUSERVE_HTTP_PORT": f"127.0.0.1:{http_port}",
+            "IPUSERVE_GRPC_PORT": f"127.0.0.1:{free_port()}",
             "IPUSERVE_MODEL": "mlp",
         },
     )
     try:
         project.up(workers=WORKERS)
-        project.wait_healthy(expected=1 + WORKERS)
+        project.wait_healthy(expected=SERVING)
         yield project
     finally:
         print(project.describe())
@@ -113,6 +117,12 @@ def host_keys(stack: ComposeProject, tmp_path_factory: pytest.TempPathFactory) -
 def frontend(stack: ComposeProject) -> str:
     """The broker's frontend address as seen from the host."""
     return f"tcp://{stack.settings['IPUSERVE_FRONTEND_PORT']}"
+
+
+@pytest.fixture(scope="module")
+def gateway_url(stack: ComposeProject) -> str:
+    """The gateway's HTTP door as seen from the host."""
+    return f"http://{stack.settings['IPUSERVE_HTTP_PORT']}"
 
 
 @pytest.fixture(scope="module")

@@ -350,7 +350,14 @@ class ComposeProject:
 
     def up(self, workers: int) -> None:
         self.compose(
-            "up", "--detach", "--no-build", "--scale", f"worker={workers}", "broker", "worker"
+            "up",
+            "--detach",
+            "--no-build",
+            "--scale",
+            f"worker={workers}",
+            "broker",
+            "worker",
+            "gateway",
         )
 
     def down(self) -> None:

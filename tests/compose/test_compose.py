@@ -9,6 +9,7 @@ The image bakes ``/models/mlp.popef`` with ``ipuserve model example mlp`` and it
 default seed; the host builds the same example in memory, so it knows the weights
 and checks every result against the plain-numpy reference. Requests go through
 the published frontend port from the Python client and from ``ipuserve infer``,
+through the gateway's published HTTP port in the Open Inference Protocol's JSON,
 and from the one-shot ``client`` job inside the compose network. Last, one worker
 container is paused (so it certainly holds requests) and killed (SIGKILL: no
 drain): every request, those it held included, must still succeed.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -36,7 +38,7 @@ from ipuserve import protocol as wire
 from ipuserve.client import Client
 from ipuserve.errors import DeadlineExceeded
 from ipuserve.runtime.popef import examples
-from tests.compose.conftest import WORKERS, HostKeys
+from tests.compose.conftest import SERVING, WORKERS, HostKeys
 from tests.compose.harness import ComposeProject, ContainerState, metric_total, poll
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
@@ -132,9 +134,9 @@ def worker_load(client: Client, container: ContainerState) -> wire.WorkerLoad | 
 
 def test_stack_is_healthy(stack: ComposeProject) -> None:
     status = stack.health()
-    assert sorted(status.values()) == ["healthy"] * (1 + WORKERS), status
+    assert sorted(status.values()) == ["healthy"] * SERVING, status
     services = sorted(c.service for c in stack.containers())
-    assert services == ["broker", "keys"] + ["worker"] * WORKERS
+    assert services == ["broker", "gateway", "keys"] + ["worker"] * WORKERS
     (keys,) = stack.containers("keys")
     assert (keys.status, keys.exit_code) == ("exited", 0)
 
@@ -199,6 +201,42 @@ def test_ipuserve_infer_on_the_host(
     assert set(outputs) == set(expected)
     for name, want in expected.items():
         np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def http_json(url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        return json.loads(response.read())
+
+
+def test_requests_through_the_gateway_match_numpy(
+    client: Client, gateway_url: str, weights: dict[str, Array]
+) -> None:
+    """The gateway service, from the host, in the Open Inference Protocol's JSON (no
+    ipuserve client): ready, the model described, every answer equal to numpy's."""
+    info = served_by(client, WORKERS)
+    with urllib.request.urlopen(f"{gateway_url}/v2/health/ready", timeout=10) as response:
+        assert response.status == 200
+    metadata = http_json(f"{gateway_url}/v2/models/{MODEL}")
+    assert [i["name"] for i in metadata["inputs"]] == [t.name for t in info.spec.inputs]
+    requests = request_batches(info.spec, 8, seed=5)
+    for index, inputs in enumerate(requests):
+        tensors = [
+            {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in inputs.items()
+        ]
+        answer = http_json(
+            f"{gateway_url}/v2/models/{MODEL}/infer", {"id": f"r{index}", "inputs": tensors}
+        )
+        assert answer["id"] == f"r{index}"
+        expected = examples.reference(MODEL, inputs, weights)
+        outputs = {o["name"]: o for o in answer["outputs"]}
+        assert set(outputs) == set(expected), f"request {index}: {sorted(outputs)}"
+        for name, want in expected.items():
+            assert outputs[name]["datatype"] == "FP32"
+            got = np.array(outputs[name]["data"], np.float32).reshape(outputs[name]["shape"])
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_one_shot_client_job(stack: ComposeProject) -> None:

@@ -50,7 +50,7 @@ STACK_LABEL = "com.docker.stack.namespace"
 GWBRIDGE = "docker_gwbridge"
 """The bridge `docker swarm init` adds for containers on overlays to reach outside."""
 PROBE = Path(__file__).with_name("probe.py")
-ROLES = ("broker", "worker", "client", "admin")
+ROLES = ("broker", "worker", "client", "admin", "gateway")
 
 Array = npt.NDArray[Any]
 

@@ -18,6 +18,9 @@ Modes (one JSON document on the last line of stdout):
   behind ENDPOINT, WINDOW outstanding at a time, until SIGUSR1 (or MAX_S): then no
   new ones, the outstanding ones awaited.
   Prints ``progress N`` as results come in, so the host can act under load.
+* ``gateway URL COUNT SEED``: COUNT one-sample requests through the gateway at URL
+  (``http://gateway:8000``) in the Open Inference Protocol's JSON, the model's
+  inputs read from its metadata there (``GET /v2/models/mlp``): no ipuserve client.
 
 Keys come in the environment (IPUSERVE_PROBE_CLIENT_SECRET, IPUSERVE_PROBE_BROKER_PUBLIC:
 the files' contents), written to files here, as the CLI and the client read files.
@@ -35,6 +38,8 @@ import sys
 import tempfile
 import threading
 import time
+import types
+import urllib.request
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -219,10 +224,59 @@ def load(endpoint: str, seed: int, window: int, max_s: float) -> dict[str, Any]:
     }
 
 
+#: the Open Inference Protocol's datatypes of the models' tensors
+DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT32": np.int32}
+
+
+def http_json(url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        return json.loads(response.read())
+
+
+def gateway_spec(url: str) -> Any:
+    """The model's inputs as the gateway describes them (-1: the batching dimension)."""
+    metadata = http_json(f"{url}/v2/models/{MODEL}")
+    inputs = [
+        types.SimpleNamespace(
+            name=i["name"], shape=[max(d, 1) for d in i["shape"]], dtype=DATATYPES[i["datatype"]]
+        )
+        for i in metadata["inputs"]
+    ]
+    dims = [i["shape"].index(-1) for i in metadata["inputs"] if -1 in i["shape"]]
+    return types.SimpleNamespace(inputs=inputs, batching_dim=dims[0] if dims else None)
+
+
+def gateway(url: str, count: int, seed: int) -> dict[str, Any]:
+    spec = gateway_spec(url)
+    outputs = {}
+    for index in range(count):
+        inputs = make_inputs(spec, seed, index)
+        body = {
+            "id": str(index),
+            "inputs": [
+                {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+                for n, a in inputs.items()
+            ],
+        }
+        answer = http_json(f"{url}/v2/models/{MODEL}/infer", body)
+        if answer.get("id") != str(index):
+            raise SystemExit(f"request {index} answered as {answer.get('id')!r}")
+        outputs[index] = {
+            o["name"]: np.array(o["data"], DATATYPES[o["datatype"]]).reshape(o["shape"])
+            for o in answer["outputs"]
+        }
+    report = {"endpoint": url, "client": "http", "seed": seed, "sent": count}
+    return {**report, "spec": describe(spec), "outputs": pack(outputs)}
+
+
 def main(argv: list[str]) -> None:
     mode, endpoint, *rest = argv
     if mode in ("infer", "infer-all"):
         report = infer(endpoint, int(rest[0]), int(rest[1]), several=mode == "infer-all")
+    elif mode == "gateway":
+        report = gateway(endpoint, int(rest[0]), int(rest[1]))
     elif mode == "load":
         report = load(endpoint, int(rest[0]), int(rest[1]), float(rest[2]))
     else:

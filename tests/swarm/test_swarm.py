@@ -109,6 +109,7 @@ def test_stack_brings_up_brokers_and_workers(stack: Stack) -> None:
     with the same workers registered (each worker serves every broker)."""
     broker_tasks = stack.wait_healthy("broker", brokers(), timeout=READY_TIMEOUT_S)
     stack.wait_healthy("worker", WORKERS, timeout=READY_TIMEOUT_S)
+    stack.wait_healthy("gateway", 1, timeout=READY_TIMEOUT_S)  # ready: a broker connected
     assert len({t.address for t in broker_tasks}) == brokers()
     wait_workers_on_every_broker(stack, worker_hostnames(stack))
     # The secrets sit where the Compose volume's files do, a secret key for the
@@ -131,6 +132,14 @@ def test_requests_through_the_service_name(stack: Stack, weights: dict[str, Any]
     report = stack.run_probe("infer-all", "tcp://broker:5555", str(REQUESTS), "11")
     assert check_report(report, weights) == REQUESTS
     check_client(report)
+
+
+def test_requests_through_the_gateway_match_numpy(stack: Stack, weights: dict[str, Any]) -> None:
+    """The gateway service (http://gateway:8000, Open Inference Protocol JSON, no
+    ipuserve client): its model metadata makes the inputs, its answers match numpy."""
+    report = stack.run_probe("gateway", "http://gateway:8000", str(REQUESTS), "12")
+    assert report["client"] == "http"
+    assert check_report(report, weights) == REQUESTS
 
 
 def test_a_scaled_up_worker_joins_every_broker(stack: Stack) -> None:

@@ -1,0 +1,17 @@
+"""ipuserve.gateway: the Open Inference Protocol (KServe v2) front door of the fabric.
+
+A stateless process serving HTTP and gRPC, reaching the brokers through one
+:class:`~ipuserve.client.AsyncClient`. Protocol-neutral layer first, then the doors::
+
+    tensors.py      datatypes <-> numpy, the Tensor both doors hand the service
+    service.py      InferenceService: metadata cache, checks, infer, statistics
+    status.py       the one table: ipuserve error -> HTTP status, gRPC code
+    auth.py         bearer tokens by role, refusals counted
+    config.py       GatewayConfig
+    http_*.py       the HTTP door (aiohttp)
+    grpc_*.py       the gRPC door (grpcio's asyncio server)
+    app.py / cli.py one asyncio loop running both; ``ipuserve gateway``
+
+It imports the client and the common ground only (tests/test_layout.py). docs/gateway.md
+lists the endpoints, the error and datatype tables and what is not supported.
+"""

@@ -1,0 +1,88 @@
+"""The models the fabric serves, as the gateway last heard: what requests are checked
+against before anything reaches a broker.
+
+Refreshed in the background (every ``interval_s`` while a task runs :meth:`Catalog.run`),
+on a miss, and when the service asks (the fabric answered UNKNOWN_MODEL or
+INVALID_INPUT, so the gateway's picture is stale). Concurrent refreshes share one
+question to the fabric, and on-demand ones are spaced by ``min_gap_s`` so a flood of
+requests for a model nobody serves cannot turn into a flood of listings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ipuserve import protocol as wire
+from ipuserve.client import AsyncClient
+from ipuserve.errors import IpuserveError
+
+log = logging.getLogger(__name__)
+
+
+class Catalog:
+    """Model name -> :class:`~ipuserve.protocol.ModelInfo`, kept fresh."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        interval_s: float = 1.5,
+        min_gap_s: float = 0.25,
+        ask_timeout_s: float = 5.0,
+    ) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._min_gap_s = min_gap_s
+        self._ask_timeout_s = ask_timeout_s
+        self._models: dict[str, wire.ModelInfo] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+        self._refreshed_at = -float("inf")
+        #: bumped whenever a model's schema, or the set of models, changes
+        self.generation = 0
+
+    def get(self, name: str) -> wire.ModelInfo | None:
+        return self._models.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    async def lookup(self, name: str) -> wire.ModelInfo | None:
+        """``name``'s entry, asking the fabric first on a miss."""
+        info = self._models.get(name)
+        if info is None:
+            await self.refresh(eager=False)
+            info = self._models.get(name)
+        return info
+
+    async def refresh(self, *, eager: bool = True) -> None:
+        """Ask the fabric for its models (sharing a question under way). Not ``eager``:
+        skip it if the last answer is younger than ``min_gap_s``. Raises what the
+        client raised (no broker: UnavailableError / DeadlineExceeded)."""
+        if not eager and time.monotonic() - self._refreshed_at < self._min_gap_s:
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._ask())
+        await asyncio.shield(self._refreshing)
+
+    async def _ask(self) -> None:
+        models = await self._client.models(timeout=self._ask_timeout_s)
+        fresh = {info.spec.name: info for info in models}
+        old = {name: info.spec for name, info in self._models.items()}
+        if old != {name: info.spec for name, info in fresh.items()}:
+            self.generation += 1
+            log.info("models now: %s", ", ".join(sorted(fresh)) or "none")
+        self._models = fresh
+        self._refreshed_at = time.monotonic()
+
+    async def run(self) -> None:
+        """Refresh every ``interval_s`` until cancelled; a failed refresh keeps the old
+        picture (requests then fail or succeed at the fabric, which is the judge)."""
+        while True:
+            if any(link.usable for link in self._client.links()):
+                try:
+                    await self.refresh(eager=False)
+                except IpuserveError as exc:
+                    log.debug("model refresh failed: %s", exc)
+            await asyncio.sleep(self._interval_s)

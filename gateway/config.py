@@ -1,0 +1,45 @@
+"""The gateway's settings, as one frozen dataclass the CLI (or a test) builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HTTP = "127.0.0.1:8000"
+DEFAULT_GRPC = "127.0.0.1:8001"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """What one gateway serves and how it guards it (docs/gateway.md, docs/security.md).
+
+    ``grpc`` None disables the gRPC door. Without ``tls_cert``/``tls_key`` the doors bind
+    loopback addresses only unless ``insecure``.
+    """
+
+    brokers: tuple[str, ...]
+    http: str = DEFAULT_HTTP
+    grpc: str | None = DEFAULT_GRPC
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    insecure: bool = False
+    infer_tokens: Path | None = None
+    admin_tokens: Path | None = None
+    #: largest request body (HTTP) or message (gRPC) accepted
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: a client must send a request's headers within this long of connecting (or of
+    #: its previous request on a kept-alive connection)
+    header_timeout_s: float = 10.0
+    #: ... and its body within this long of its headers
+    body_timeout_s: float = 30.0
+    #: open HTTP connections at once; more are answered 503 and closed
+    max_connections: int = 1024
+    #: a request with no timeout of its own gets this one
+    request_timeout_s: float = 30.0
+    curve_secret_key: Path | None = None
+    broker_public_key: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None

@@ -1,0 +1,206 @@
+"""The gateway's gRPC front door: ``inference.GRPCInferenceService`` on grpcio's asyncio
+server, in front of :class:`~ipuserve.gateway.service.InferenceService`.
+
+The handlers are registered by hand under the protocol's full service name rather
+than through a generated ``_pb2_grpc`` module, because our messages live in the
+protobuf package ``ipuserve.oip`` (see gateway/proto/inference.proto for why): the
+RPC paths, ``/inference.GRPCInferenceService/<Method>``, are the specification's, and
+the message bytes are the same whatever the package is called. The same handlers
+also answer under ``ipuserve.oip.GRPCInferenceService``, for clients generated from
+our own .proto.
+
+Per call: the ``authorization: Bearer ...`` metadata is checked (the health RPCs
+ServerLive and ServerReady are open, as HTTP's ``/v2/health/*`` are, for probes);
+ipuserve's errors become the gRPC status of the one table in
+:mod:`ipuserve.gateway.status`, with the error's message as the details. A message
+over the configured body limit is refused by gRPC itself with RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+
+from ipuserve.errors import ConfigError, IpuserveError
+from ipuserve.gateway import grpc_convert as convert
+from ipuserve.gateway.auth import Tokens
+from ipuserve.gateway.config import GatewayConfig
+from ipuserve.gateway.proto import inference_pb2 as pb
+from ipuserve.gateway.service import InferenceService
+from ipuserve.gateway.status import grpc_status_name
+
+log = logging.getLogger(__name__)
+
+#: the service's full name in the specification: the first part of every RPC path
+SERVICE_NAME = "inference.GRPCInferenceService"
+#: the same service under our .proto's own name, for a client generated from
+#: gateway/proto/inference.proto rather than from the specification's file
+ALIAS_NAME = "ipuserve.oip.GRPCInferenceService"
+#: the role whose tokens may call the guarded RPCs (see gateway/auth.py)
+ROLE = "infer"
+
+#: one RPC's coroutine: request message and call context to response message
+Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]
+
+
+async def start_grpc(
+    service: InferenceService, address: str, config: GatewayConfig, tokens: Tokens
+) -> grpc.aio.Server:
+    """Bind ``address`` (HOST:PORT), start serving and return the server; the caller
+    stops it (``await server.stop(grace)``). :func:`start_grpc_bound` also tells the
+    port that port 0 got."""
+    server, _ = await start_grpc_bound(service, address, config, tokens)
+    return server
+
+
+async def start_grpc_bound(
+    service: InferenceService, address: str, config: GatewayConfig, tokens: Tokens
+) -> tuple[grpc.aio.Server, str]:
+    """:func:`start_grpc`, and the HOST:PORT it bound: grpcio's server does not say
+    which port ``HOST:0`` got once it is bound, only the call that binds it does, so
+    this is the race-free way to serve on a free port. Logs the bound address."""
+    server = grpc.aio.server(options=server_options(config))
+    servicer = _Servicer(service, tokens)
+    server.add_generic_rpc_handlers(tuple(servicer.handler(n) for n in (SERVICE_NAME, ALIAS_NAME)))
+    tls = _tls_credentials(config)
+    port = _bind(server, address, tls)
+    await server.start()
+    bound = f"{address.rsplit(':', 1)[0]}:{port}"
+    log.info("gateway gRPC listening on %s (%s)", bound, "TLS" if tls else "plaintext")
+    return server, bound
+
+
+def server_options(config: GatewayConfig) -> list[tuple[str, Any]]:
+    """The channel arguments of the server: the body limit for received messages (the
+    sent ones are bounded by what the fabric returns); no SO_REUSEPORT, so a second
+    process binding the same port fails instead of silently sharing it."""
+    return [
+        ("grpc.max_receive_message_length", config.max_body_bytes),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _tls_credentials(config: GatewayConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    try:
+        key, cert = Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the gateway's TLS certificate or key: {exc}") from exc
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _bind(server: grpc.aio.Server, address: str, tls: grpc.ServerCredentials | None) -> int:
+    try:
+        port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio >= 1.5x raises; older ones returned 0
+        raise ConfigError(f"cannot serve gRPC on {address!r}: {exc}") from exc
+    if not port:
+        raise ConfigError(f"cannot serve gRPC on {address!r} (in use, or not an address)")
+    return port
+
+
+class _Servicer:
+    """The RPCs, each a coroutine from a request message to a response message."""
+
+    def __init__(self, service: InferenceService, tokens: Tokens) -> None:
+        self._service = service
+        self._tokens = tokens
+
+    def handler(self, name: str) -> grpc.GenericRpcHandler:
+        rpcs: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+            "ServerLive": self._rpc(self.server_live, pb.ServerLiveRequest, guarded=False),
+            "ServerReady": self._rpc(self.server_ready, pb.ServerReadyRequest, guarded=False),
+            "ModelReady": self._rpc(self.model_ready, pb.ModelReadyRequest),
+            "ServerMetadata": self._rpc(self.server_metadata, pb.ServerMetadataRequest),
+            "ModelMetadata": self._rpc(self.model_metadata, pb.ModelMetadataRequest),
+            "ModelInfer": self._rpc(self.model_infer, pb.ModelInferRequest),
+            "ModelStatistics": self._rpc(self.model_statistics, pb.ModelStatisticsRequest),
+        }
+        return grpc.method_handlers_generic_handler(name, rpcs)
+
+    def _rpc(
+        self, fn: Handler, request: type[Message], *, guarded: bool = True
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """One RPC: the token check (``guarded``), then ``fn``; an error becomes the
+        call's status. Responses are serialised by the message itself."""
+
+        async def call(req: Message, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+            try:
+                if guarded:
+                    self._tokens.check(_authorization(context), ROLE)
+                response = await fn(req, context)
+                return response
+            except Exception as exc:  # CancelledError (a BaseException) passes through
+                code, details = _status(exc)
+            await context.abort(code, details)
+            raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=request.FromString,
+            response_serializer=_serialize,
+        )
+
+    async def server_live(self, _req: pb.ServerLiveRequest, _ctx: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._service.live())
+
+    async def server_ready(self, _req: pb.ServerReadyRequest, _ctx: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._service.ready())
+
+    async def model_ready(self, req: pb.ModelReadyRequest, _ctx: Any) -> pb.ModelReadyResponse:
+        ready = await self._service.model_ready(req.name, req.version or None)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def server_metadata(
+        self, _req: pb.ServerMetadataRequest, _ctx: Any
+    ) -> pb.ServerMetadataResponse:
+        return convert.server_metadata(self._service.server_metadata())
+
+    async def model_metadata(
+        self, req: pb.ModelMetadataRequest, _ctx: Any
+    ) -> pb.ModelMetadataResponse:
+        meta = await self._service.model_metadata(req.name, req.version or None)
+        return convert.model_metadata(meta)
+
+    async def model_infer(
+        self, req: pb.ModelInferRequest, ctx: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ModelInferResponse:
+        request = convert.infer_request(req, ctx.time_remaining())
+        response = await self._service.infer(request)
+        return convert.infer_response(response, typed=convert.wants_typed_outputs(req))
+
+    async def model_statistics(
+        self, req: pb.ModelStatisticsRequest, _ctx: Any
+    ) -> pb.ModelStatisticsResponse:
+        stats = self._service.statistics(req.name or None, req.version or None)
+        return convert.statistics(stats)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The call's ``authorization`` metadata (gRPC lower-cases metadata keys)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and details of a failed call: ipuserve's errors by the one table;
+    anything else is a bug of ours, logged with its traceback and answered INTERNAL."""
+    code = getattr(grpc.StatusCode, grpc_status_name(exc), grpc.StatusCode.INTERNAL)
+    if isinstance(exc, IpuserveError):
+        return code, str(exc) or type(exc).__name__
+    log.error("gRPC call failed unexpectedly", exc_info=exc)
+    return code, f"internal error in the gateway: {type(exc).__name__}: {exc}"

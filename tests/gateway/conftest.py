@@ -1,0 +1,138 @@
+"""The gateway's test fabric: a real broker, real ``ipuserve worker`` processes serving
+the example ``mlp`` and ``simple`` models (with their numpy references), and real
+``ipuserve gateway`` processes on free ports. Every process is killed at teardown."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipuserve.runtime.popef import examples, load_model
+from tests.helpers import (
+    BrokerProc,
+    Proc,
+    Processes,
+    runner_worker_argv,
+    start_broker,
+    start_worker,
+)
+
+_STARTED = r"ipuserve gateway: http (https?)://(\S+):(\d+), grpc (\S+),"
+
+
+@dataclass
+class Model:
+    """An example model served by the fabric, and its numpy reference."""
+
+    name: str
+    path: str
+    weights: dict[str, np.ndarray[Any, Any]]
+
+    def reference(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        return examples.reference(self.name, inputs, self.weights)
+
+
+@dataclass
+class Fabric:
+    procs: Processes
+    broker: BrokerProc
+    models: dict[str, Model]
+    workers: list[Proc]
+
+
+@dataclass
+class GatewayProc:
+    proc: Proc
+    url: str  # http://127.0.0.1:PORT
+    host_port: str  # 127.0.0.1:PORT, as tritonclient takes it
+    grpc: str | None
+    argv: list[str]
+
+
+def gateway_argv(broker: BrokerProc, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "ipuserve",
+        "--log-level",
+        "INFO",
+        "gateway",
+        "--broker",
+        broker.frontend,
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        "127.0.0.1:0",
+        *args,
+    ]
+
+
+def start_gateway(
+    procs: Processes, broker: BrokerProc, *args: str, name: str = "gateway"
+) -> GatewayProc:
+    """``ipuserve gateway`` on a free port; ready once it printed its start-up line."""
+    argv = gateway_argv(broker, *args)
+    return _started(procs.start(name, argv), argv)
+
+
+def _started(proc: Proc, argv: list[str]) -> GatewayProc:
+    found = proc.wait_for(_STARTED)
+    host_port = f"{found[2]}:{found[3]}"
+    grpc = None if found[4] == "off" else found[4]
+    return GatewayProc(proc, f"{found[1]}://{host_port}", host_port, grpc, argv)
+
+
+def restart_gateway(procs: Processes, old: GatewayProc, name: str = "gateway2") -> GatewayProc:
+    """Stop ``old`` (SIGTERM) and start the same command line on the same port."""
+    old.proc.terminate()
+    assert old.proc.wait() == 0, old.proc.output()
+    argv = list(old.argv)
+    argv[argv.index("--http") + 1] = old.host_port
+    return _started(procs.start(name, argv), argv)
+
+
+def _write_models(directory: Path) -> dict[str, Model]:
+    builders = {
+        "mlp": examples.mlp(batch_size=16, input_size=64, hidden_size=96),
+        "simple": examples.simple(batch_size=4),
+    }
+    found = {}
+    for name, builder in builders.items():
+        [path] = builder.write(directory / f"{name}.popef")
+        model = load_model([str(path)])
+        found[name] = Model(name, str(path), examples.tensor_arrays(model))
+    return found
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
+    """One broker and one worker per example model, for the module's tests."""
+    procs = Processes()
+    try:
+        models = _write_models(tmp_path_factory.mktemp("models"))
+        broker = start_broker(procs)
+        workers = [
+            start_worker(procs, broker, runner_worker_argv(m.path), name=f"worker-{m.name}")
+            for m in models.values()
+        ]
+        yield Fabric(procs, broker, models, workers)
+    finally:
+        procs.close()
+        print(f"--- output of the fabric's processes ---\n{procs.output()}")
+
+
+@pytest.fixture(scope="module")
+def gateway(fabric: Fabric) -> GatewayProc:
+    """A gateway with no tokens, in front of the module's fabric."""
+    return start_gateway(fabric.procs, fabric.broker)
+
+
+def mlp_input(samples: int, seed: int = 0) -> np.ndarray[Any, Any]:
+    """``samples`` rows of the mlp's input (64 features)."""
+    return np.random.default_rng(seed).standard_normal((samples, 64)).astype(np.float32)

@@ -1,0 +1,306 @@
+"""The HTTP door against Triton's own Python client (``tritonclient.http``, sync and
+asyncio): health, metadata, JSON and binary infer checked against numpy, requested
+outputs, the request id, statistics; and each refusal with its status and message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aiohttpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.gateway.conftest import Fabric, GatewayProc, mlp_input
+
+pytestmark = pytest.mark.slow
+
+
+def _client(gateway: GatewayProc) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(gateway.host_port, network_timeout=60.0)
+
+
+def _input(name: str, array: np.ndarray[Any, Any], *, binary: bool) -> httpclient.InferInput:
+    datatype = {"float32": "FP32", "int32": "INT32", "float64": "FP64"}[array.dtype.name]
+    tensor = httpclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    return tensor
+
+
+def _raw(
+    gateway: GatewayProc, method: str, path: str, body: bytes | None = None, **headers: str
+) -> tuple[int, dict[str, Any]]:
+    """(status, JSON body) of a plain HTTP call (no client library between)."""
+    request = urllib.request.Request(gateway.url + path, body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+def test_health_and_server_metadata(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "ipuserve"
+    assert {"binary_tensor_data", "statistics"} <= set(meta["extensions"])
+    assert client.is_model_ready("mlp")
+    assert client.is_model_ready("mlp", "1")
+    assert not client.is_model_ready("nosuchmodel")
+    assert not client.is_model_ready("mlp", "2")
+
+
+def test_model_metadata_shows_the_batching_dimension_as_minus_one(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    meta = client.get_model_metadata("mlp")
+    assert meta["name"] == "mlp" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+    assert meta["outputs"] == [
+        {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+        {"name": "probs", "datatype": "FP32", "shape": [-1, 10]},
+    ]
+    assert client.get_model_metadata("mlp", "1") == meta
+    simple = client.get_model_metadata("simple")
+    assert [t["name"] for t in simple["inputs"]] == ["tensor_A", "tensor_B"]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_infer_matches_numpy(fabric: Fabric, gateway: GatewayProc, binary: bool) -> None:
+    client = _client(gateway)
+    mlp = fabric.models["mlp"]
+    for samples in (1, 5, 16):
+        x = mlp_input(samples, seed=samples)
+        outputs = [
+            httpclient.InferRequestedOutput(name, binary_data=binary)
+            for name in ["logits", "probs"]
+        ]
+        result = client.infer(
+            "mlp", [_input("input", x, binary=binary)], outputs=outputs, request_id=f"r{samples}"
+        )
+        for name, want in mlp.reference({"input": x}).items():
+            np.testing.assert_allclose(result.as_numpy(name), want, rtol=1e-5, atol=1e-5)
+        response = result.get_response()
+        assert response["id"] == f"r{samples}"
+        assert response["model_name"] == "mlp" and response["model_version"] == "1"
+
+
+def test_infer_two_inputs_all_outputs_by_default_in_binary(
+    fabric: Fabric, gateway: GatewayProc
+) -> None:
+    client = _client(gateway)
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2))
+    # no outputs named: tritonclient asks for every output as binary data
+    result = client.infer(
+        "simple", [_input("tensor_A", a, binary=True), _input("tensor_B", b, binary=False)]
+    )
+    want = fabric.models["simple"].reference({"tensor_A": a, "tensor_B": b})
+    for name, array in want.items():
+        np.testing.assert_allclose(result.as_numpy(name), array, rtol=1e-5, atol=1e-5)
+
+
+def test_requested_outputs_are_the_only_ones_sent(gateway: GatewayProc) -> None:
+    body = {
+        "inputs": [
+            {"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64},
+        ],
+        "outputs": [{"name": "probs"}],
+    }
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert status == 200
+    assert [o["name"] for o in answer["outputs"]] == ["probs"]
+    body["outputs"] = [{"name": "nosuchoutput"}]
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert status == 400 and "no output 'nosuchoutput'" in answer["error"]
+
+
+def test_nested_json_data_is_row_major(fabric: Fabric, gateway: GatewayProc) -> None:
+    x = mlp_input(2, seed=3)
+    body = {
+        "id": "nested",
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [2, 64], "data": x.tolist()}],
+    }
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert status == 200 and answer["id"] == "nested"
+    want = fabric.models["mlp"].reference({"input": x})
+    assert [o["name"] for o in answer["outputs"]] == sorted(want)
+    for output in answer["outputs"]:
+        got = np.array(output["data"], dtype=np.float32).reshape(output["shape"])
+        np.testing.assert_allclose(got, want[output["name"]], rtol=1e-5, atol=1e-5)
+
+
+def test_asyncio_client_infers_concurrently(fabric: Fabric, gateway: GatewayProc) -> None:
+    mlp = fabric.models["mlp"]
+
+    async def run() -> None:
+        client = aiohttpclient.InferenceServerClient(gateway.host_port)
+        try:
+            assert await client.is_server_ready()
+            inputs = [mlp_input(1 + i % 4, seed=100 + i) for i in range(24)]
+
+            async def one(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+                tensor = aiohttpclient.InferInput("input", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x, binary_data=True)
+                result = await client.infer("mlp", [tensor])
+                out: np.ndarray[Any, Any] = result.as_numpy("logits")
+                return out
+
+            results = await asyncio.gather(*(one(x) for x in inputs))
+            for x, got in zip(inputs, results, strict=True):
+                want = mlp.reference({"input": x})["logits"]
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_statistics_count_what_was_served(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    before = client.get_inference_statistics("simple")["model_stats"][0]
+    a = np.ones((2, 4), np.float32)
+    client.infer("simple", [_input("tensor_A", a, binary=True), _input("tensor_B", a, binary=True)])
+    [after] = client.get_inference_statistics("simple")["model_stats"]
+    assert after["name"] == "simple" and after["version"] == "1"
+    assert after["inference_count"] == before["inference_count"] + 2
+    assert after["execution_count"] == before["execution_count"] + 1
+    success = after["inference_stats"]["success"]
+    assert success["count"] == before["inference_stats"]["success"]["count"] + 1
+    assert success["ns"] > before["inference_stats"]["success"]["ns"]
+    assert after["last_inference"] > 0
+    every = client.get_inference_statistics()["model_stats"]
+    assert {"mlp", "simple"} <= {s["name"] for s in every}
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def _refused(call: Any) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value
+
+
+def test_unknown_model_is_404(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    x = mlp_input(1)
+    error = _refused(lambda: client.infer("nosuchmodel", [_input("input", x, binary=True)]))
+    assert error.status() == "404"
+    assert "no worker serves model 'nosuchmodel'" in error.message()
+    error = _refused(lambda: client.get_model_metadata("nosuchmodel"))
+    assert error.status() == "404"
+    error = _refused(lambda: client.get_model_metadata("mlp", "2"))
+    assert error.status() == "404" and "no version '2'" in error.message()
+    error = _refused(lambda: client.get_inference_statistics("nosuchmodel"))
+    assert error.status() == "404"
+
+
+def test_wrong_datatype_is_400(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    x = mlp_input(1).astype(np.float64)
+    error = _refused(lambda: client.infer("mlp", [_input("input", x, binary=True)]))
+    assert error.status() == "400"
+    assert "input 'input' of model 'mlp' must be FP32, got FP64" in error.message()
+
+
+def test_wrong_shape_is_400(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    x = np.zeros((2, 63), np.float32)
+    error = _refused(lambda: client.infer("mlp", [_input("input", x, binary=False)]))
+    assert error.status() == "400"
+    assert "must have shape [-1, 64]" in error.message() and "got [2, 63]" in error.message()
+
+
+def test_unknown_input_and_bytes_datatype_are_400(gateway: GatewayProc) -> None:
+    client = _client(gateway)
+    error = _refused(lambda: client.infer("mlp", [_input("x", mlp_input(1), binary=True)]))
+    assert error.status() == "400" and "no input 'x'" in error.message()
+    body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert status == 400 and "BYTES is not supported" in answer["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"inputs": [', "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"inputs": 3}', "inputs must be a JSON list"),
+        (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64]}]}', "neither data"),
+        (
+            b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [1]}]}',
+            "holds 64 elements, data has 1",
+        ),
+    ],
+    ids=["truncated", "not-an-object", "inputs-not-a-list", "no-data", "short-data"],
+)
+def test_malformed_body_is_400(gateway: GatewayProc, body: bytes, message: str) -> None:
+    status, answer = _raw(
+        gateway, "POST", "/v2/models/mlp/infer", body, **{"Content-Type": "application/json"}
+    )
+    assert status == 400 and message in answer["error"], answer
+
+
+def test_binary_sizes_that_do_not_add_up_are_400(gateway: GatewayProc) -> None:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 256},
+                }
+            ]
+        }
+    ).encode()
+    for extra, message in ((b"\0" * 255, "does not fit"), (b"\0" * 260, "4 bytes of binary data")):
+        status, answer = _raw(
+            gateway,
+            "POST",
+            "/v2/models/mlp/infer",
+            header + extra,
+            **{"Inference-Header-Content-Length": str(len(header))},
+        )
+        assert status == 400 and message in answer["error"], answer
+
+
+def test_timeout_parameter_is_microseconds_and_checked(gateway: GatewayProc) -> None:
+    body = {
+        "parameters": {"timeout": -5},
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}],
+    }
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert status == 400 and "parameters.timeout must be microseconds" in answer["error"]
+    body["parameters"] = {"timeout": 30_000_000}
+    status, _answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert status == 200
+
+
+def test_unknown_path_is_a_json_404(gateway: GatewayProc) -> None:
+    status, answer = _raw(gateway, "GET", "/v2/nothing/here")
+    assert status == 404 and "error" in answer
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_request_and_response(
+    fabric: Fabric, gateway: GatewayProc, algorithm: str
+) -> None:
+    client = _client(gateway)
+    x = mlp_input(3, seed=21)
+    result = client.infer(
+        "mlp",
+        [_input("input", x, binary=True)],
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    want = fabric.models["mlp"].reference({"input": x})["logits"]
+    np.testing.assert_allclose(result.as_numpy("logits"), want, rtol=1e-5, atol=1e-5)

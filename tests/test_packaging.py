@@ -1,0 +1,44 @@
+"""pyproject.toml's package list against the source tree: setuptools installs only the
+packages listed, so a package missing from ``packages`` (with its ``package-dir`` entry
+present) works in an editable install and is silently absent from ``pip install .``."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setuptools() -> dict[str, object]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        table: dict[str, object] = tomllib.load(f)["tool"]["setuptools"]
+    return table
+
+
+def _folder(package: str, package_dir: dict[str, str]) -> Path:
+    """Where setuptools looks for ``package``: its own package-dir entry, or its
+    parent's folder plus its last name, or the dotted path from the root."""
+    if package in package_dir:
+        return ROOT / package_dir[package]
+    parent, _, last = package.rpartition(".")
+    return _folder(parent, package_dir) / last if parent else ROOT / package
+
+
+def test_every_listed_package_is_a_folder_with_an_init() -> None:
+    table = _setuptools()
+    package_dir: dict[str, str] = table["package-dir"]  # type: ignore[assignment]
+    for package in table["packages"]:  # type: ignore[attr-defined]
+        assert (_folder(package, package_dir) / "__init__.py").is_file(), package
+
+
+def test_every_package_under_a_listed_one_is_listed() -> None:
+    table = _setuptools()
+    packages: list[str] = table["packages"]  # type: ignore[assignment]
+    package_dir: dict[str, str] = table["package-dir"]  # type: ignore[assignment]
+    assert set(package_dir) <= set(packages), "a package-dir entry that is not installed"
+    for package in packages:
+        folder = _folder(package, package_dir)
+        for init in folder.glob("*/__init__.py"):
+            sub = f"{package}.{init.parent.name}"
+            assert sub in packages, f"{sub} ({init.parent}) is not in [tool.setuptools] packages"
