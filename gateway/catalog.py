@@ -64,6 +64,8 @@ class Catalog:
             return
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._ask())
+            # retrieved even when every waiter was cancelled (no "never retrieved" log)
+            self._refreshing.add_done_callback(_retrieve)
         await asyncio.shield(self._refreshing)
 
     async def _ask(self) -> None:
@@ -86,3 +88,8 @@ class Catalog:
                 except IpuserveError as exc:
                     log.debug("model refresh failed: %s", exc)
             await asyncio.sleep(self._interval_s)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
