@@ -92,8 +92,13 @@ def test_without_tls_only_loopback_unless_insecure(fabric: Fabric, door: str) ->
     assert refused.returncode != 0
     assert f"{door} 0.0.0.0:0 is reachable from other hosts" in refused.stderr
     assert "--insecure" in refused.stderr and "--tls-cert" in refused.stderr
-    gateway = start_gateway(fabric.procs, fabric.broker, "--insecure", name="insecure")
-    assert "INSECURE" in gateway.proc.output()
+    insecure = start_gateway(
+        fabric.procs, fabric.broker, door, "0.0.0.0:0", "--insecure", name="insecure"
+    )  # the last --http / --grpc wins
+    assert "security INSECURE plaintext" in insecure.proc.output()
+    assert _get(insecure.url + "/v2/health/live")[0] == 200
+    insecure.proc.terminate()
+    assert insecure.proc.wait() == 0
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
