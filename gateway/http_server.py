@@ -53,19 +53,24 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
             request.app[TOKENS].check(request.headers.get("Authorization"), "infer")
         return await handler(request)
     except IpuserveError as exc:
-        return error_response(http_status(exc), str(exc))
+        return _closing(error_response(http_status(exc), str(exc)))
     except web.HTTPException as exc:  # no such route, wrong method...
         if exc.status < 400:
             raise
-        response = error_response(exc.status, exc.text or exc.reason)
-        if exc.status == 408:
-            response.force_close()  # the rest of the body may still trickle in
-        return response
+        return _closing(error_response(exc.status, exc.text or exc.reason))
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return error_response(500, "internal error in the gateway (logged)")
     finally:
         guards.request_done(request.transport)
+
+
+def _closing(response: web.Response) -> web.Response:
+    """Close the connection after a 408 or a 413: the rest of the body may still be on
+    its way, and reading it to keep the connection is what the limit refuses."""
+    if response.status in (408, 413):
+        response.force_close()
+    return response
 
 
 def _version(request: web.Request) -> str | None:
