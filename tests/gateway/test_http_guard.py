@@ -142,4 +142,12 @@ def test_a_body_over_the_limit_is_413_naming_the_limit(fabric: Fabric) -> None:
             "mlp", [_zeros(16)], request_compression_algorithm="gzip"
         )  # 4 KiB of zeros: a few dozen bytes gzipped
     assert caught.value.status() == "413"
+    # a huge declared length is refused from the headers, and the connection closed
+    with _connection(gateway) as greedy:
+        greedy.sendall(
+            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: gateway\r\n"
+            b"Content-Length: 10000000000\r\n\r\n{"
+        )
+        answer = _read_all(greedy)
+    assert answer.startswith(b"HTTP/1.1 413"), answer
     _infer_ok(fabric, gateway)  # and a request under the limit is served
