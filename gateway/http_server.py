@@ -67,7 +67,8 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
 
 def _closing(response: web.Response) -> web.Response:
     """Close the connection after a 408 or a 413: the rest of the body may still be on
-    its way, and reading it to keep the connection is what the limit refuses."""
+    its way, and reading it to keep the connection is what the limit refuses (aiohttp
+    still lingers ``lingering_time`` reading it, so the client sees the answer)."""
     if response.status in (408, 413):
         response.force_close()
     return response
@@ -234,6 +235,10 @@ async def start_http(
         keepalive_timeout=config.header_timeout_s,
         handle_signals=False,
         shutdown_timeout=5.0,
+        # after an answer that left the body unread (413, 408, an early error), read and
+        # drop what still comes for a second, so the client sees the answer rather than
+        # a reset, then close (aiohttp's default lingers 10 s)
+        lingering_time=1.0,
     )
     await runner.setup()
     assert runner.server is not None
