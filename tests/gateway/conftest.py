@@ -4,6 +4,7 @@ the example ``mlp`` and ``simple`` models (with their numpy references), and rea
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,6 +109,16 @@ def _write_models(directory: Path) -> dict[str, Model]:
         model = load_model([str(path)])
         found[name] = Model(name, str(path), examples.tensor_arrays(model))
     return found
+
+
+@pytest.fixture(autouse=True)
+def _collect_clients_here() -> Iterator[None]:
+    """Collect the test's garbage on the main thread when it ends: tritonclient's sync
+    client closes its gevent pool in ``__del__``, which fails (an unraisable error that
+    fails the run) when a collection happens to run on another thread, such as a later
+    test's load thread."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")

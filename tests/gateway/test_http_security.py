@@ -60,12 +60,12 @@ def test_calls_without_a_valid_token_are_401(
     for path in ("/v2", "/v2/models/mlp", "/v2/models/mlp/ready", "/v2/models/stats"):
         status, answer = _get(guarded.url + path, headers)
         assert status == 401 and message in answer["error"], (path, answer)
-    client = httpclient.InferenceServerClient(guarded.host_port)
-    tensor = httpclient.InferInput("input", [1, 64], "FP32")
-    tensor.set_data_from_numpy(mlp_input(1))
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer("mlp", [tensor], headers=headers)
-    assert caught.value.status() == "401" and message in caught.value.message()
+    with httpclient.InferenceServerClient(guarded.host_port) as client:
+        tensor = httpclient.InferInput("input", [1, 64], "FP32")
+        tensor.set_data_from_numpy(mlp_input(1))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("mlp", [tensor], headers=headers)
+        assert caught.value.status() == "401" and message in caught.value.message()
 
 
 def test_probes_need_no_token_and_a_valid_token_is_served(
@@ -73,15 +73,15 @@ def test_probes_need_no_token_and_a_valid_token_is_served(
 ) -> None:
     assert _get(guarded.url + "/v2/health/live")[0] == 200
     assert _get(guarded.url + "/v2/health/ready")[0] == 200
-    client = httpclient.InferenceServerClient(guarded.host_port)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    x = mlp_input(3, seed=5)
-    tensor = httpclient.InferInput("input", [3, 64], "FP32")
-    tensor.set_data_from_numpy(x)
-    result = client.infer("mlp", [tensor], headers=headers)
-    want = fabric.models["mlp"].reference({"input": x})
-    np.testing.assert_allclose(result.as_numpy("probs"), want["probs"], rtol=1e-5, atol=1e-5)
-    assert client.get_model_metadata("mlp", headers={"Authorization": "Bearer another-token"})
+    with httpclient.InferenceServerClient(guarded.host_port) as client:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        x = mlp_input(3, seed=5)
+        tensor = httpclient.InferInput("input", [3, 64], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer("mlp", [tensor], headers=headers)
+        want = fabric.models["mlp"].reference({"input": x})
+        np.testing.assert_allclose(result.as_numpy("probs"), want["probs"], rtol=1e-5, atol=1e-5)
+        assert client.get_model_metadata("mlp", headers={"Authorization": "Bearer another-token"})
 
 
 @pytest.mark.parametrize("door", ["--http", "--grpc"])
