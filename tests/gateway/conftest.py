@@ -79,10 +79,11 @@ def start_gateway(
 ) -> GatewayProc:
     """``ipuserve gateway`` on a free port; ready once it printed its start-up line."""
     argv = gateway_argv(broker, *args)
-    return _started(procs.start(name, argv), argv)
+    return started_gateway(procs.start(name, argv), argv)
 
 
-def _started(proc: Proc, argv: list[str]) -> GatewayProc:
+def started_gateway(proc: Proc, argv: list[str]) -> GatewayProc:
+    """The gateway ``proc`` runs, once it printed its start-up line."""
     found = proc.wait_for(_STARTED)
     host_port = f"{found[2]}:{found[3]}"
     grpc = None if found[4] == "off" else found[4]
@@ -95,7 +96,7 @@ def restart_gateway(procs: Processes, old: GatewayProc, name: str = "gateway2") 
     assert old.proc.wait() == 0, old.proc.output()
     argv = list(old.argv)
     argv[argv.index("--http") + 1] = old.host_port
-    return _started(procs.start(name, argv), argv)
+    return started_gateway(procs.start(name, argv), argv)
 
 
 def _write_models(directory: Path) -> dict[str, Model]:

@@ -20,7 +20,16 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.gateway.conftest import Fabric, GatewayProc, gateway_argv, mlp_input, start_gateway
+from tests.gateway.conftest import (
+    Fabric,
+    GatewayProc,
+    gateway_argv,
+    mlp_input,
+    start_gateway,
+    started_gateway,
+)
+from tests.helpers import Processes, runner_worker_argv, start_worker, write_example
+from tests.integration.test_curve import KeyDirs, start_curve_broker
 
 pytestmark = pytest.mark.slow
 
@@ -145,3 +154,40 @@ def test_https_with_a_self_signed_certificate(fabric: Fabric, tmp_path: Path) ->
 
     want = fabric.models["mlp"].reference({"input": x})["logits"]
     np.testing.assert_allclose(asyncio.run(infer()), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyDirs:
+    """Keys made by ``ipuserve keys generate``, as tests/integration/test_curve.py does."""
+    root = tmp_path / "keys"
+    for folder in ("clients", "workers", "admins"):
+        (root / folder).mkdir(parents=True)
+    made = KeyDirs(root)
+    made.generate("broker")
+    for name, folder in (("client", "clients"), ("worker", "workers"), ("admin", "admins")):
+        made.generate(name, into=folder)
+    return made
+
+
+def test_a_gateway_with_curve_keys_reaches_a_broker_with_keys(
+    processes: Processes, keys: KeyDirs, tmp_path: Path
+) -> None:
+    """--curve-secret-key and --broker-public-key from their variables, as a
+    deployment gives them; the model answers through the gateway (noop: output = input)."""
+    model = write_example(tmp_path / "noop.popef", "noop", "--batch-size", "4", "--elements", "8")
+    broker = start_curve_broker(processes, keys)
+    worker_args = ("--name", "noop", *keys.peer_options("worker"))
+    start_worker(processes, broker, runner_worker_argv(model, args=worker_args))
+    env = {
+        "IPUSERVE_GATEWAY_CURVE_SECRET_KEY": str(keys.secret("client")),
+        "IPUSERVE_GATEWAY_BROKER_PUBLIC_KEY": str(keys.broker_public),
+    }
+    argv = gateway_argv(broker)
+    proc = processes.start("gateway-curve", argv, env)
+    gateway = started_gateway(proc, argv)
+    given = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
+    tensor = httpclient.InferInput("input", [3, 8], "FP32")
+    tensor.set_data_from_numpy(given)
+    with httpclient.InferenceServerClient(gateway.host_port, network_timeout=60) as client:
+        result = client.infer("noop", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("output"), given)
