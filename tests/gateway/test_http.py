@@ -190,6 +190,7 @@ def test_statistics_count_what_was_served(gateway: GatewayProc) -> None:
     assert success["count"] == before["inference_stats"]["success"]["count"] + 1
     assert success["ns"] > before["inference_stats"]["success"]["ns"]
     assert after["last_inference"] > 0
+    assert client.get_inference_statistics("simple", "1")["model_stats"] == [after]
     every = client.get_inference_statistics()["model_stats"]
     assert {"mlp", "simple"} <= {s["name"] for s in every}
 
