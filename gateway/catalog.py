@@ -87,7 +87,10 @@ class Catalog:
                     await self.refresh(eager=False)
                 except IpuserveError as exc:
                     log.debug("model refresh failed: %s", exc)
-            await asyncio.sleep(self._interval_s)
+            # until the first answer, look again soon: a gateway just started knows no
+            # model, and what does not ask on a miss (statistics) would say so
+            heard = self._refreshed_at > -float("inf")
+            await asyncio.sleep(self._interval_s if heard else min(0.05, self._interval_s))
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
