@@ -102,3 +102,15 @@ def test_a_model_that_raises_is_500_with_the_fabrics_message(processes: Processe
             client.infer("fail", [_add_input("x", add_inputs()["x"])])
         assert caught.value.status() == "500"
         assert "this model always fails" in caught.value.message()
+
+
+def test_a_request_past_its_timeout_parameter_is_504(processes: Processes) -> None:
+    broker = start_broker(processes, metrics=False)
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "3000"))
+    gateway = start_gateway(processes, broker)
+    tensors = [_add_input(name, array) for name, array in add_inputs().items()]
+    client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=60)
+    with client, pytest.raises(InferenceServerException) as caught:
+        client.infer("add", tensors, timeout=300_000)  # parameters.timeout, in µs
+    assert caught.value.status() == "504", caught.value.message()
+    assert "timeout of 300 ms" in caught.value.message()  # microseconds, as Triton's
