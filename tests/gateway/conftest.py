@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from tests.helpers import (
     runner_worker_argv,
     start_broker,
     start_worker,
+    wait_until,
 )
 
 _STARTED = r"ipuserve gateway: http (https?)://(\S+):(\d+), grpc (\S+),"
@@ -139,10 +142,27 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
         print(f"--- output of the fabric's processes ---\n{procs.output()}")
 
 
+def wait_ready(gateway: GatewayProc, timeout: float = 60.0) -> None:
+    """Wait until the gateway says it is ready (its client reached a broker): the
+    start-up line comes once the doors listen, which can be before that."""
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(gateway.url + "/v2/health/ready", timeout=timeout):
+                return True
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return False
+
+    wait_until(ready, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def gateway(fabric: Fabric) -> GatewayProc:
-    """A gateway with no tokens, in front of the module's fabric."""
-    return start_gateway(fabric.procs, fabric.broker)
+    """A gateway with no tokens, in front of the module's fabric, ready."""
+    started = start_gateway(fabric.procs, fabric.broker)
+    wait_ready(started)
+    return started
 
 
 def mlp_input(samples: int, seed: int = 0) -> np.ndarray[Any, Any]:

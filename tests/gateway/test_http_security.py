@@ -27,8 +27,9 @@ from tests.gateway.conftest import (
     mlp_input,
     start_gateway,
     started_gateway,
+    wait_ready,
 )
-from tests.helpers import Processes, runner_worker_argv, start_worker, write_example
+from tests.helpers import Processes, runner_worker_argv, start_worker, wait_until, write_example
 from tests.integration.test_curve import KeyDirs, start_curve_broker
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,9 @@ def _get(url: str, headers: dict[str, str] | None = None, **kwargs: Any) -> tupl
 def guarded(fabric: Fabric, tmp_path_factory: pytest.TempPathFactory) -> GatewayProc:
     tokens = tmp_path_factory.mktemp("tokens") / "infer.tokens"
     tokens.write_text(f"# the test's tokens\n\n{TOKEN}\nanother-token\n")
-    return start_gateway(fabric.procs, fabric.broker, "--infer-tokens", str(tokens))
+    started = start_gateway(fabric.procs, fabric.broker, "--infer-tokens", str(tokens))
+    wait_ready(started)  # the probe needs no token
+    return started
 
 
 @pytest.mark.parametrize(
@@ -130,7 +133,7 @@ def test_https_with_a_self_signed_certificate(fabric: Fabric, tmp_path: Path) ->
     )
     assert gateway.url.startswith("https://") and "security TLS" in gateway.proc.output()
     trusting = ssl.create_default_context(cafile=str(cert))
-    assert _get(gateway.url + "/v2/health/ready", context=trusting)[0] == 200
+    wait_until(lambda: _get(gateway.url + "/v2/health/ready", context=trusting)[0] == 200)
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _get(gateway.url + "/v2", context=ssl.create_default_context())  # not trusted
     plain = gateway.url.replace("https://", "http://")
