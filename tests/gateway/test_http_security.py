@@ -133,7 +133,8 @@ def test_https_with_a_self_signed_certificate(fabric: Fabric, tmp_path: Path) ->
     )
     assert gateway.url.startswith("https://") and "security TLS" in gateway.proc.output()
     trusting = ssl.create_default_context(cafile=str(cert))
-    wait_until(lambda: _get(gateway.url + "/v2/health/ready", context=trusting)[0] == 200)
+    ready = lambda: _get(gateway.url + "/v2/health/ready", context=trusting)[0] == 200  # noqa: E731
+    wait_until(ready, timeout=60)
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _get(gateway.url + "/v2", context=ssl.create_default_context())  # not trusted
     plain = gateway.url.replace("https://", "http://")
