@@ -4,11 +4,15 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
 :class:`~ipuserve.client.AsyncClient`. Protocol-neutral layer first, then the doors::
 
     tensors.py      datatypes <-> numpy, the Tensor both doors hand the service
-    service.py      InferenceService: metadata cache, checks, infer, statistics
+    service.py      InferenceService: checks against the model, infer, metadata
+    catalog.py      the fabric's models as last heard, refreshed
+    stats.py        per-model counters (Triton's statistics extension)
     status.py       the one table: ipuserve error -> HTTP status, gRPC code
     auth.py         bearer tokens by role, refusals counted
     config.py       GatewayConfig
-    http_*.py       the HTTP door (aiohttp)
+    http_server.py  the HTTP door (aiohttp): routes, tokens, errors as JSON
+    http_codec.py   its infer body, JSON and binary tensor data, both ways
+    http_guard.py   header deadline and connection cap per connection
     grpc_*.py       the gRPC door (grpcio's asyncio server)
     app.py / cli.py one asyncio loop running both; ``ipuserve gateway``
 

@@ -64,6 +64,8 @@ class Catalog:
             return
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._ask())
+            # retrieved even when every waiter was cancelled (no "never retrieved" log)
+            self._refreshing.add_done_callback(_retrieve)
         await asyncio.shield(self._refreshing)
 
     async def _ask(self) -> None:
@@ -85,4 +87,12 @@ class Catalog:
                     await self.refresh(eager=False)
                 except IpuserveError as exc:
                     log.debug("model refresh failed: %s", exc)
-            await asyncio.sleep(self._interval_s)
+            # until the first answer, look again soon: a gateway just started knows no
+            # model, and what does not ask on a miss (statistics) would say so
+            heard = self._refreshed_at > -float("inf")
+            await asyncio.sleep(self._interval_s if heard else min(0.05, self._interval_s))
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -53,19 +53,25 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
             request.app[TOKENS].check(request.headers.get("Authorization"), "infer")
         return await handler(request)
     except IpuserveError as exc:
-        return error_response(http_status(exc), str(exc))
+        return _closing(error_response(http_status(exc), str(exc)))
     except web.HTTPException as exc:  # no such route, wrong method...
         if exc.status < 400:
             raise
-        response = error_response(exc.status, exc.text or exc.reason)
-        if exc.status == 408:
-            response.force_close()  # the rest of the body may still trickle in
-        return response
+        return _closing(error_response(exc.status, exc.text or exc.reason))
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return error_response(500, "internal error in the gateway (logged)")
     finally:
         guards.request_done(request.transport)
+
+
+def _closing(response: web.Response) -> web.Response:
+    """Close the connection after a 408 or a 413: the rest of the body may still be on
+    its way, and reading it to keep the connection is what the limit refuses (aiohttp
+    still lingers ``lingering_time`` reading it, so the client sees the answer)."""
+    if response.status in (408, 413):
+        response.force_close()
+    return response
 
 
 def _version(request: web.Request) -> str | None:
@@ -130,8 +136,10 @@ def statistics_json(stats: ModelStatistics) -> dict[str, Any]:
 
 
 async def _statistics(request: web.Request) -> web.Response:
-    name = request.match_info.get("name")
-    stats = request.app[SERVICE].statistics(name, _version(request))
+    service, name = request.app[SERVICE], request.match_info.get("name")
+    if name is not None:  # a model the gateway has not looked up yet: ask the fabric
+        await service.model_metadata(name, _version(request))
+    stats = service.statistics(name, _version(request))
     return web.json_response({"model_stats": [statistics_json(s) for s in stats]})
 
 
@@ -229,6 +237,10 @@ async def start_http(
         keepalive_timeout=config.header_timeout_s,
         handle_signals=False,
         shutdown_timeout=5.0,
+        # after an answer that left the body unread (413, 408, an early error), read and
+        # drop what still comes for a second, so the client sees the answer rather than
+        # a reset, then close (aiohttp's default lingers 10 s)
+        lingering_time=1.0,
     )
     await runner.setup()
     assert runner.server is not None

@@ -2,7 +2,7 @@
 
 Both doors answer from :data:`STATUS_TABLE` (most specific class first; the first class
 an error is an instance of wins), and docs/gateway.md renders the same table
-(:func:`table_rows`; tests/gateway/test_status.py keeps the two in step).
+(:func:`table_rows`; tests/gateway/test_docs.py keeps the two in step).
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ the example ``mlp`` and ``simple`` models (with their numpy references), and rea
 
 from __future__ import annotations
 
+import gc
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ from tests.helpers import (
     runner_worker_argv,
     start_broker,
     start_worker,
+    wait_until,
 )
 
 _STARTED = r"ipuserve gateway: http (https?)://(\S+):(\d+), grpc (\S+),"
@@ -78,10 +82,11 @@ def start_gateway(
 ) -> GatewayProc:
     """``ipuserve gateway`` on a free port; ready once it printed its start-up line."""
     argv = gateway_argv(broker, *args)
-    return _started(procs.start(name, argv), argv)
+    return started_gateway(procs.start(name, argv), argv)
 
 
-def _started(proc: Proc, argv: list[str]) -> GatewayProc:
+def started_gateway(proc: Proc, argv: list[str]) -> GatewayProc:
+    """The gateway ``proc`` runs, once it printed its start-up line."""
     found = proc.wait_for(_STARTED)
     host_port = f"{found[2]}:{found[3]}"
     grpc = None if found[4] == "off" else found[4]
@@ -94,7 +99,7 @@ def restart_gateway(procs: Processes, old: GatewayProc, name: str = "gateway2") 
     assert old.proc.wait() == 0, old.proc.output()
     argv = list(old.argv)
     argv[argv.index("--http") + 1] = old.host_port
-    return _started(procs.start(name, argv), argv)
+    return started_gateway(procs.start(name, argv), argv)
 
 
 def _write_models(directory: Path) -> dict[str, Model]:
@@ -108,6 +113,16 @@ def _write_models(directory: Path) -> dict[str, Model]:
         model = load_model([str(path)])
         found[name] = Model(name, str(path), examples.tensor_arrays(model))
     return found
+
+
+@pytest.fixture(autouse=True)
+def _collect_clients_here() -> Iterator[None]:
+    """Collect the test's garbage on the main thread when it ends: tritonclient's sync
+    client closes its gevent pool in ``__del__``, which fails (an unraisable error that
+    fails the run) when a collection happens to run on another thread, such as a later
+    test's load thread."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +142,27 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
         print(f"--- output of the fabric's processes ---\n{procs.output()}")
 
 
+def wait_ready(gateway: GatewayProc, timeout: float = 60.0) -> None:
+    """Wait until the gateway says it is ready (its client reached a broker): the
+    start-up line comes once the doors listen, which can be before that."""
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(gateway.url + "/v2/health/ready", timeout=timeout):
+                return True
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return False
+
+    wait_until(ready, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def gateway(fabric: Fabric) -> GatewayProc:
-    """A gateway with no tokens, in front of the module's fabric."""
-    return start_gateway(fabric.procs, fabric.broker)
+    """A gateway with no tokens, in front of the module's fabric, ready."""
+    started = start_gateway(fabric.procs, fabric.broker)
+    wait_ready(started)
+    return started
 
 
 def mlp_input(samples: int, seed: int = 0) -> np.ndarray[Any, Any]:

@@ -3,6 +3,7 @@ answers what is under way; and a model that raises, through it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -69,10 +70,15 @@ def test_a_stop_answers_the_requests_under_way(processes: Processes) -> None:
     answers: list[Any] = []
 
     def call() -> None:
-        client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=60)
-        tensors = [_add_input(name, array) for name, array in inputs.items()]
+        # plain urllib: tritonclient's gevent client must stay on the thread it was made on
+        body = json.dumps({"inputs": [
+            {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in inputs.items()
+        ]}).encode()  # fmt: skip
         try:
-            answers.append(client.infer("add", tensors).as_numpy("z"))
+            with urllib.request.urlopen(gateway.url + "/v2/models/add/infer", body, 60) as r:
+                [z] = json.loads(r.read())["outputs"]
+            answers.append(np.array(z["data"], np.float32).reshape(z["shape"]))
         except Exception as exc:  # reported below, with the processes' output
             answers.append(exc)
 
@@ -91,8 +97,20 @@ def test_a_model_that_raises_is_500_with_the_fabrics_message(processes: Processe
     broker = start_broker(processes, metrics=False)
     start_worker(processes, broker, fn_worker_argv("fail"))
     gateway = start_gateway(processes, broker)
+    with httpclient.InferenceServerClient(gateway.host_port, network_timeout=60) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("fail", [_add_input("x", add_inputs()["x"])])
+        assert caught.value.status() == "500"
+        assert "this model always fails" in caught.value.message()
+
+
+def test_a_request_past_its_timeout_parameter_is_504(processes: Processes) -> None:
+    broker = start_broker(processes, metrics=False)
+    start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "3000"))
+    gateway = start_gateway(processes, broker)
+    tensors = [_add_input(name, array) for name, array in add_inputs().items()]
     client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=60)
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer("fail", [_add_input("x", add_inputs()["x"])])
-    assert caught.value.status() == "500"
-    assert "this model always fails" in caught.value.message()
+    with client, pytest.raises(InferenceServerException) as caught:
+        client.infer("add", tensors, timeout=300_000)  # parameters.timeout, in µs
+    assert caught.value.status() == "504", caught.value.message()
+    assert "timeout of 300 ms" in caught.value.message()  # microseconds, as Triton's

@@ -8,6 +8,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,21 @@ from tests.gateway.conftest import Fabric, GatewayProc, mlp_input
 pytestmark = pytest.mark.slow
 
 
+_OPEN: list[httpclient.InferenceServerClient] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """The test's clients closed after it (an unclosed socket fails the run)."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _client(gateway: GatewayProc) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(gateway.host_port, network_timeout=60.0)
+    client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=60.0)
+    _OPEN.append(client)
+    return client
 
 
 def _input(name: str, array: np.ndarray[Any, Any], *, binary: bool) -> httpclient.InferInput:
@@ -176,6 +190,7 @@ def test_statistics_count_what_was_served(gateway: GatewayProc) -> None:
     assert success["count"] == before["inference_stats"]["success"]["count"] + 1
     assert success["ns"] > before["inference_stats"]["success"]["ns"]
     assert after["last_inference"] > 0
+    assert client.get_inference_statistics("simple", "1")["model_stats"] == [after]
     every = client.get_inference_statistics()["model_stats"]
     assert {"mlp", "simple"} <= {s["name"] for s in every}
 

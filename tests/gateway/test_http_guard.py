@@ -45,14 +45,13 @@ def _read_all(sock: socket.socket) -> bytes:
 
 def _infer_ok(fabric: Fabric, gateway: GatewayProc) -> None:
     """A well-behaved client is served, correctly."""
-    client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=PATIENCE_S)
     x = mlp_input(2, seed=11)
     tensor = httpclient.InferInput("input", [2, 64], "FP32")
     tensor.set_data_from_numpy(x)
-    result = client.infer("mlp", [tensor])
+    with httpclient.InferenceServerClient(gateway.host_port, network_timeout=PATIENCE_S) as c:
+        result = c.infer("mlp", [tensor])
     want = fabric.models["mlp"].reference({"input": x})["logits"]
     np.testing.assert_allclose(result.as_numpy("logits"), want, rtol=1e-5, atol=1e-5)
-    client.close()
 
 
 def test_half_sent_headers_are_cut_off_while_others_are_served(fabric: Fabric) -> None:
@@ -126,20 +125,30 @@ def _zeros(samples: int) -> httpclient.InferInput:
 
 def test_a_body_over_the_limit_is_413_naming_the_limit(fabric: Fabric) -> None:
     gateway = start_gateway(fabric.procs, fabric.broker, "--max-body-bytes", "2000")
-    client = httpclient.InferenceServerClient(gateway.host_port, network_timeout=PATIENCE_S)
-    tensor = httpclient.InferInput("input", [16, 64], "FP32")  # 4096 bytes of binary data
-    tensor.set_data_from_numpy(mlp_input(16))
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer("mlp", [tensor])
-    assert caught.value.status() == "413"
-    assert "over the gateway's limit of 2000 bytes" in caught.value.message()
-    # without a Content-Length (chunked), the limit holds as the body arrives
-    status, message = _post(gateway, iter([b"{" + b" " * 1500, b" " * 1500 + b"}"]), chunked=True)
-    assert status == 413 and "limit of 2000 bytes" in message
-    # compressed, the limit holds for the body as decompressed (no zip bombs)
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer(
-            "mlp", [_zeros(16)], request_compression_algorithm="gzip"
-        )  # 4 KiB of zeros: a few dozen bytes gzipped
-    assert caught.value.status() == "413"
-    _infer_ok(fabric, gateway)  # and a request under the limit is served
+    with httpclient.InferenceServerClient(gateway.host_port, network_timeout=PATIENCE_S) as client:
+        tensor = httpclient.InferInput("input", [16, 64], "FP32")  # 4096 bytes of binary data
+        tensor.set_data_from_numpy(mlp_input(16))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("mlp", [tensor])
+        assert caught.value.status() == "413"
+        assert "over the gateway's limit of 2000 bytes" in caught.value.message()
+        # without a Content-Length (chunked), the limit holds as the body arrives
+        status, message = _post(
+            gateway, iter([b"{" + b" " * 1500, b" " * 1500 + b"}"]), chunked=True
+        )
+        assert status == 413 and "limit of 2000 bytes" in message
+        # compressed, the limit holds for the body as decompressed (no zip bombs)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer(
+                "mlp", [_zeros(16)], request_compression_algorithm="gzip"
+            )  # 4 KiB of zeros: a few dozen bytes gzipped
+        assert caught.value.status() == "413"
+        # a huge declared length is refused from the headers, and the connection closed
+        with _connection(gateway) as greedy:
+            greedy.sendall(
+                b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: gateway\r\n"
+                b"Content-Length: 10000000000\r\n\r\n{"
+            )
+            answer = _read_all(greedy)
+        assert answer.startswith(b"HTTP/1.1 413"), answer
+        _infer_ok(fabric, gateway)  # and a request under the limit is served
