@@ -5,6 +5,7 @@ the example ``mlp`` and ``simple`` models (with their numpy references), and rea
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -125,10 +126,21 @@ def _collect_clients_here() -> Iterator[None]:
     gc.collect()
 
 
+#: what the fabric sets for its workers, and puts back after
+_SIM_ENV = ("IPUSERVE_SIM_LOCK_DIR", "IPUSERVE_SIM_IPUS", "IPUSERVE_SIM_TIME_SCALE")
+
+
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
     """One broker and one worker per example model, for the module's tests."""
     procs = Processes()
+    # Module-scoped: it starts before the per-test private IPU inventory
+    # (tests/conftest.py), so it takes one of its own; the machine-wide one is shared
+    # with whatever else runs here, and another run's workers would hold its IPUs.
+    saved = {key: os.environ.get(key) for key in _SIM_ENV}
+    os.environ["IPUSERVE_SIM_LOCK_DIR"] = str(tmp_path_factory.mktemp("fabric-ipu-locks"))
+    os.environ["IPUSERVE_SIM_IPUS"] = "4"
+    os.environ["IPUSERVE_SIM_TIME_SCALE"] = os.environ.get("IPUSERVE_TEST_TIME_SCALE", "0")
     try:
         models = _write_models(tmp_path_factory.mktemp("models"))
         broker = start_broker(procs)
@@ -138,6 +150,11 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
         ]
         yield Fabric(procs, broker, models, workers)
     finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         procs.close()
         print(f"--- output of the fabric's processes ---\n{procs.output()}")
 
