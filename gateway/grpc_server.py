@@ -180,7 +180,7 @@ class _Servicer:
     async def model_statistics(
         self, req: pb.ModelStatisticsRequest, _ctx: Any
     ) -> pb.ModelStatisticsResponse:
-        stats = self._service.statistics(req.name or None, req.version or None)
+        stats = await self._service.statistics(req.name or None, req.version or None)
         return convert.statistics(stats)
 
 

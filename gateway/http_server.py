@@ -137,9 +137,7 @@ def statistics_json(stats: ModelStatistics) -> dict[str, Any]:
 
 async def _statistics(request: web.Request) -> web.Response:
     service, name = request.app[SERVICE], request.match_info.get("name")
-    if name is not None:  # a model the gateway has not looked up yet: ask the fabric
-        await service.model_metadata(name, _version(request))
-    stats = service.statistics(name, _version(request))
+    stats = await service.statistics(name, _version(request))
     return web.json_response({"model_stats": [statistics_json(s) for s in stats]})
 
 

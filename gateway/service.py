@@ -249,13 +249,17 @@ class InferenceService:
         except Exception:  # the request's own error is the one to report
             pass
 
-    def statistics(
+    async def statistics(
         self, name: str | None = None, version: str | None = None
     ) -> list[ModelStatistics]:
-        """Every model's statistics, or one's (:class:`UnknownModelError` if the gateway
-        has neither heard of it nor served it)."""
+        """Every model's statistics, or one's (:class:`UnknownModelError` if the fabric
+        does not know it and the gateway never served it). A model the gateway has not
+        looked up yet is asked of the fabric first, for HTTP and gRPC alike: a gateway
+        just started must not call a served model unknown."""
         if name:
             _check_version(name, version)
+            if name not in self.stats.names():
+                await self.model_metadata(name, version)
             if self.catalog.get(name) is None and name not in self.stats.names():
                 raise UnknownModelError.nobody_serves(name, ", ".join(self.catalog.names()))
             return [self.stats.of(name, VERSION)]
