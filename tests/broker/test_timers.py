@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,6 +50,13 @@ class HandTurned:
         assert sock.poll(int(TIMEOUT * 1000)), f"nothing arrived on the {side}"
         handle = broker._on_worker if side == "backend" else broker._on_client
         broker._drain(sock, handle)
+
+    def read_until(self, side: str, done: Callable[[], bool]) -> None:
+        """:meth:`read` until ``done()``: messages sent together may arrive over more
+        than one turn."""
+        self.read(side)
+        while not done():
+            self.read(side)
 
     def at(self, now: float) -> None:
         """Fire the timers due by ``now`` and send what they placed or answered."""
@@ -146,7 +153,7 @@ def test_a_model_without_workers_refuses_its_queue_at_orphan_ms_not_before() -> 
         with RawClient(hand.broker.frontend_endpoint) as raw:
             leaving = hand.worker("leaving", credit=1)
             ids = [raw.request("add", INPUTS), raw.request("add", INPUTS)]
-            hand.read("frontend")
+            hand.read_until("frontend", lambda: len(hand.live()) == 2)
             job = leaving.job()
             leaving.send(wire.Bye(handed_back=(job.job_id,)))
             hand.read("backend")
@@ -173,7 +180,10 @@ def test_overload_is_reported_at_once_then_at_most_every_ten_seconds(
             raw.request("add", INPUTS)  # runs
             raw.request("add", INPUTS)  # queued
             refused = raw.request("add", INPUTS)  # OVERLOADED
-            hand.read("frontend")
+            metrics = hand.broker.metrics
+            hand.read_until(
+                "frontend", lambda: metrics.errors.value(code="OVERLOADED", model="add") == 1
+            )
             error = raw.recv()
             assert isinstance(error, wire.ErrorReply) and error.request_id == refused
             assert error.code == "OVERLOADED"
