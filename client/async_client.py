@@ -25,7 +25,7 @@ import zmq
 from ipuserve import protocol as wire
 from ipuserve.client.client import _DEFAULT, Client
 from ipuserve.client.config import ClientConfig, ClientStats
-from ipuserve.client.links_loop import LinkInfo
+from ipuserve.client.core import LinkInfo
 from ipuserve.client.pending import Arrays
 from ipuserve.client.timing import Timing
 from ipuserve.security import KeySource

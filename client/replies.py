@@ -131,16 +131,23 @@ class Replies:
 
     def settle_due(self) -> None:
         """Settle what :meth:`finish` took out, in order; without the socket lock."""
-        due = self.due
-        while due:
-            pending, settle = due[0]
-            if not pending.future.done():
-                try:
-                    settle(pending)  # runs the future's callbacks on this thread
-                except Exception as exc:  # e.g. numpy cannot view the reply's tensors
-                    log.exception("cannot hand request %s its reply", pending.request_id.hex())
-                    pending.fail(ProtocolError(f"unreadable reply ({exc!r})"))
-            due.popleft()
+        settle(self.due)
+
+
+def settle(due: deque[tuple[Pending, Callable[[Pending], None]]]) -> None:
+    """Settle what replies and expiry took out, in order, without the driver's lock
+    held (done-callbacks run here: one that sends takes the lock like any caller).
+    Each leaves ``due`` only once settled, so that close() can fail what a blocked
+    callback strands."""
+    while due:
+        pending, settle_one = due[0]
+        if not pending.future.done():
+            try:
+                settle_one(pending)  # runs the future's callbacks on this thread
+            except Exception as exc:  # e.g. numpy cannot view the reply's tensors
+                log.exception("cannot hand request %s its reply", pending.request_id.hex())
+                pending.fail(ProtocolError(f"unreadable reply ({exc!r})"))
+        due.popleft()
 
 
 def _resolve(pending: Pending, message: wire.Message) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from ipuserve import errors
 from ipuserve.client.client import Client
-from ipuserve.client.io_loop import ClientConfig
+from ipuserve.client.config import ClientConfig
 from tests.helpers import (
     BrokerProc,
     Processes,

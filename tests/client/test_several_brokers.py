@@ -23,10 +23,8 @@ from ipuserve import protocol as wire
 from ipuserve.client import Client, ClientConfig
 from ipuserve.client import client as client_module
 from ipuserve.client.cli import client_address
+from ipuserve.client.core import least_loaded
 from ipuserve.client.fleet import FleetWorker, merge_models
-from ipuserve.client.io_loop import IoLoop
-from ipuserve.client.links import least_loaded
-from ipuserve.client.links_loop import LinksLoop
 from ipuserve.discovery import EndpointSet, expand
 from ipuserve.errors import ConfigError, DeadlineExceeded, UnknownModelError
 from ipuserve.face.cli import main
@@ -301,9 +299,9 @@ def test_one_broker_keeps_the_single_socket_client() -> None:
     ]
     fixed = "tcp://127.0.0.1:5555"
     with Client(fixed) as one, Client([fixed]) as listed, Client(["tcp://localhost:5555"]) as name:
-        assert isinstance(one._io, IoLoop)
-        assert isinstance(listed._io, IoLoop)  # nothing to follow: the one socket
-        assert isinstance(name._io, LinksLoop)  # a name, followed as it changes
+        assert not one._io.follows and len(one._io.core.links) == 1
+        assert not listed._io.follows  # nothing to follow: the one socket
+        assert name._io.follows  # a name, followed as it changes
         assert [link.endpoint for link in listed.links()] == [fixed]
         assert [link.endpoint for link in name.links()] == ["tcp://localhost:5555"]
 
