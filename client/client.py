@@ -169,7 +169,7 @@ class Client:
         land in a call meant to return at once after its request has left (a load
         generator would take it for a refusal and lose track of the request).
         """
-        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         direct = threading.current_thread() is not threading.main_thread()
         return self._request(model, inputs, timeout, copy=copy, direct=direct)
 
@@ -183,15 +183,8 @@ class Client:
         direct: bool,
     ) -> InferFuture:
         """Build and submit one request; ``direct``: it may leave from this thread."""
-        _check_model(model)
-        _check_inputs(inputs)
-        request_id = next(self._ids).to_bytes(8, "little")
-        if copy:
-            inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
-        tensors = wire.Tensors.of(inputs)
-        timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
-        message = wire.Request(request_id, model, tensors, timeout_ms)
-        future = InferFuture(request_id, self._io.thread, owner=self)
+        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
+        future = InferFuture(message.request_id, self._io.thread, owner=self)
         self._io.submit(Pending(message, future, timeout, parse_reply), direct=direct)
         return future
 
@@ -202,7 +195,7 @@ class Client:
 
         ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
         inputs are sent without a copy: they must not change while this runs."""
-        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
         future = self._request(model, inputs, timeout, copy=False, direct=True)
         return _wait(future, timeout, self._io)
@@ -254,7 +247,7 @@ class Client:
         return self._io.links()
 
     def _call_timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        return self.timeout if timeout is _DEFAULT else check_timeout(timeout)
 
     def _ask_models(self, to: str | None, timeout: float | None) -> Future[list[wire.ModelInfo]]:
         """Send a LIST_MODELS (``to``: that broker only, never moved to another)."""
@@ -297,7 +290,21 @@ class Client:
         return f"Client({self.address!r}, timeout={self.timeout})"
 
 
-def _check_timeout(timeout: Any) -> float | None:
+def build_request(
+    number: int, model: str, inputs: Mapping[str, Any], timeout: float | None, *, copy: bool
+) -> wire.Request:
+    """Request ``number`` after the caller's mistakes are refused (both faces alike);
+    ``copy``: of the inputs first, so that the caller may reuse its arrays at once."""
+    _check_model(model)
+    _check_inputs(inputs)
+    if copy:
+        inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
+    tensors = wire.Tensors.of(inputs)
+    timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
+    return wire.Request(number.to_bytes(8, "little"), model, tensors, timeout_ms)
+
+
+def check_timeout(timeout: Any) -> float | None:
     """Seconds > 0 that the wire can carry, or None (no timeout)."""
     if timeout is None:
         return None
@@ -388,7 +395,7 @@ class ClientSetup:
             address if isinstance(address, str) else tuple(endpoints)
         )
         self.config = config or ClientConfig()
-        self.timeout = _check_timeout(timeout)
+        self.timeout = check_timeout(timeout)
         self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
         # From a random start: the broker takes (routing id, request id) for a re-send of
         # a job it still holds, so a new Client reusing a fixed routing_id must not

@@ -27,6 +27,7 @@ from ipuserve.client.core import Core
 from ipuserve.client.link import Link
 from ipuserve.client.pending import InferFuture
 from ipuserve.client.sockets import LinkSocket
+from tests.client.faces import MakeClient
 from tests.client.fake_broker import ADD, FakeBroker, add_handler, inputs
 from tests.helpers import wait_until
 
@@ -635,10 +636,12 @@ def test_an_io_thread_released_after_close_gave_up_sends_nothing_more(
 # ---------------------------------------------------------------- liveness and shutdown
 
 
-def test_requests_lost_in_a_broker_restart_are_resent_once_answered(broker: FakeBroker) -> None:
+def test_requests_lost_in_a_broker_restart_are_resent_once_answered(
+    broker: FakeBroker, make_client: MakeClient
+) -> None:
     arrived = Counter(5)
     broker.handler = counting(lambda r: None, arrived)  # the old broker loses them
-    with Client(broker.address, timeout=20, config=FAST) as client:
+    with make_client(broker.address, timeout=20, config=FAST) as client:
         given = [inputs(i) for i in range(5)]
         futures = [client.infer_async("add", g) for g in given]
         assert arrived.reached.wait(10)
@@ -655,13 +658,15 @@ def test_requests_lost_in_a_broker_restart_are_resent_once_answered(broker: Fake
         assert set(first_ids) <= resent
 
 
-def test_a_reconnection_re_sends_what_is_pending(broker: FakeBroker) -> None:
+def test_a_reconnection_re_sends_what_is_pending(
+    broker: FakeBroker, make_client: MakeClient
+) -> None:
     """A connection lost for less than a liveness window: no silence, no new epoch, so
     nothing was re-sent, and a request whose reply the broker could not deliver (or
     whose queue it dropped, the client gone) waited out its timeout."""
     arrived = Counter(1)
     broker.handler = counting(lambda r: None, arrived)  # held, never answered
-    with Client(broker.address, timeout=30, config=FAST) as client:
+    with make_client(broker.address, timeout=30, config=FAST) as client:
         given = inputs(3)
         future = client.infer_async("add", given)
         assert arrived.reached.wait(10)

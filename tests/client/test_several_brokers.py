@@ -29,6 +29,7 @@ from ipuserve.discovery import EndpointSet, expand
 from ipuserve.errors import ConfigError, DeadlineExceeded, UnknownModelError
 from ipuserve.face.cli import main
 from tests.client import fake_broker
+from tests.client.faces import Face, MakeClient
 from tests.client.fake_broker import FakeBroker, add_handler
 from tests.client.fake_broker import inputs as fake_inputs
 from tests.helpers import (
@@ -69,7 +70,7 @@ def check(outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
     np.testing.assert_allclose(outputs["z"], add_expected(inputs), rtol=1e-6)
 
 
-def usable_links(client: Client) -> int:
+def usable_links(client: Face) -> int:
     return sum(link.usable for link in client.links())
 
 
@@ -91,30 +92,31 @@ def test_requests_spread_over_both_brokers(two_brokers: tuple[BrokerProc, Broker
 
 
 def test_kill_one_broker_under_load_nothing_lost_nothing_twice(
-    processes: Processes, two_brokers: tuple[BrokerProc, BrokerProc]
+    processes: Processes, two_brokers: tuple[BrokerProc, BrokerProc], make_client: MakeClient
 ) -> None:
     first, second = two_brokers
     per_thread, threads = 150, 4
-    settled: Counter[bytes] = Counter()
+    settled: Counter[tuple[int, int]] = Counter()
     lock = threading.Lock()
     failures: list[BaseException] = []
     progress = threading.Semaphore(0)
     times: list[float] = []
 
-    def load(client: Client, seed: int) -> None:
+    def load(client: Face, seed: int) -> None:
         try:
             for i in range(per_thread):
                 inputs = add_inputs(1 + i % 4, seed=seed * 1000 + i)
                 future = client.infer_async("add", inputs)
                 check(future.result(30), inputs)
                 with lock:
-                    settled[future.request_id] += 1
+                    settled[seed, i] += 1
                     times.append(time.monotonic())
                 progress.release()
         except BaseException as exc:  # reported by the test
             failures.append(exc)
 
-    with Client([first.frontend, second.frontend], timeout=30, config=ROOMY_CONFIG) as client:
+    frontends = [first.frontend, second.frontend]
+    with make_client(frontends, timeout=30, config=ROOMY_CONFIG) as client:
         wait_until(lambda: usable_links(client) == 2)
         workers = [threading.Thread(target=load, args=(client, s)) for s in range(threads)]
         for thread in workers:
@@ -147,13 +149,14 @@ def test_kill_one_broker_under_load_nothing_lost_nothing_twice(
 
 
 def test_broker_silent_then_requests_move_with_the_same_ids(
-    two_brokers: tuple[BrokerProc, BrokerProc],
+    two_brokers: tuple[BrokerProc, BrokerProc], make_client: MakeClient
 ) -> None:
     """SIGSTOP one broker: its connection stays up, it just stops answering. Its
     pending requests go to the other broker after the liveness window; when it is
     resumed it answers them too, and those second replies are dropped."""
     first, second = two_brokers
-    with Client([first.frontend, second.frontend], timeout=20, config=ROOMY_CONFIG) as client:
+    frontends = [first.frontend, second.frontend]
+    with make_client(frontends, timeout=20, config=ROOMY_CONFIG) as client:
         wait_until(lambda: usable_links(client) == 2)
         first.proc.popen.send_signal(19)  # SIGSTOP
         try:
@@ -168,13 +171,13 @@ def test_broker_silent_then_requests_move_with_the_same_ids(
         assert client.stats.replies == 50
 
 
-def test_a_duplicate_reply_settles_once() -> None:
+def test_a_duplicate_reply_settles_once(make_client: MakeClient) -> None:
     """Broker A falls silent holding a request; the client moves it to B, which
     answers; then A answers it too (the same id from two brokers): dropped, counted,
     and the future keeps B's one result."""
     a, b = FakeBroker().start(), FakeBroker().start()
     try:
-        with Client([a.address, b.address], timeout=20, config=ROOMY_CONFIG) as client:
+        with make_client([a.address, b.address], timeout=20, config=ROOMY_CONFIG) as client:
             wait_until(lambda: usable_links(client) == 2)
             a.silent = True
             both = [client.infer_async("add", fake_inputs(seed)) for seed in (1, 2)]
