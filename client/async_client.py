@@ -36,13 +36,11 @@ from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import merge_models
 from ipuserve.client.pending import Arrays, Pending, parse_models, parse_reply
 from ipuserve.client.timing import Timing
-from ipuserve.errors import DeadlineExceeded, IpuserveError
+from ipuserve.errors import IpuserveError
 from ipuserve.security import KeySource
 
 T = TypeVar("T")
 
-#: how long past its deadline a caller waits for the core to fail it (a backstop)
-_RESULT_GRACE_S = 5.0
 
 
 class AsyncClient:
@@ -130,17 +128,12 @@ class AsyncClient:
         return await self._wait(future, timeout)
 
     async def _wait(self, future: asyncio.Future[T], timeout: float | None) -> T:
-        """The future's result; the core fails it at its deadline, this is a backstop."""
-        if timeout is None:
-            return await future
-        try:
-            return await asyncio.wait_for(future, timeout + _RESULT_GRACE_S)
-        except DeadlineExceeded:  # the request's own: a TimeoutError too, so caught first
-            raise
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"no reply within {timeout} s{self._io.silence_hint()}"
-            ) from None
+        """The future's result. No timer of its own: the core fails the request at its
+        deadline on this same event loop (a client's I/O thread can be blocked by a
+        done-callback, which is why :class:`Client` keeps a backstop; here, a loop
+        that is blocked runs no timer either)."""
+        del timeout
+        return await future
 
     def _call_timeout(self, timeout: Any) -> float | None:
         return self.timeout if timeout is _DEFAULT else check_timeout(timeout)
