@@ -42,7 +42,6 @@ from ipuserve.security import KeySource
 T = TypeVar("T")
 
 
-
 class AsyncClient:
     """An asyncio client of one broker or several; see the module's docstring."""
 

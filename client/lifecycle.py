@@ -1,7 +1,6 @@
-"""The life of a client's I/O thread, shared by the one-broker loop
-(:mod:`ipuserve.client.io_loop`) and the several-broker loop
-(:mod:`ipuserve.client.links_loop`): how it ends, how :meth:`close` stops it, and
-how what was still pending fails -- the same rules for both, in one place.
+"""The life of the I/O thread of :class:`~ipuserve.client.Client`
+(:mod:`ipuserve.client.thread_loop`): how it ends, how :meth:`close` stops it, and
+how what was still pending fails.
 
 * The thread fails what is pending as it ends, with why: closed, or the error that
   killed it (never leaving callers waiting on a dead thread).

@@ -1,7 +1,7 @@
 """The client's view of one outstanding request: its future, its message, its deadline.
 
-Owned by the client's I/O loop once handed over (its :class:`PendingTable`, guarded
-by the socket lock); callers only ever see the :class:`InferFuture`. The request
+Owned by the client's core once handed over (its :class:`PendingTable`, guarded
+by the driver); callers only ever see the :class:`InferFuture`. The request
 *message* (not its frames) is kept until the reply so it can be re-sent after a
 broker restart with the same id and with the time it has left as its timeout.
 """
@@ -96,7 +96,7 @@ _SETTLED = (InvalidStateError, asyncio.InvalidStateError)
 
 @dataclass(slots=True)
 class Pending:
-    """One request between hand-over and reply; touched only under the socket lock."""
+    """One request between hand-over and reply; touched only by the core."""
 
     message: Message
     future: Settleable
