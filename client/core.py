@@ -308,14 +308,13 @@ class Core:
     def _pick(self, now: float) -> Link | None:
         """The usable link with the fewest pending; a lone link even if not usable
         (unless it is a backend port); None: park."""
+        if len(self.links) == 1:  # one broker: the lone link, whatever its state
+            (link,) = self.links.values()
+            return None if link.liveness.backend_port else link
         usable = [link for link in self.links.values() if link.usable(now)]
         if usable:
             self._turns += 1
             return usable[least_loaded([len(k.ids) for k in usable], self._turns)]
-        if len(self.links) == 1:
-            (link,) = self.links.values()
-            if not link.liveness.backend_port:
-                return link
         return None
 
     def _assign(self, pending: Pending, now: float) -> bool:
