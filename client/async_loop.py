@@ -127,14 +127,14 @@ class AsyncLoop:
             )
         self._loop = loop
         loop.add_reader(self._waker.fileno(), self._on_waker)
-        for sockets in self._sockets.values():
-            self._watch(sockets)
+        for endpoint, sockets in self._sockets.items():
+            self._watch(endpoint, sockets)
         self.core.tick(now=time.monotonic(), now_ns=time.perf_counter_ns())  # the PINGs
         self._schedule()  # a turn after the sends, which plans the next
 
-    def _watch(self, sockets: LinkSocket) -> None:
+    def _watch(self, endpoint: str, sockets: LinkSocket) -> None:
         assert self._loop is not None
-        self._loop.add_reader(sockets.fd, self._schedule)
+        self._loop.add_reader(sockets.fd, self._on_readable, endpoint, sockets)
         self._loop.add_reader(sockets.monitor_fd, self._schedule)
 
     def _unwatch(self, sockets: LinkSocket) -> None:
@@ -149,13 +149,23 @@ class AsyncLoop:
         self._sockets[endpoint] = sockets
         self.core.add_link(endpoint, sockets)
         if self._loop is not None:
-            self._watch(sockets)
+            self._watch(endpoint, sockets)
 
     def _drop_link(self, endpoint: str) -> None:
         self.core.drop_link(endpoint)
         sockets = self._sockets.pop(endpoint)
         self._unwatch(sockets)
         sockets.close()
+
+    def _on_readable(self, endpoint: str, sockets: LinkSocket) -> None:
+        """A socket's descriptor fired. It may have fired before this pass's turn read
+        what it announced (the selector ran first): a turn is due only if something is
+        still there -- asking is itself the check that resets the descriptor, and a
+        needless turn would make this pass's requests wait for it instead of leaving
+        at once."""
+        link = self.core.links.get(endpoint)
+        if link is not None and sockets.ready(want_room=bool(link.unsent)):
+            self._schedule()
 
     def _on_waker(self) -> None:
         self._waker.clear()
@@ -211,11 +221,10 @@ class AsyncLoop:
         """The last operation on each socket: run again at once if something is ready
         (the descriptors signal only what comes after this), else at the next PING or
         deadline."""
-        links = self.core.links
-        if any(
-            sockets.ready(want_room=bool(links[endpoint].unsent))
-            for endpoint, sockets in self._sockets.items()
-        ):
+        links, ready = self.core.links, False
+        for endpoint, sockets in self._sockets.items():
+            ready = ready or sockets.ready(want_room=bool(links[endpoint].unsent))
+        if ready:
             self._schedule()
             return
         loop = self._loop

@@ -337,6 +337,12 @@ class Core:
 
     def _rebalance(self, now: float) -> None:
         """Parked requests to usable links; a failed link's requests to the others."""
+        if not self._parked:  # the common case, every turn: nothing to move?
+            for link in self.links.values():
+                if link.ids and not link.usable(now):
+                    break
+            else:
+                return
         if not any(link.usable(now) for link in self.links.values()):
             for link in self.links.values():
                 if link.ids and link.liveness.backend_port:

@@ -305,11 +305,10 @@ class ThreadLoop(IoThread):
     def _plan(self) -> int:
         """The last operation on each socket before the lock is let go: wait only if
         nothing is ready (the descriptors signal only what comes after this)."""
-        links = self.core.links
-        if self._inbox.ready or any(
-            sockets.ready(want_room=bool(links[endpoint].unsent))
-            for endpoint, sockets in self._sockets.items()
-        ):
+        links, ready = self.core.links, self._inbox.ready
+        for endpoint, sockets in self._sockets.items():
+            ready = ready or sockets.ready(want_room=bool(links[endpoint].unsent))
+        if ready:
             timeout_ms = 0
         else:
             wait_s = self.core.wait_s(time.monotonic(), time.perf_counter_ns())

@@ -81,6 +81,8 @@ def test_requests_spread_over_both_brokers(two_brokers: tuple[BrokerProc, Broker
         for i in range(40):  # one at a time: the round-robin among equals spreads them
             inputs = add_inputs(1 + i % 3, seed=i)
             check(client.infer("add", inputs), inputs)
+        # one at a time, they left from this thread (the sockets free), as with one broker
+        assert client.stats.direct > 0
         futures = [client.infer_async("add", add_inputs(2, seed=i)) for i in range(200)]
         for i, future in enumerate(futures):
             check(future.result(20), add_inputs(2, seed=i))
