@@ -14,8 +14,8 @@ Example::
 from ipuserve.client.async_client import AsyncClient
 from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import FleetModel, FleetWorker
-from ipuserve.client.links_loop import LinkInfo
 from ipuserve.client.pending import InferFuture
 from ipuserve.client.timing import Timing
 

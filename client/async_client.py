@@ -11,24 +11,35 @@
 It takes what :class:`~ipuserve.client.Client` takes (one endpoint or several,
 discovery, CURVE keys, a :class:`ClientConfig`) and raises the same errors
 (:mod:`ipuserve.errors`). Results are read-only views of the received frames.
+
+The same core as :class:`~ipuserve.client.Client` (:mod:`ipuserve.client.core`:
+re-sending with the same ids, failover, each request settled once), driven by the
+event loop instead of an I/O thread (:mod:`ipuserve.client.async_loop`): the client
+belongs to the event loop it is first used on, and its methods must be called there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
 from ipuserve import protocol as wire
-from ipuserve.client.client import _DEFAULT, Client
+from ipuserve.client.async_loop import AsyncLoop
+from ipuserve.client.client import _DEFAULT, ClientSetup, build_request, check_timeout
 from ipuserve.client.config import ClientConfig, ClientStats
-from ipuserve.client.links_loop import LinkInfo
-from ipuserve.client.pending import Arrays
+from ipuserve.client.core import LinkInfo
+from ipuserve.client.fleet import merge_models
+from ipuserve.client.pending import Arrays, Pending, parse_models, parse_reply
 from ipuserve.client.timing import Timing
+from ipuserve.errors import IpuserveError
 from ipuserve.security import KeySource
+
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -44,16 +55,15 @@ class AsyncClient:
         curve_secret_key: KeySource | None = None,
         broker_public_key: KeySource | None = None,
     ) -> None:
-        self._client = Client(
-            address,
-            timeout,
-            config=config,
-            context=context,
-            curve_secret_key=curve_secret_key,
-            broker_public_key=broker_public_key,
-        )
-        self.address = self._client.address
-        self.timeout = self._client.timeout
+        setup = ClientSetup(address, timeout, config, context, curve_secret_key, broker_public_key)
+        self.address = setup.address
+        self.config = setup.config
+        self.timeout = setup.timeout
+        self.routing_id = setup.routing_id
+        self._ids = setup.ids
+        self._io = AsyncLoop(setup.endpoints, setup.connect, self.config, follow=setup.follow)
+        # A client dropped without close() lets its sockets go when collected.
+        self._closer = weakref.finalize(self, self._io.close)
 
     async def infer(
         self,
@@ -77,29 +87,70 @@ class AsyncClient:
         copy: bool = True,
     ) -> tuple[Arrays, Timing]:
         """:meth:`infer`, and where the request's time went."""
-        future = self._client.infer_async(model, inputs, timeout=timeout, copy=copy)
-        outputs = await asyncio.wrap_future(future)
-        assert future.timing is not None
-        return outputs, future.timing
+        timeout = self._call_timeout(timeout)
+        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
+        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        pending = Pending(message, future, timeout, parse_reply)
+        self._io.submit(pending)
+        outputs = await self._wait(future, timeout)
+        assert pending.timing is not None
+        return outputs, pending.timing
 
     async def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
-        """The fleet's models, as :meth:`Client.models` lists them."""
-        return await asyncio.to_thread(self._client.models, timeout=timeout)
+        """The fleet's models, as :meth:`Client.models` lists them: with several
+        brokers each model once, each worker once, its numbers added up over its
+        brokers; the brokers that do not answer in time are left out (the first's
+        error when none does)."""
+        timeout = self._call_timeout(timeout)
+        if not self._io.follows:
+            return await self._ask_models(None, timeout)
+        endpoints = [info.endpoint for info in self.links()]
+        answers = await asyncio.gather(
+            *(self._ask_models(e, timeout) for e in endpoints), return_exceptions=True
+        )
+        found: dict[str, list[wire.ModelInfo]] = {}
+        for endpoint, answer in zip(endpoints, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, IpuserveError):
+                    raise answer
+            else:
+                found[endpoint] = answer
+        if not found:
+            raise next(a for a in answers if isinstance(a, IpuserveError))
+        return [model.info() for model in merge_models(found)]
+
+    async def _ask_models(self, to: str | None, timeout: float | None) -> list[wire.ModelInfo]:
+        """A LIST_MODELS (``to``: that broker only, never moved to another)."""
+        future: asyncio.Future[list[wire.ModelInfo]] = asyncio.get_running_loop().create_future()
+        message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
+        self._io.submit(Pending(message, future, timeout, parse_models), to=to)
+        return await self._wait(future, timeout)
+
+    async def _wait(self, future: asyncio.Future[T], timeout: float | None) -> T:
+        """The future's result. No timer of its own: the core fails the request at its
+        deadline on this same event loop (a client's I/O thread can be blocked by a
+        done-callback, which is why :class:`Client` keeps a backstop; here, a loop
+        that is blocked runs no timer either)."""
+        del timeout
+        return await future
+
+    def _call_timeout(self, timeout: Any) -> float | None:
+        return self.timeout if timeout is _DEFAULT else check_timeout(timeout)
 
     def links(self) -> list[LinkInfo]:
         """The client's brokers and whether each is usable now."""
-        return self._client.links()
+        return self._io.links()
 
     @property
     def stats(self) -> ClientStats:
-        return self._client.stats
+        return self._io.stats
 
     async def aclose(self) -> None:
         """Fail pending requests with :class:`ClosedError` and let the brokers go."""
-        self._client.close()
+        self._closer()
 
     def close(self) -> None:
-        self._client.close()
+        self._closer()
 
     async def __aenter__(self) -> AsyncClient:
         return self

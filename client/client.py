@@ -9,14 +9,15 @@
 
 Several brokers: ``Client(["tcp://b1:5555", "tcp://b2:5555"])`` spreads the
 requests over the brokers that answer and moves a silent or lost broker's pending
-requests to another with the same ids (:mod:`ipuserve.client.links_loop`; every
+requests to another with the same ids (:mod:`ipuserve.client.core`; every
 request is still answered once). ``links()`` shows the brokers, ``fleet()`` their
 models merged.
 
 One client is meant to be shared by every thread of a process. A caller sends its
 request from its own thread when the socket is idle, else hands it to the
 client's background I/O thread, which receives every reply, keeps the deadlines
-and the broker's liveness, and re-sends (see :mod:`ipuserve.client.io_loop`).
+and the broker's liveness, and re-sends (see :mod:`ipuserve.client.thread_loop`;
+:class:`~ipuserve.client.AsyncClient` is the same core driven by asyncio).
 Results are read-only ``np.frombuffer`` views of the received frames (no copies);
 copy them to modify them. :meth:`Client.infer` sends its inputs without copies (it
 returns only when they are no longer needed); :meth:`Client.infer_async` copies
@@ -60,11 +61,11 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import FleetModel, merge_models
-from ipuserve.client.io_loop import IoLoop
-from ipuserve.client.links import open_socket
-from ipuserve.client.links_loop import LinkInfo, LinksLoop
 from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
+from ipuserve.client.sockets import LinkSocket, open_socket
+from ipuserve.client.thread_loop import ThreadLoop
 from ipuserve.discovery import EndpointSet, expand
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import (
@@ -129,34 +130,13 @@ class Client:
         curve_secret_key: KeySource | None = None,
         broker_public_key: KeySource | None = None,
     ) -> None:
-        if isinstance(address, str) and _stands_for_several(address):
-            address = [address]  # Swarm's tasks.broker: one link per broker, followed
-        endpoints = [address] if isinstance(address, str) else list(address)
-        _check_endpoints(endpoints, address)
-        keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
-        self.address: str | tuple[str, ...] = (
-            address if isinstance(address, str) else tuple(endpoints)
-        )
-        self.config = config or ClientConfig()
-        self.timeout = _check_timeout(timeout)
-        self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
-        # From a random start: the broker takes (routing id, request id) for a re-send of
-        # a job it still holds, so a new Client reusing a fixed routing_id must not
-        # reuse the ids of one that died (it got that one's results).
-        self._ids = itertools.count(secrets.randbits(62))
-        context = context or zmq.Context.instance()
-
-        def connect(endpoint: str) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
-            return open_socket(context, endpoint, self.routing_id, self.config, keys)
-
-        self._io: IoLoop | LinksLoop
-        followed = EndpointSet(endpoints)
-        if isinstance(address, str) or (len(endpoints) == 1 and not followed.follows_names):
-            # one broker: one socket, exactly as ever (and its send from the caller's thread)
-            sock, monitor = connect(endpoints[0])
-            self._io = IoLoop(sock, monitor, self.config, endpoint=endpoints[0])
-        else:
-            self._io = LinksLoop(followed, connect, self.config)
+        setup = ClientSetup(address, timeout, config, context, curve_secret_key, broker_public_key)
+        self.address = setup.address
+        self.config = setup.config
+        self.timeout = setup.timeout
+        self.routing_id = setup.routing_id
+        self._ids = setup.ids
+        self._io = ThreadLoop(setup.endpoints, setup.connect, self.config, follow=setup.follow)
         self._io.thread.start()
         # A client dropped without close() stops its thread and socket when collected.
         self._closer = weakref.finalize(self, self._io.close)
@@ -189,7 +169,7 @@ class Client:
         land in a call meant to return at once after its request has left (a load
         generator would take it for a refusal and lose track of the request).
         """
-        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         direct = threading.current_thread() is not threading.main_thread()
         return self._request(model, inputs, timeout, copy=copy, direct=direct)
 
@@ -203,15 +183,8 @@ class Client:
         direct: bool,
     ) -> InferFuture:
         """Build and submit one request; ``direct``: it may leave from this thread."""
-        _check_model(model)
-        _check_inputs(inputs)
-        request_id = next(self._ids).to_bytes(8, "little")
-        if copy:
-            inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
-        tensors = wire.Tensors.of(inputs)
-        timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
-        message = wire.Request(request_id, model, tensors, timeout_ms)
-        future = InferFuture(request_id, self._io.thread, owner=self)
+        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
+        future = InferFuture(message.request_id, self._io.thread, owner=self)
         self._io.submit(Pending(message, future, timeout, parse_reply), direct=direct)
         return future
 
@@ -222,7 +195,7 @@ class Client:
 
         ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
         inputs are sent without a copy: they must not change while this runs."""
-        timeout = self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
         future = self._request(model, inputs, timeout, copy=False, direct=True)
         return _wait(future, timeout, self._io)
@@ -234,7 +207,7 @@ class Client:
         each model once, each worker once, its numbers added up over its brokers; the
         brokers that do not answer in time are left out (:class:`DeadlineExceeded`
         when none does)."""
-        if isinstance(self._io, IoLoop):
+        if not self._io.follows:
             timeout = self._call_timeout(timeout)
             return _wait(self._ask_models(None, timeout), timeout, self._io)
         return [model.info() for model in self.fleet(timeout=timeout)]
@@ -256,8 +229,9 @@ class Client:
         """Each broker's own list, or the error that came instead, by endpoint (as the
         client uses it: one per address of a name that resolves to several)."""
         timeout = self._call_timeout(timeout)
-        if isinstance(self._io, IoLoop):
-            return {self._io.endpoint: self.models(timeout=timeout)}
+        if not self._io.follows:
+            (endpoint,) = self._io.core.links
+            return {endpoint: self.models(timeout=timeout)}
         asked = {info.endpoint: self._ask_models(info.endpoint, timeout) for info in self.links()}
         answers: dict[str, list[wire.ModelInfo] | IpuserveError] = {}
         for endpoint, future in asked.items():
@@ -270,14 +244,10 @@ class Client:
     def links(self) -> list[LinkInfo]:
         """The client's brokers: endpoint, usable now, pending and assigned requests,
         epoch. A client of one broker has one (usable: connected)."""
-        if isinstance(self._io, LinksLoop):
-            return self._io.links()
-        io, stats = self._io, self._io.stats
-        pending = stats.sent - stats.replies - stats.expired
-        return [LinkInfo(io.endpoint, io._connected, pending, stats.sent, stats.epoch)]
+        return self._io.links()
 
     def _call_timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is _DEFAULT else _check_timeout(timeout)
+        return self.timeout if timeout is _DEFAULT else check_timeout(timeout)
 
     def _ask_models(self, to: str | None, timeout: float | None) -> Future[list[wire.ModelInfo]]:
         """Send a LIST_MODELS (``to``: that broker only, never moved to another)."""
@@ -285,10 +255,7 @@ class Client:
         future: Future[list[wire.ModelInfo]] = Future()
         message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
         pending = Pending(message, future, timeout, parse_models)
-        if isinstance(self._io, LinksLoop):
-            self._io.submit(pending, to=to)
-        else:
-            self._io.submit(pending)
+        self._io.submit(pending, to=to)
         return future
 
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
@@ -323,7 +290,21 @@ class Client:
         return f"Client({self.address!r}, timeout={self.timeout})"
 
 
-def _check_timeout(timeout: Any) -> float | None:
+def build_request(
+    number: int, model: str, inputs: Mapping[str, Any], timeout: float | None, *, copy: bool
+) -> wire.Request:
+    """Request ``number`` after the caller's mistakes are refused (both faces alike);
+    ``copy``: of the inputs first, so that the caller may reuse its arrays at once."""
+    _check_model(model)
+    _check_inputs(inputs)
+    if copy:
+        inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
+    tensors = wire.Tensors.of(inputs)
+    timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
+    return wire.Request(number.to_bytes(8, "little"), model, tensors, timeout_ms)
+
+
+def check_timeout(timeout: Any) -> float | None:
     """Seconds > 0 that the wire can carry, or None (no timeout)."""
     if timeout is None:
         return None
@@ -380,7 +361,7 @@ def _check_endpoints(endpoints: list[Any], address: Any) -> None:
             raise ConfigError(problem)
 
 
-def _wait(future: Future[T], timeout: float | None, io: IoLoop | LinksLoop) -> T:
+def _wait(future: Future[T], timeout: float | None, io: ThreadLoop) -> T:
     """The future's result; the I/O thread fails it at its deadline, the grace is a backstop."""
     try:
         return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)
@@ -388,6 +369,49 @@ def _wait(future: Future[T], timeout: float | None, io: IoLoop | LinksLoop) -> T
         raise
     except FutureTimeout:
         raise DeadlineExceeded(f"no reply within {timeout} s{io.silence_hint()}") from None
+
+
+class ClientSetup:
+    """What both faces (:class:`Client`, :class:`~ipuserve.client.AsyncClient`) make
+    of their constructor's arguments, checked alike: the endpoints and whether they are
+    followed, the config, the timeout, the routing id, the request ids, and how to open
+    a link's socket."""
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        timeout: float | None,
+        config: ClientConfig | None,
+        context: zmq.Context[Any] | None,
+        curve_secret_key: KeySource | None,
+        broker_public_key: KeySource | None,
+    ) -> None:
+        if isinstance(address, str) and _stands_for_several(address):
+            address = [address]  # Swarm's tasks.broker: one link per broker, followed
+        endpoints = [address] if isinstance(address, str) else list(address)
+        _check_endpoints(endpoints, address)
+        keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
+        self.address: str | tuple[str, ...] = (
+            address if isinstance(address, str) else tuple(endpoints)
+        )
+        self.config = config or ClientConfig()
+        self.timeout = check_timeout(timeout)
+        self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
+        # From a random start: the broker takes (routing id, request id) for a re-send of
+        # a job it still holds, so a new Client reusing a fixed routing_id must not
+        # reuse the ids of one that died (it got that one's results).
+        self.ids = itertools.count(secrets.randbits(62))
+        self.endpoints = EndpointSet(endpoints)
+        # one endpoint given as a string, or one that is no name: the one link, not
+        # followed (ZeroMQ resolves its host); else a link per address, followed
+        self.follow = not (
+            isinstance(address, str) or (len(endpoints) == 1 and not self.endpoints.follows_names)
+        )
+        self._context = context or zmq.Context.instance()
+        self._keys = keys
+
+    def connect(self, endpoint: str) -> LinkSocket:
+        return open_socket(self._context, endpoint, self.routing_id, self.config, self._keys)
 
 
 def _stands_for_several(endpoint: str) -> bool:

@@ -1,7 +1,7 @@
 """A client's tuning (:class:`ClientConfig`) and its counters (:class:`ClientStats`).
 
 Apart from the I/O loop so that callers, the bench and the tests can name them
-without the loop's machinery; :mod:`ipuserve.client.io_loop` re-exports both.
+without the core's machinery (:mod:`ipuserve.client.core`).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class ClientConfig:
 
 @dataclass
 class ClientStats:
-    """Counters kept under the client's socket lock, by its I/O thread or a caller
+    """Counters kept under the client's work lock, by its I/O thread or a caller
     sending on the socket (read them from anywhere; they only grow)."""
 
     sent: int = 0
@@ -70,7 +70,7 @@ class ClientStats:
     grouped: int = 0
     resent: int = 0
     #: of those, requests moved to another broker's link when theirs failed (a client
-    #: with several brokers; ipuserve.client.links_loop)
+    #: with several brokers; ipuserve.client.core)
     failovers: int = 0
     #: requests a broker answered UNKNOWN_MODEL, sent to another broker (several brokers)
     unknown_model_retries: int = 0

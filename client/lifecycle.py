@@ -1,7 +1,6 @@
-"""The life of a client's I/O thread, shared by the one-broker loop
-(:mod:`ipuserve.client.io_loop`) and the several-broker loop
-(:mod:`ipuserve.client.links_loop`): how it ends, how :meth:`close` stops it, and
-how what was still pending fails -- the same rules for both, in one place.
+"""The life of the I/O thread of :class:`~ipuserve.client.Client`
+(:mod:`ipuserve.client.thread_loop`): how it ends, how :meth:`close` stops it, and
+how what was still pending fails.
 
 * The thread fails what is pending as it ends, with why: closed, or the error that
   killed it (never leaving callers waiting on a dead thread).
@@ -60,15 +59,13 @@ class IoThread:
         raise NotImplementedError
 
     def close(self) -> None:
-        forked = os.getpid() != self._pid  # a child's copy: the sockets and thread are
-        with self._lock:  # the parent's, so there is nothing to stop, only to fail
+        if os.getpid() != self._pid:  # a child's copy: the sockets and thread are the
+            self._close_forked()  # parent's, so there is nothing to stop, only to fail
+            return
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            leftovers = self._take_outstanding() if forked else []
-        if forked:
-            fail_all(leftovers, ClosedError("the client is closed"))
-            return
         self._waker.wake()
         if threading.current_thread() is not self.thread and self.thread.is_alive():
             self.thread.join(CLOSE_WAIT_S)  # the thread closes the waker as it ends
@@ -90,6 +87,15 @@ class IoThread:
         if self.thread.ident is None:  # never started: nobody else will
             self._release()
             self._waker.close()
+
+    def _close_forked(self) -> None:
+        """close() in a child of ``os.fork()``: without the locks, which a thread of
+        the parent may have held at the fork (it took the inbox's as the child's first
+        request woke it), and which no thread of the child will ever release."""
+        if self._closed:
+            return
+        self._closed = True
+        fail_all(self._take_outstanding(), ClosedError("the client is closed"))
 
     def _run(self) -> None:
         error: IpuserveError = ClosedError("the client is closed")

@@ -2,17 +2,18 @@
 new connection or a new epoch means the pending requests must go again, and what
 to tell a caller about an endpoint that never answered.
 
-Decisions only: :class:`Liveness` touches no socket. The I/O loop tells it what
-happened (a message heard, a PONG, a connection event, a turn of the loop) and
-does what it answers (send a PING, re-send everything pending, send what was held
-for the broker's payload limit). Its state is guarded by the client's socket lock,
-like the rest of the loop's.
+Decisions only: :class:`Liveness` touches no socket. Its link
+(:mod:`ipuserve.client.link`) tells it what happened (a message heard, a PONG, a
+connection event, a turn of the loop) and does what it answers (send a PING, re-send
+everything pending, send what was held for the broker's payload limit). Its state is
+the core's, guarded as the core is by its driver.
 
-The rules: a PING goes out at connect and every ``ping_interval_s`` while requests
-are pending; PONG carries the broker's epoch. A new epoch (the broker restarted and
-lost its queue), a new connection, or silence past ``liveness_s`` re-sends every
-pending request with its original id; the broker drops duplicates it still holds,
-and replies for ids no longer pending are dropped and counted. Until anything at
+The rules: a PING goes out at connect and every ``ping_interval_s``, busy or idle
+(so an idle broker's health is known before a request needs it); PONG carries the
+broker's epoch. A new epoch (the broker restarted and lost its queue), a new
+connection, or silence past ``liveness_s`` re-sends every pending request with its
+original id; the broker drops duplicates it still holds, and replies for ids no
+longer pending are dropped and counted. Until anything at
 all has arrived (a PONG answers the PING sent at connect), the warning about
 silence and every DEADLINE_EXCEEDED say that nothing has answered at the endpoint
 since the client started: the usual cause is a wrong endpoint or port or no broker
@@ -111,18 +112,6 @@ class Liveness:
 
     def seconds_to_ping(self, now: float) -> float:
         return self._next_ping - now
-
-    def woken(self, now: float) -> bool:
-        """Busy again after idling: silence while idle means nothing; True: PING now.
-
-        Not a PING per request: with one request at a time the pending table empties
-        after every reply, and a PING each time would double the broker's work.
-        """
-        if not self.ping_due(now):
-            return False
-        self.last_heard = now
-        self._resent_in_silence = False
-        return True
 
     def on_pong(self, pong: wire.Pong, stats: ClientStats, pending: int) -> bool:
         """A broker answers; True: re-send every pending request (a new epoch that no

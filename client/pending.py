@@ -1,13 +1,14 @@
 """The client's view of one outstanding request: its future, its message, its deadline.
 
-Owned by the client's I/O loop once handed over (its :class:`PendingTable`, guarded
-by the socket lock); callers only ever see the :class:`InferFuture`. The request
+Owned by the client's core once handed over (its :class:`PendingTable`, guarded
+by the driver); callers only ever see the :class:`InferFuture`. The request
 *message* (not its frames) is kept until the reply so it can be re-sent after a
 broker restart with the same id and with the time it has left as its timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import heapq
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,12 +78,28 @@ def _release_owner(future: Future[Arrays]) -> None:
 Message = wire.Request | wire.ListModels
 
 
+class Settleable(Protocol):
+    """A request's future as the core settles it: a ``concurrent.futures.Future``
+    (:class:`~ipuserve.client.Client`) or an ``asyncio.Future``
+    (:class:`~ipuserve.client.AsyncClient`)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+#: what set_result/set_exception raise on a future its caller cancelled meanwhile
+_SETTLED = (InvalidStateError, asyncio.InvalidStateError)
+
+
 @dataclass(slots=True)
 class Pending:
-    """One request between hand-over and reply; touched only under the socket lock."""
+    """One request between hand-over and reply; touched only by the core."""
 
     message: Message
-    future: Future[Any]
+    future: Settleable
     timeout_s: float | None
     parse: Callable[[wire.Message, Pending], Any]
     started_ns: int = field(default_factory=time.perf_counter_ns)
@@ -95,6 +112,8 @@ class Pending:
     #: the request's tensor bytes (0 for a models() query): what the payload limit,
     #: the hold until the first PONG and batching look at
     payload_bytes: int = field(init=False, default=0)
+    #: where the request's time went, once answered (parse_reply)
+    timing: Timing | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None:
@@ -104,7 +123,7 @@ class Pending:
 
     def succeed(self, result: Any) -> None:
         """Settle the future, unless its caller cancelled it meanwhile."""
-        with contextlib.suppress(InvalidStateError):
+        with contextlib.suppress(*_SETTLED):
             self.future.set_result(result)
 
     def fail(self, error: BaseException) -> None:
@@ -112,7 +131,7 @@ class Pending:
         ``cancel()`` runs on the caller's thread, between any check and this call, and
         the InvalidStateError it then caused once ended the I/O thread, failing every
         other request of the client."""
-        with contextlib.suppress(InvalidStateError):
+        with contextlib.suppress(*_SETTLED):
             self.future.set_exception(error)
 
     @property
@@ -138,9 +157,10 @@ class Pending:
 def parse_reply(message: wire.Message, pending: Pending) -> Arrays:
     """A REPLY's tensors as read-only views; the timing goes on the future."""
     assert isinstance(message, wire.Reply)
+    pending.timing = timing_of(message.timing, pending.started_ns)
     future = pending.future
     if isinstance(future, InferFuture):
-        future.timing = timing_of(message.timing, pending.started_ns)
+        future.timing = pending.timing
     return message.tensors.arrays()
 
 

@@ -1,15 +1,15 @@
 """Replies: what the broker sends settles the pending requests, each exactly once.
 
-Every message from the socket goes through :meth:`Replies.on_frames` on the I/O
-thread, under the socket lock: a reply, a group's replies, an error reply, or a
+Every message from a link's socket goes through :meth:`Replies.on_frames` in the
+core, as its driver feeds it: a reply, a group's replies, an error reply, or a
 message this client cannot read finds its request in the :class:`PendingTable`
 and takes it out; one whose request is no longer there (answered already,
 expired, a duplicate after a re-send) is dropped and counted. Nothing here sends.
 
-Futures settle later, in :meth:`Replies.settle_due`, which the I/O thread calls
-with the socket lock let go: a caller woken by its result then finds the socket
-free and sends its next request itself, and done-callbacks never run under the
-lock (one that sends takes it like any caller).
+Futures settle later, in :func:`settle`, which the driver calls with its lock let
+go: a caller woken by its result then finds the sockets free and sends its next
+request itself, and done-callbacks never run under the lock (one that sends takes it
+like any caller).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Replies:
         self._stats = stats
         self._liveness = liveness
         self._on_pong = on_pong
-        #: out of the table, to settle once the socket lock is let go (in order); each
+        #: out of the table, to settle once the driver's lock is let go (in order); each
         #: leaves only once settled, so close() can fail what a blocked callback strands
         self.due: deque[tuple[Pending, Callable[[Pending], None]]] = deque()
 
@@ -121,7 +121,7 @@ class Replies:
                 self.finish(request_id, lambda p: p.fail(error))
 
     def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
-        """Take the request out of the table; ``settle`` settles it in :meth:`settle_due`."""
+        """Take the request out of the table; ``settle`` settles it in :func:`settle`."""
         pending = self._table.pop(request_id)
         if pending is None:
             self._stats.dropped_replies += 1
@@ -129,18 +129,21 @@ class Replies:
         self._stats.replies += 1
         self.due.append((pending, settle))
 
-    def settle_due(self) -> None:
-        """Settle what :meth:`finish` took out, in order; without the socket lock."""
-        due = self.due
-        while due:
-            pending, settle = due[0]
-            if not pending.future.done():
-                try:
-                    settle(pending)  # runs the future's callbacks on this thread
-                except Exception as exc:  # e.g. numpy cannot view the reply's tensors
-                    log.exception("cannot hand request %s its reply", pending.request_id.hex())
-                    pending.fail(ProtocolError(f"unreadable reply ({exc!r})"))
-            due.popleft()
+
+def settle(due: deque[tuple[Pending, Callable[[Pending], None]]]) -> None:
+    """Settle what replies and expiry took out, in order, without the driver's lock
+    held (done-callbacks run here: one that sends takes the lock like any caller).
+    Each leaves ``due`` only once settled, so that close() can fail what a blocked
+    callback strands."""
+    while due:
+        pending, settle_one = due[0]
+        if not pending.future.done():
+            try:
+                settle_one(pending)  # runs the future's callbacks on this thread
+            except Exception as exc:  # e.g. numpy cannot view the reply's tensors
+                log.exception("cannot hand request %s its reply", pending.request_id.hex())
+                pending.fail(ProtocolError(f"unreadable reply ({exc!r})"))
+        due.popleft()
 
 
 def _resolve(pending: Pending, message: wire.Message) -> None:

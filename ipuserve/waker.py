@@ -5,7 +5,8 @@ thread, backend threads hand outcomes to the worker's socket loop, and a stop re
 (from another thread or a signal handler) reaches the broker's or the worker's loop.
 Each loop polls this waker's file descriptor beside its sockets. An eventfd where the
 OS has one (Linux), a non-blocking pipe elsewhere. Writers should only call
-:meth:`wake` on their queue's empty -> non-empty transition: one write per burst.
+:meth:`wake` on their queue's empty -> non-empty transition: one write per burst
+(:class:`ipuserve.inbox.Inbox` is that queue).
 """
 
 from __future__ import annotations

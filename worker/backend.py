@@ -23,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,8 +37,8 @@ from ipuserve.errors import (
     UnavailableError,
     UnknownModelError,
 )
+from ipuserve.inbox import Inbox
 from ipuserve.protocol import ModelSpec, TensorSpec
-from ipuserve.waker import Waker
 
 __all__ = [
     "Backend",
@@ -230,42 +229,8 @@ class FunctionBackend:
 Outcome = tuple[Job, "Result | IpuserveError"]
 
 
-class Mailbox:
-    """Outcomes from backend threads to the socket thread: a deque and a :class:`Waker`.
-
-    ``put`` wakes only on the empty -> non-empty transition; the check, the append
-    and the wake share a lock with ``take``'s swap, so a wake-up is never lost
-    (``take`` clears the waker *before* swapping, so a put racing with it at worst
-    causes one spurious wake-up).
-    """
-
-    def __init__(self) -> None:
-        self._waker = Waker()
-        self.fd = self._waker.fileno()
-        self._items: deque[Outcome] = deque()
-        self._lock = threading.Lock()
-
-    def put(self, job: Job, outcome: Result | IpuserveError) -> None:
-        with self._lock:
-            was_empty = not self._items
-            self._items.append((job, outcome))
-            if was_empty:
-                self._waker.wake()
-
-    @property
-    def ready(self) -> bool:
-        """Outcomes wait (read without the lock: a racing put also wakes the loop)."""
-        return bool(self._items)
-
-    def wake(self) -> None:
-        """Wake the loop with nothing to take (a stop request); safe in a signal handler."""
-        self._waker.wake()
-
-    def take(self) -> deque[Outcome]:
-        self._waker.clear()
-        with self._lock:
-            items, self._items = self._items, deque()
-        return items
-
-    def close(self) -> None:
-        self._waker.close()
+#: Outcomes from backend threads to the socket thread: the one hand-off queue of
+#: ipuserve's loops (:class:`ipuserve.inbox.Inbox`, shared with the client's I/O
+#: thread): ``put`` wakes only on the empty -> non-empty transition, and ``take``
+#: clears the waker before it swaps, so a wake-up is never lost.
+Mailbox = Inbox[Outcome]

@@ -22,7 +22,8 @@ loop; backend threads report outcomes. The loop holds ``_lock`` -- the book and 
 socket -- for all its work and lets go only while it waits, so a backend thread that
 finishes a job while the loop waits sends the result itself (:meth:`_on_done`): a
 lone request's result takes no thread hand-off. Otherwise the outcome goes through a
-:class:`Mailbox` (a deque plus an eventfd the loop polls beside the socket).
+:class:`Mailbox` (an :class:`~ipuserve.inbox.Inbox`: a deque plus an eventfd the loop
+polls beside the socket, the same hand-off as the client's).
 """
 
 from __future__ import annotations
@@ -316,11 +317,11 @@ class WorkerNode:
         waiting to start are the loop's to start: never from a backend thread."""
         self._share.wake_waiting()  # other brokers' jobs may wait for the room it freed
         if self._book.waiting or not self._lock.acquire(blocking=False):
-            self._mailbox.put(job, outcome)
+            self._mailbox.put((job, outcome))
             return
         try:
             if not self._serving or self._book.waiting or self._mailbox.ready:
-                self._mailbox.put(job, outcome)  # the loop's turn is due anyway: keep order
+                self._mailbox.put((job, outcome))  # the loop's turn is due anyway: keep order
                 return
             for kept, kept_outcome in self._book.finished([(job, outcome)]):
                 self._book.answer(kept, kept_outcome)

@@ -22,8 +22,12 @@ from ipuserve import errors
 from ipuserve import protocol as wire
 from ipuserve.client import lifecycle
 from ipuserve.client.client import Client
-from ipuserve.client.io_loop import ClientConfig, IoLoop
+from ipuserve.client.config import ClientConfig
+from ipuserve.client.core import Core
+from ipuserve.client.link import Link
 from ipuserve.client.pending import InferFuture
+from ipuserve.client.sockets import LinkSocket
+from tests.client.faces import MakeClient
 from tests.client.fake_broker import ADD, FakeBroker, add_handler, inputs
 from tests.helpers import wait_until
 
@@ -41,6 +45,11 @@ def broker() -> Iterator[FakeBroker]:
 def client(broker: FakeBroker) -> Iterator[Client]:
     with Client(broker.address, timeout=10, config=FAST) as c:
         yield c
+
+
+def only_link(client: Client) -> Link:
+    (link,) = client._io.core.links.values()
+    return link
 
 
 def expected(arrays: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
@@ -513,18 +522,18 @@ def test_ctrl_c_in_the_middle_of_a_callers_send_leaves_no_message_cut_short(
     """On the main thread a signal handler's KeyboardInterrupt can land between the
     frames of a message the caller sends itself: the frames already queued must not
     be glued to the next message (that one then went unanswered)."""
-    send_frames = IoLoop.send_frames
+    send_frames = LinkSocket.send_frames
 
-    def cut_short(self: IoLoop, frames: list[wire.Frame]) -> bool:
+    def cut_short(self: LinkSocket, frames: list[wire.Frame]) -> bool:
         if len(frames) < 3 or threading.current_thread() is not threading.main_thread():
             return send_frames(self, frames)  # a PING, or the I/O thread sending
-        monkeypatch.setattr(IoLoop, "send_frames", send_frames)  # once
+        monkeypatch.setattr(LinkSocket, "send_frames", send_frames)  # once
         for frame in frames[:-1]:
-            self._sock.send(frame, zmq.SNDMORE)
+            self.sock.send(frame, zmq.SNDMORE)
         raise KeyboardInterrupt  # as if Ctrl-C came before the last frame
 
     client.models()  # connected: requests may leave from this thread
-    monkeypatch.setattr(IoLoop, "send_frames", cut_short)
+    monkeypatch.setattr(LinkSocket, "send_frames", cut_short)
     answered = 0
     while answered < 100:  # until one leaves from this thread, not the I/O thread's
         try:
@@ -566,7 +575,7 @@ def test_after_its_io_thread_failed_a_client_says_so_not_that_it_is_closed(
     broker.handler = lambda r: None
     with Client(broker.address, timeout=10, config=FAST) as client:
         pending = client.infer_async("add", inputs(), timeout=0.2)
-        monkeypatch.setattr(IoLoop, "_expire", fail)  # a bug in the loop, injected
+        monkeypatch.setattr(Core, "_expire", fail)  # a bug in the loop, injected
         with pytest.raises(errors.UnavailableError, match="I/O thread failed"):
             pending.result(10)
         with pytest.raises(errors.UnavailableError, match=r"injected.*create a new Client"):
@@ -616,7 +625,7 @@ def test_an_io_thread_released_after_close_gave_up_sends_nothing_more(
     gate.set()
     assert blocking.wait(10)
     client.close()  # gives up after 0.2 s; the silence is past the liveness window soon
-    wait_until(lambda: time.monotonic() - client._io._last_heard > FAST.liveness_s)
+    wait_until(lambda: time.monotonic() - only_link(client).liveness.last_heard > FAST.liveness_s)
     release.set()
     client._io.thread.join(10)
     assert not client._io.thread.is_alive()
@@ -627,10 +636,12 @@ def test_an_io_thread_released_after_close_gave_up_sends_nothing_more(
 # ---------------------------------------------------------------- liveness and shutdown
 
 
-def test_requests_lost_in_a_broker_restart_are_resent_once_answered(broker: FakeBroker) -> None:
+def test_requests_lost_in_a_broker_restart_are_resent_once_answered(
+    broker: FakeBroker, make_client: MakeClient
+) -> None:
     arrived = Counter(5)
     broker.handler = counting(lambda r: None, arrived)  # the old broker loses them
-    with Client(broker.address, timeout=20, config=FAST) as client:
+    with make_client(broker.address, timeout=20, config=FAST) as client:
         given = [inputs(i) for i in range(5)]
         futures = [client.infer_async("add", g) for g in given]
         assert arrived.reached.wait(10)
@@ -647,13 +658,15 @@ def test_requests_lost_in_a_broker_restart_are_resent_once_answered(broker: Fake
         assert set(first_ids) <= resent
 
 
-def test_a_reconnection_re_sends_what_is_pending(broker: FakeBroker) -> None:
+def test_a_reconnection_re_sends_what_is_pending(
+    broker: FakeBroker, make_client: MakeClient
+) -> None:
     """A connection lost for less than a liveness window: no silence, no new epoch, so
     nothing was re-sent, and a request whose reply the broker could not deliver (or
     whose queue it dropped, the client gone) waited out its timeout."""
     arrived = Counter(1)
     broker.handler = counting(lambda r: None, arrived)  # held, never answered
-    with Client(broker.address, timeout=30, config=FAST) as client:
+    with make_client(broker.address, timeout=30, config=FAST) as client:
         given = inputs(3)
         future = client.infer_async("add", given)
         assert arrived.reached.wait(10)
@@ -669,7 +682,7 @@ def test_a_broker_back_after_an_outage_gets_each_pending_request_once(
     """Re-sends made while the broker was away waited in the socket's pipe and all
     arrived when it was back, with the re-send its new epoch caused: a broker back
     after 20 s ran each request two to several times."""
-    caplog.set_level(logging.WARNING, logger="ipuserve.client.io_loop")
+    caplog.set_level(logging.WARNING, logger="ipuserve.client")
     arrived = Counter(1)
     broker.handler = counting(lambda r: None, arrived)  # the old broker never answers
     config = ClientConfig(ping_interval_s=0.05, liveness_s=0.2)
@@ -717,7 +730,7 @@ def test_answered_requests_do_not_stay_in_the_deadline_heap(broker: FakeBroker) 
         given = inputs()
         for _ in range(3000):
             client.infer("add", given)
-        assert len(client._io._deadlines) <= 1025  # compacted, not 3000
+        assert len(client._io.core.table.deadlines) <= 1025  # compacted, not 3000
 
 
 def test_a_reply_the_client_cannot_handle_fails_its_request_not_the_client(

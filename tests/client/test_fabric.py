@@ -12,7 +12,8 @@ import pytest
 
 from ipuserve import errors
 from ipuserve.client.client import Client
-from ipuserve.client.io_loop import ClientConfig
+from ipuserve.client.config import ClientConfig
+from tests.client.faces import MakeClient
 from tests.helpers import (
     BrokerProc,
     Processes,
@@ -166,11 +167,12 @@ def test_a_slow_worker_makes_the_request_time_out(processes: Processes, broker: 
 def test_pending_requests_survive_a_broker_restart_exactly_once(
     processes: Processes,  # noqa: F811
     broker: BrokerProc,
+    make_client: MakeClient,
 ) -> None:
     start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "400"))
     given = [add_inputs(rows=1, seed=i) for i in range(6)]
     results: Counter[int] = Counter()
-    with Client(broker.frontend, timeout=30, config=FAST) as client:
+    with make_client(broker.frontend, timeout=30, config=FAST) as client:
         futures = [client.infer_async("add", g) for g in given]
         for i, future in enumerate(futures):
             future.add_done_callback(lambda _f, i=i: results.update([i]))
@@ -188,12 +190,13 @@ def test_pending_requests_survive_a_broker_restart_exactly_once(
 def test_pending_requests_outlive_a_graceful_broker_restart(
     processes: Processes,  # noqa: F811
     broker: BrokerProc,
+    make_client: MakeClient,
 ) -> None:
     """SIGTERM: the stopping broker answers what it holds BROKER_SHUTDOWN; the Client keeps
     those requests and the restarted broker serves them."""
     start_worker(processes, broker, fn_worker_argv("add", "--delay-ms", "400"))
     given = [add_inputs(rows=1, seed=i) for i in range(6)]
-    with Client(broker.frontend, timeout=30, config=FAST) as client:
+    with make_client(broker.frontend, timeout=30, config=FAST) as client:
         futures = [client.infer_async("add", g) for g in given]
         client.models()  # ordered after the requests: the broker holds them all now
         broker.proc.terminate()

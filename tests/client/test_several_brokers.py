@@ -23,14 +23,13 @@ from ipuserve import protocol as wire
 from ipuserve.client import Client, ClientConfig
 from ipuserve.client import client as client_module
 from ipuserve.client.cli import client_address
+from ipuserve.client.core import least_loaded
 from ipuserve.client.fleet import FleetWorker, merge_models
-from ipuserve.client.io_loop import IoLoop
-from ipuserve.client.links import least_loaded
-from ipuserve.client.links_loop import LinksLoop
 from ipuserve.discovery import EndpointSet, expand
 from ipuserve.errors import ConfigError, DeadlineExceeded, UnknownModelError
 from ipuserve.face.cli import main
 from tests.client import fake_broker
+from tests.client.faces import Face, MakeClient
 from tests.client.fake_broker import FakeBroker, add_handler
 from tests.client.fake_broker import inputs as fake_inputs
 from tests.helpers import (
@@ -71,7 +70,7 @@ def check(outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
     np.testing.assert_allclose(outputs["z"], add_expected(inputs), rtol=1e-6)
 
 
-def usable_links(client: Client) -> int:
+def usable_links(client: Face) -> int:
     return sum(link.usable for link in client.links())
 
 
@@ -82,6 +81,8 @@ def test_requests_spread_over_both_brokers(two_brokers: tuple[BrokerProc, Broker
         for i in range(40):  # one at a time: the round-robin among equals spreads them
             inputs = add_inputs(1 + i % 3, seed=i)
             check(client.infer("add", inputs), inputs)
+        # one at a time, they left from this thread (the sockets free), as with one broker
+        assert client.stats.direct > 0
         futures = [client.infer_async("add", add_inputs(2, seed=i)) for i in range(200)]
         for i, future in enumerate(futures):
             check(future.result(20), add_inputs(2, seed=i))
@@ -93,30 +94,31 @@ def test_requests_spread_over_both_brokers(two_brokers: tuple[BrokerProc, Broker
 
 
 def test_kill_one_broker_under_load_nothing_lost_nothing_twice(
-    processes: Processes, two_brokers: tuple[BrokerProc, BrokerProc]
+    processes: Processes, two_brokers: tuple[BrokerProc, BrokerProc], make_client: MakeClient
 ) -> None:
     first, second = two_brokers
     per_thread, threads = 150, 4
-    settled: Counter[bytes] = Counter()
+    settled: Counter[tuple[int, int]] = Counter()
     lock = threading.Lock()
     failures: list[BaseException] = []
     progress = threading.Semaphore(0)
     times: list[float] = []
 
-    def load(client: Client, seed: int) -> None:
+    def load(client: Face, seed: int) -> None:
         try:
             for i in range(per_thread):
                 inputs = add_inputs(1 + i % 4, seed=seed * 1000 + i)
                 future = client.infer_async("add", inputs)
                 check(future.result(30), inputs)
                 with lock:
-                    settled[future.request_id] += 1
+                    settled[seed, i] += 1
                     times.append(time.monotonic())
                 progress.release()
         except BaseException as exc:  # reported by the test
             failures.append(exc)
 
-    with Client([first.frontend, second.frontend], timeout=30, config=ROOMY_CONFIG) as client:
+    frontends = [first.frontend, second.frontend]
+    with make_client(frontends, timeout=30, config=ROOMY_CONFIG) as client:
         wait_until(lambda: usable_links(client) == 2)
         workers = [threading.Thread(target=load, args=(client, s)) for s in range(threads)]
         for thread in workers:
@@ -149,13 +151,14 @@ def test_kill_one_broker_under_load_nothing_lost_nothing_twice(
 
 
 def test_broker_silent_then_requests_move_with_the_same_ids(
-    two_brokers: tuple[BrokerProc, BrokerProc],
+    two_brokers: tuple[BrokerProc, BrokerProc], make_client: MakeClient
 ) -> None:
     """SIGSTOP one broker: its connection stays up, it just stops answering. Its
     pending requests go to the other broker after the liveness window; when it is
     resumed it answers them too, and those second replies are dropped."""
     first, second = two_brokers
-    with Client([first.frontend, second.frontend], timeout=20, config=ROOMY_CONFIG) as client:
+    frontends = [first.frontend, second.frontend]
+    with make_client(frontends, timeout=20, config=ROOMY_CONFIG) as client:
         wait_until(lambda: usable_links(client) == 2)
         first.proc.popen.send_signal(19)  # SIGSTOP
         try:
@@ -170,13 +173,13 @@ def test_broker_silent_then_requests_move_with_the_same_ids(
         assert client.stats.replies == 50
 
 
-def test_a_duplicate_reply_settles_once() -> None:
+def test_a_duplicate_reply_settles_once(make_client: MakeClient) -> None:
     """Broker A falls silent holding a request; the client moves it to B, which
     answers; then A answers it too (the same id from two brokers): dropped, counted,
     and the future keeps B's one result."""
     a, b = FakeBroker().start(), FakeBroker().start()
     try:
-        with Client([a.address, b.address], timeout=20, config=ROOMY_CONFIG) as client:
+        with make_client([a.address, b.address], timeout=20, config=ROOMY_CONFIG) as client:
             wait_until(lambda: usable_links(client) == 2)
             a.silent = True
             both = [client.infer_async("add", fake_inputs(seed)) for seed in (1, 2)]
@@ -301,9 +304,9 @@ def test_one_broker_keeps_the_single_socket_client() -> None:
     ]
     fixed = "tcp://127.0.0.1:5555"
     with Client(fixed) as one, Client([fixed]) as listed, Client(["tcp://localhost:5555"]) as name:
-        assert isinstance(one._io, IoLoop)
-        assert isinstance(listed._io, IoLoop)  # nothing to follow: the one socket
-        assert isinstance(name._io, LinksLoop)  # a name, followed as it changes
+        assert not one._io.follows and len(one._io.core.links) == 1
+        assert not listed._io.follows  # nothing to follow: the one socket
+        assert name._io.follows  # a name, followed as it changes
         assert [link.endpoint for link in listed.links()] == [fixed]
         assert [link.endpoint for link in name.links()] == ["tcp://localhost:5555"]
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from ipuserve.bench.fleet import free_port
-from ipuserve.client import Client, ClientConfig, io_loop
+from ipuserve.client import Client, ClientConfig, link
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, UnavailableError
 from ipuserve.face.cli import main
@@ -207,7 +207,7 @@ def test_a_timeout_too_short_to_hear_anything_does_not_blame_the_endpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # the threshold widened: a loaded machine may take 50 ms to expire a 1 ms timeout
-    monkeypatch.setattr(io_loop, "_SUSPECT_SILENCE_S", 10.0)
+    monkeypatch.setattr(link, "SUSPECT_SILENCE_S", 10.0)
     address = f"tcp://127.0.0.1:{free_port()}"
     with Client(address) as client, pytest.raises(DeadlineExceeded) as failed:
         client.infer("add", add_inputs(), timeout=0.001)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipuserve.client import Client
 from ipuserve.errors import IpuserveError
 from ipuserve.runtime.popef import examples, load_model
+from tests.client.faces import Face
 from tests.helpers import BrokerProc, Processes, runner_worker_argv, start_worker
 
 THREADS = 8
@@ -84,7 +84,7 @@ class Outcome:
 
 
 def drive(
-    client: Client,
+    client: Face,
     plan: list[tuple[Model, int]],
     window: int,
     progress: threading.Semaphore | None = None,

@@ -7,6 +7,7 @@ a metric; a refused peer is waited for through the broker's refusal counter.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from ipuserve import protocol as wire
-from ipuserve.client import Client
+from ipuserve.client import AsyncClient, Client
 from ipuserve.errors import DeadlineExceeded
 from tests.helpers import (
     BrokerProc,
@@ -111,6 +112,20 @@ def client(broker: BrokerProc, keys: KeyDirs, name: str, timeout: float = 20.0) 
     )
 
 
+async def async_face(broker: BrokerProc, keys: KeyDirs) -> None:
+    """An AsyncClient with the client's keys is served; one without is told why not."""
+    secret, public = str(keys.secret("client")), str(keys.broker_public)
+    async with AsyncClient(
+        broker.frontend, timeout=20, curve_secret_key=secret, broker_public_key=public
+    ) as good:
+        given = np.random.default_rng(9).standard_normal((3, 8)).astype(np.float32)
+        outputs = await good.infer("noop", {"input": given})
+        np.testing.assert_array_equal(outputs["output"], given)
+    async with AsyncClient(broker.frontend, timeout=3 * REFUSED_TIMEOUT_S) as keyless:
+        with pytest.raises(DeadlineExceeded, match="another security mechanism"):
+            await keyless.infer("noop", {"input": np.zeros((1, 8), np.float32)})
+
+
 def refused(broker: BrokerProc, socket: str) -> float:
     return scrape(broker.metrics_url).get(f'{REFUSED}{{socket="{socket}"}}', 0.0)
 
@@ -167,6 +182,7 @@ def test_allow_listed_peers_are_served_and_others_refused_and_counted(
             pytest.raises(DeadlineExceeded, match="another security mechanism"),
         ):
             keyless.infer("noop", {"input": np.zeros((1, 8), np.float32)})
+        asyncio.run(async_face(broker, keys))  # the asyncio face: the same, told the same
         before = refused(broker, "frontend")
 
         # an unknown key: the handshake is refused, the request never answered

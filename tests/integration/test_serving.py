@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from ipuserve.client import Client
+from tests.client.faces import MakeClient
 from tests.helpers import (
     BrokerProc,
     Processes,
@@ -46,7 +47,9 @@ def test_ten_thousand_requests_three_workers_two_models(
     assert_all_correct(outcomes)
 
 
-def test_kill_9_of_a_worker_under_load(procs: Processes, models: dict[str, Model]) -> None:
+def test_kill_9_of_a_worker_under_load(
+    procs: Processes, models: dict[str, Model], make_client: MakeClient
+) -> None:
     broker = start_broker(procs, liveness_ms=400)
     victim = serve(procs, broker, models["mlp"], "victim")
     serve(procs, broker, models["mlp"], "survivor")
@@ -54,7 +57,7 @@ def test_kill_9_of_a_worker_under_load(procs: Processes, models: dict[str, Model
     answered = threading.Semaphore(0)
     killer = threading.Thread(target=lambda: after(answered, 500, victim.kill))
     killer.start()
-    with Client(broker.frontend, timeout=RESULT_TIMEOUT_S) as client:
+    with make_client(broker.frontend, timeout=RESULT_TIMEOUT_S) as client:
         outcomes = drive(client, plan, window=16, progress=answered)
         stats = client.stats
     killer.join(RESULT_TIMEOUT_S)
@@ -74,7 +77,9 @@ def test_kill_9_of_a_worker_under_load(procs: Processes, models: dict[str, Model
     assert stats.grouped > 0  # groups were in flight when the worker died (~90 % here)
 
 
-def test_broker_restart_under_load(procs: Processes, models: dict[str, Model]) -> None:
+def test_broker_restart_under_load(
+    procs: Processes, models: dict[str, Model], make_client: MakeClient
+) -> None:
     broker = start_broker(procs, grace_ms=5000)
     worker = serve(procs, broker, models["simple"], "simple-1")
     plan = [(models["simple"], 1 + i % 8) for i in range(3000)]
@@ -88,7 +93,7 @@ def test_broker_restart_under_load(procs: Processes, models: dict[str, Model]) -
 
     restarter = threading.Thread(target=lambda: after(answered, 800, restart))
     restarter.start()
-    with Client(broker.frontend, timeout=RESULT_TIMEOUT_S) as client:
+    with make_client(broker.frontend, timeout=RESULT_TIMEOUT_S) as client:
         outcomes = drive(client, plan, window=16, progress=answered)
         epoch_changes = client.stats.epoch_changes
         grouped = client.stats.grouped

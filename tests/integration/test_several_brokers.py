@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ipuserve.client import Client
 from ipuserve.client.config import ClientConfig
+from tests.client.faces import MakeClient
 from tests.helpers import (
     BrokerProc,
     Proc,
@@ -55,7 +55,7 @@ def serve_both(
 
 
 def test_two_brokers_three_workers_kill_9_of_a_broker_and_its_restart(
-    procs: Processes, models: dict[str, Model]
+    procs: Processes, models: dict[str, Model], make_client: MakeClient
 ) -> None:
     brokers = [start_broker(procs, liveness_ms=400), start_broker(procs, liveness_ms=400)]
     workers = [
@@ -74,7 +74,7 @@ def test_two_brokers_three_workers_kill_9_of_a_broker_and_its_restart(
     killer = threading.Thread(target=lambda: after(answered, 3000, kill_first))
     killer.start()
     frontends = [b.frontend for b in brokers]
-    with Client(frontends, timeout=RESULT_TIMEOUT_S) as client:
+    with make_client(frontends, timeout=RESULT_TIMEOUT_S) as client:
         listed = {info.spec.name: len(info.workers) for info in client.models()}
         assert listed == {"mlp": 2, "simple": 1}  # the fleet as one: each worker once
         first = drive(client, mixed_plan(models, 10_000), window=16, progress=answered)

@@ -112,7 +112,7 @@ def test_the_mailbox_wakes_on_the_first_put_and_loses_nothing() -> None:
     try:
         threads = [
             threading.Thread(
-                target=lambda: [mailbox.put(job, UnavailableError("x")) for _ in range(500)]
+                target=lambda: [mailbox.put((job, UnavailableError("x"))) for _ in range(500)]
             )
             for _ in range(4)
         ]
