@@ -45,7 +45,9 @@ def test_infer_and_infer_timed_return_the_numpy_result(broker: FakeBroker) -> No
             outputs, timing = await client.infer_timed("add", inputs(2))
             np.testing.assert_array_equal(outputs["y"], expected(inputs(2)))
             assert timing.device_us == 11.0 and timing.total_us > 0
-            assert client.stats.replies == 2 and client.stats.direct >= 1
+            # (whether a request left from the coroutine or from a turn depends on
+            # what the event loop had scheduled: not asserted)
+            assert client.stats.replies == 2 and client.stats.sent == 2
 
     asyncio.run(run())
 
