@@ -307,6 +307,9 @@ def main() -> int:
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--mlp-device-ms", type=float, default=2.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--paths", type=lambda s: tuple(s.split(",")), default=PATHS, help="of " + ",".join(PATHS)
+    )
     args = parser.parse_args()
 
     runs: list[dict[str, dict[str, float]]] = []
@@ -320,7 +323,8 @@ def main() -> int:
             specs = {m.spec.name: m.spec for m in client.models()}
             inputs = {name: one_sample(spec) for name, spec in specs.items()}
             for run in range(args.runs):
-                order = PATHS[run % len(PATHS) :] + PATHS[: run % len(PATHS)]
+                paths = args.paths
+                order = paths[run % len(paths) :] + paths[: run % len(paths)]
                 figures: dict[str, dict[str, float]] = {}
                 for model, level in cases(args):
                     for path in order:

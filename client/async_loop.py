@@ -214,7 +214,13 @@ class AsyncLoop:
         self._follow_endpoints()
         core.tick(now, time.perf_counter_ns())
         core.flush()
-        settle(core.due)  # asyncio futures: their callbacks run in a later pass
+        if core.due:
+            settle(core.due)  # asyncio futures: their callbacks run in a later pass
+            # The coroutines just woken run next, before this turn: what they send then
+            # goes to the outbox and leaves together in that turn, as the Client's
+            # done-callbacks' requests do (one REQUESTS message, one job for a group),
+            # rather than the first alone and the rest a turn later.
+            self._schedule()
         self._plan()
 
     def _plan(self) -> None:
