@@ -31,12 +31,18 @@ class Catalog:
         interval_s: float = 1.5,
         min_gap_s: float = 0.25,
         ask_timeout_s: float = 5.0,
+        keep_gone_s: float = 60.0,
     ) -> None:
+        """``keep_gone_s``: how long a model the fabric stopped listing is still known
+        (its schema kept, no workers) before it is forgotten."""
         self._client = client
         self._interval_s = interval_s
         self._min_gap_s = min_gap_s
         self._ask_timeout_s = ask_timeout_s
+        self._keep_gone_s = keep_gone_s
         self._models: dict[str, wire.ModelInfo] = {}
+        #: models the fabric stopped listing, and since when (monotonic seconds)
+        self._gone_since: dict[str, float] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self._refreshed_at = -float("inf")
         #: bumped whenever a model's schema, or the set of models, changes
@@ -72,6 +78,21 @@ class Catalog:
         models = await self._client.models(timeout=self._ask_timeout_s)
         fresh = {info.spec.name: info for info in models}
         old = {name: info.spec for name, info in self._models.items()}
+        # A model listed before and not now keeps its schema for ``keep_gone_s``, with
+        # no workers (not ready): a broker just restarted lists nothing until the
+        # workers are back, so requests still go to the fabric, and the service tells
+        # their callers to come back (503), not that the model does not exist (404).
+        now = time.monotonic()
+        for name in fresh:
+            self._gone_since.pop(name, None)
+        for name, spec in old.items():
+            if name in fresh:
+                continue
+            since = self._gone_since.setdefault(name, now)
+            if now - since < self._keep_gone_s:
+                fresh[name] = wire.ModelInfo(spec, 0, ())
+            else:
+                del self._gone_since[name]
         if old != {name: info.spec for name, info in fresh.items()}:
             self.generation += 1
             log.info("models now: %s", ", ".join(sorted(fresh)) or "none")

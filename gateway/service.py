@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ipuserve import protocol as wire
 from ipuserve._version import __version__
 from ipuserve.client import AsyncClient
-from ipuserve.errors import InvalidInputError, UnknownModelError
+from ipuserve.errors import InvalidInputError, UnavailableError, UnknownModelError
 from ipuserve.gateway.catalog import Catalog
 from ipuserve.gateway.stats import Duration, ModelStatistics, Statistics
 from ipuserve.gateway.tensors import Tensor, to_datatype
@@ -226,7 +226,16 @@ class InferenceService:
                 copy=False,
                 **({} if request.timeout_s is None else {"timeout": request.timeout_s}),
             )
-        except (UnknownModelError, InvalidInputError):
+        except UnknownModelError as exc:
+            self.stats.failed(request.model, time.perf_counter() - start)
+            await self._refresh_quietly()  # the fabric knows better: our picture is stale
+            if self.catalog.get(request.model) is not None:  # served now or lately
+                raise UnavailableError(
+                    f"{exc}; it was served moments ago (a broker restarting, or its "
+                    "workers coming back): try again"
+                ) from exc
+            raise
+        except InvalidInputError:
             self.stats.failed(request.model, time.perf_counter() - start)
             await self._refresh_quietly()  # the fabric knows better: our picture is stale
             raise

@@ -37,6 +37,8 @@ class Load:
         self.fabric, self.address = fabric, gateway.host_port
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.wrong: list[str] = []
+        #: each refusal's status and message, once
+        self.messages: set[str] = set()
         self.ok = 0
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -89,6 +91,7 @@ class Load:
         except TimeoutError:
             return "hung"
         except InferenceServerException as exc:
+            self.messages.add(f"{exc.status()}: {exc.message()}")
             return f"status {exc.status()}"
         except (aiohttp.ClientConnectionError, ConnectionError):
             return "connection"
@@ -127,4 +130,7 @@ def test_broker_kill_and_gateway_restart_under_load(fabric: Fabric) -> None:
     outcomes = dict(load.outcomes)
     print("outcomes", outcomes)
     assert not load.wrong, outcomes
-    assert set(outcomes) <= {"ok", "status 503", "status 504", "connection"}, outcomes
+    assert set(outcomes) <= {"ok", "status 503", "status 504", "connection"}, (
+        outcomes,
+        load.messages,
+    )
