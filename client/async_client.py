@@ -30,7 +30,7 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.async_loop import AsyncLoop
-from ipuserve.client.client import _DEFAULT, ClientSetup, build_request, check_timeout
+from ipuserve.client.client import CLIENT_TIMEOUT, ClientSetup, build_request, check_timeout
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import merge_models
@@ -70,7 +70,7 @@ class AsyncClient:
         model: str,
         inputs: Mapping[str, Any],
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: float | None = CLIENT_TIMEOUT,
         copy: bool = True,
     ) -> Arrays:
         """One request's outputs, ``{output name: read-only array}``. ``copy=False``
@@ -83,7 +83,7 @@ class AsyncClient:
         model: str,
         inputs: Mapping[str, Any],
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: float | None = CLIENT_TIMEOUT,
         copy: bool = True,
     ) -> tuple[Arrays, Timing]:
         """:meth:`infer`, and where the request's time went."""
@@ -96,7 +96,7 @@ class AsyncClient:
         assert pending.timing is not None
         return outputs, pending.timing
 
-    async def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
+    async def models(self, *, timeout: float | None = CLIENT_TIMEOUT) -> list[wire.ModelInfo]:
         """The fleet's models, as :meth:`Client.models` lists them: with several
         brokers each model once, each worker once, its numbers added up over its
         brokers; the brokers that do not answer in time are left out (the first's
@@ -135,7 +135,7 @@ class AsyncClient:
         return await future
 
     def _call_timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is _DEFAULT else check_timeout(timeout)
+        return self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
 
     def links(self) -> list[LinkInfo]:
         """The client's brokers and whether each is usable now."""

@@ -85,7 +85,8 @@ class _Default:
         return "<the client's timeout>"
 
 
-_DEFAULT: Any = _Default()
+#: the default of every call's ``timeout`` (both faces): "the client's own"
+CLIENT_TIMEOUT: Any = _Default()
 T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
 _KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigError
@@ -148,7 +149,7 @@ class Client:
         model: str,
         inputs: Mapping[str, Any],
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: float | None = CLIENT_TIMEOUT,
         copy: bool = True,
     ) -> InferFuture:
         """Send one request; the future holds ``{output name: read-only array}``.
@@ -169,7 +170,7 @@ class Client:
         land in a call meant to return at once after its request has left (a load
         generator would take it for a refusal and lose track of the request).
         """
-        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
+        timeout = self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
         direct = threading.current_thread() is not threading.main_thread()
         return self._request(model, inputs, timeout, copy=copy, direct=direct)
 
@@ -189,18 +190,18 @@ class Client:
         return future
 
     def infer(
-        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = _DEFAULT
+        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = CLIENT_TIMEOUT
     ) -> Arrays:
         """Send one request and wait for its outputs (raises the reported error class).
 
         ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
         inputs are sent without a copy: they must not change while this runs."""
-        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
+        timeout = self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
         future = self._request(model, inputs, timeout, copy=False, direct=True)
         return _wait(future, timeout, self._io)
 
-    def models(self, *, timeout: float | None = _DEFAULT) -> list[wire.ModelInfo]:
+    def models(self, *, timeout: float | None = CLIENT_TIMEOUT) -> list[wire.ModelInfo]:
         """The broker's models: their specs, queue depth, and each worker's credit/in-flight.
 
         With several brokers, the fleet's (:meth:`fleet`) as one broker would list it:
@@ -212,7 +213,7 @@ class Client:
             return _wait(self._ask_models(None, timeout), timeout, self._io)
         return [model.info() for model in self.fleet(timeout=timeout)]
 
-    def fleet(self, *, timeout: float | None = _DEFAULT) -> list[FleetModel]:
+    def fleet(self, *, timeout: float | None = CLIENT_TIMEOUT) -> list[FleetModel]:
         """Every broker's models merged (:func:`~ipuserve.client.fleet.merge_models`):
         each model once, its workers once each with the brokers they are registered
         with. The brokers that do not answer are left out; raises the first one's
@@ -224,7 +225,7 @@ class Client:
         return merge_models(found)
 
     def models_by_broker(
-        self, *, timeout: float | None = _DEFAULT
+        self, *, timeout: float | None = CLIENT_TIMEOUT
     ) -> dict[str, list[wire.ModelInfo] | IpuserveError]:
         """Each broker's own list, or the error that came instead, by endpoint (as the
         client uses it: one per address of a name that resolves to several)."""
@@ -247,7 +248,7 @@ class Client:
         return self._io.links()
 
     def _call_timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is _DEFAULT else check_timeout(timeout)
+        return self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
 
     def _ask_models(self, to: str | None, timeout: float | None) -> Future[list[wire.ModelInfo]]:
         """Send a LIST_MODELS (``to``: that broker only, never moved to another)."""
