@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -185,3 +187,18 @@ def gateway(fabric: Fabric) -> GatewayProc:
 def mlp_input(samples: int, seed: int = 0) -> np.ndarray[Any, Any]:
     """``samples`` rows of the mlp's input (64 features)."""
     return np.random.default_rng(seed).standard_normal((samples, 64)).astype(np.float32)
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, and its key, made with the openssl
+    command (the test is skipped, with the reason, where there is none)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate with")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return cert, key

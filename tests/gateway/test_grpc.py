@@ -12,8 +12,6 @@ collide.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,14 @@ import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
 from ipuserve.gateway.proto import inference_pb2 as pb
-from tests.gateway.conftest import Fabric, GatewayProc, gateway_argv, mlp_input, start_gateway
+from tests.gateway.conftest import (
+    Fabric,
+    GatewayProc,
+    gateway_argv,
+    mlp_input,
+    self_signed,
+    start_gateway,
+)
 from tests.helpers import fn_worker_argv, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
@@ -358,21 +363,8 @@ def test_tokens_guard_every_call_but_the_health_probes(fabric: Fabric, tmp_path:
         assert triton.is_model_ready("mlp", headers=good)
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls(fabric: Fabric, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     tls = start_gateway(fabric.procs, fabric.broker, "--tls-cert", str(cert), "--tls-key", str(key))
     assert tls.grpc is not None
     port = tls.grpc.rsplit(":", 1)[1]

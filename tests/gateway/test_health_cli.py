@@ -4,14 +4,13 @@ trusted with ``--ca``, refused without, taken on trust with ``--insecure-tls``."
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import start_gateway
+from tests.gateway.conftest import self_signed, start_gateway
 from tests.helpers import (
     Processes,
     processes,  # noqa: F401  (a fixture)
@@ -24,20 +23,6 @@ pytestmark = pytest.mark.slow
 def health(*args: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "ipuserve", "health", "--timeout-s", "20", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
-def self_signed(folder: Path) -> Path:
-    """A certificate for 127.0.0.1 and its key (key.pem beside it)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command to make a certificate with")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    return cert
 
 
 def test_health_of_a_gateway_over_http(processes: Processes) -> None:  # noqa: F811
@@ -53,7 +38,7 @@ def test_health_of_a_gateway_over_https(
     processes: Processes,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    cert = self_signed(tmp_path)
+    cert, _key = self_signed(tmp_path)
     key = str(tmp_path / "key.pem")
     broker = start_broker(processes)
     gateway = start_gateway(processes, broker, "--tls-cert", str(cert), "--tls-key", key)

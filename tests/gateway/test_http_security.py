@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -25,6 +24,7 @@ from tests.gateway.conftest import (
     GatewayProc,
     gateway_argv,
     mlp_input,
+    self_signed,
     start_gateway,
     started_gateway,
     wait_ready,
@@ -113,21 +113,8 @@ def test_without_tls_only_loopback_unless_insecure(fabric: Fabric, door: str) ->
     assert insecure.proc.wait() == 0
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command to make a certificate with (and no `cryptography`)")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    return cert, key
-
-
 def test_https_with_a_self_signed_certificate(fabric: Fabric, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     gateway = start_gateway(
         fabric.procs, fabric.broker, "--tls-cert", str(cert), "--tls-key", str(key), name="tls"
     )
