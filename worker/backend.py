@@ -4,12 +4,12 @@ The socket thread (:mod:`ipuserve.worker.node`) admits each job -- the broker ch
 its tensors against the :class:`ModelSpec` the backend described -- then calls
 :meth:`Backend.submit_all` with the jobs it may start now. The backend runs each job
 on its own thread(s) and calls ``done(job, outcome)`` from there exactly once per
-submitted job, with a :class:`Result` or an :class:`~ipuserve.errors.IpuserveError`
+submitted job, with a :class:`WorkResult` or an :class:`~ipuserve.errors.IpuserveError`
 (never another exception type). ``done`` is thread-safe and never blocks: it sends the
 result itself when the socket loop is idle, else hands it to the loop. It must not
 be called with a lock held that ``submit_all`` takes.
 
-``Result.timing`` should hold ``queue_us`` (submit to start of execution) and
+``WorkResult.timing`` should hold ``queue_us`` (submit to start of execution) and
 ``device_us`` (execution); the worker turns them into the wire's
 ``worker_queue_us`` / ``device_us`` and passes any other keys on to the client.
 
@@ -44,12 +44,12 @@ __all__ = [
     "Backend",
     "Done",
     "FunctionBackend",
-    "Job",
     "Mailbox",
     "ModelSpec",
     "Refused",
-    "Result",
     "TensorSpec",
+    "WorkItem",
+    "WorkResult",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,12 @@ Array = np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
-    """One job as the backend sees it: a request, or a client's group of requests joined
-    along the batching dimension. ``deadline`` is in ``time.monotonic()`` seconds;
-    ``samples`` is its size along the batching dimension, counted once where the job
-    was made (the worker's socket loop) so that nothing downstream re-derives it."""
+class WorkItem:
+    """One job as the backend sees it (a ``wire.Job`` admitted, its tensors decoded): a
+    request, or a client's group of requests joined along the batching dimension.
+    ``deadline`` is in ``time.monotonic()`` seconds; ``samples`` is its size along the
+    batching dimension, counted once where the item was made (the worker's socket loop)
+    so that nothing downstream re-derives it."""
 
     job_id: bytes
     model: str
@@ -75,12 +76,15 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
-class Result:
+class WorkResult:
+    """What a backend computed for one :class:`WorkItem`; the worker turns it into a
+    ``wire.Result`` (named apart from it: this one holds arrays, not frames)."""
+
     outputs: Mapping[str, Array]
     timing: Mapping[str, float] = field(default_factory=dict)
 
 
-Done = Callable[[Job, "Result | IpuserveError"], None]
+Done = Callable[[WorkItem, "WorkResult | IpuserveError"], None]
 
 
 class Backend(Protocol):
@@ -92,12 +96,12 @@ class Backend(Protocol):
         """How many jobs it can usefully hold at once: the worker's default credit."""
         ...
 
-    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+    def submit_all(self, jobs: Sequence[WorkItem], done: Done) -> list[Refused]:
         """Start ``jobs``; returns those it refuses at once, with why (``done`` is never
         called for them)."""
         ...
 
-    def room_for(self, jobs: Sequence[Job]) -> int:
+    def room_for(self, jobs: Sequence[WorkItem]) -> int:
         """How many of ``jobs`` (a prefix) to start now. The rest wait in the worker,
         which answers one whose deadline passes there DEADLINE_EXCEEDED: a backend
         whose started jobs cannot be recalled (the runtime's queues) keeps only what
@@ -109,11 +113,11 @@ class Backend(Protocol):
         ...
 
 
-Refused = tuple[Job, IpuserveError]
+Refused = tuple[WorkItem, IpuserveError]
 
 
 def submit_each(
-    submit: Callable[[Job, Done], None], jobs: Sequence[Job], done: Done
+    submit: Callable[[WorkItem, Done], None], jobs: Sequence[WorkItem], done: Done
 ) -> list[Refused]:
     """``submit_all`` for a backend that starts jobs one at a time: ``submit`` raises
     IpuserveError for a job it refuses."""
@@ -149,7 +153,7 @@ class FunctionBackend:
     ) -> None:
         self._models = {spec.name: (spec, fn) for spec, fn in models.items()}
         self._capacity = capacity if capacity is not None else max(1, 2 * threads)
-        self._jobs: queue.SimpleQueue[tuple[Job, Done, float] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[WorkItem, Done, float] | None] = queue.SimpleQueue()
         self._closed = False
         self._threads = [
             threading.Thread(target=self._run, name=f"function-backend-{i}", daemon=True)
@@ -164,14 +168,14 @@ class FunctionBackend:
     def capacity(self) -> int:
         return self._capacity
 
-    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+    def submit_all(self, jobs: Sequence[WorkItem], done: Done) -> list[Refused]:
         return submit_each(self.submit, jobs, done)
 
-    def room_for(self, jobs: Sequence[Job]) -> int:
+    def room_for(self, jobs: Sequence[WorkItem]) -> int:
         """All: its own queue drops what expires before a thread picks it up."""
         return len(jobs)
 
-    def submit(self, job: Job, done: Done) -> None:
+    def submit(self, job: WorkItem, done: Done) -> None:
         if self._closed:
             raise ClosedError("the backend is closed")
         if job.model not in self._models:
@@ -209,7 +213,7 @@ class FunctionBackend:
             else:
                 done(job, self._execute(job, submitted))
 
-    def _execute(self, job: Job, submitted: float) -> Result | IpuserveError:
+    def _execute(self, job: WorkItem, submitted: float) -> WorkResult | IpuserveError:
         started = time.monotonic()
         if job.expired(started):
             return DeadlineExceeded(f"job for model {job.model!r} expired before it ran")
@@ -223,10 +227,10 @@ class FunctionBackend:
             return InferenceError(f"model {job.model!r} raised {type(exc).__name__}: {exc}")
         finished = time.monotonic()
         timing = {"queue_us": (started - submitted) * 1e6, "device_us": (finished - started) * 1e6}
-        return Result(outputs, timing)
+        return WorkResult(outputs, timing)
 
 
-Outcome = tuple[Job, "Result | IpuserveError"]
+Outcome = tuple[WorkItem, "WorkResult | IpuserveError"]
 
 
 #: Outcomes from backend threads to the socket thread: the one hand-off queue of

@@ -31,7 +31,7 @@ from ipuserve.errors import (
     PayloadTooLargeError,
     UnknownModelError,
 )
-from ipuserve.worker.backend import Backend, Done, Job, Outcome, Result
+from ipuserve.worker.backend import Backend, Done, Outcome, WorkItem, WorkResult
 from ipuserve.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class Held:
     """A job this worker holds, and which broker epoch gave it to us."""
 
-    job: Job
+    job: WorkItem
     epoch: str
     received: float
     submitted: float = 0.0
@@ -148,7 +148,7 @@ class JobBook:
             else message.tensors.arrays()
         )
         samples = members * spec.samples(t.shape for t in message.tensors.specs)
-        job = Job(message.job_id, message.model, inputs, deadline, samples)
+        job = WorkItem(message.job_id, message.model, inputs, deadline, samples)
         assert self.epoch is not None
         return Held(job, self.epoch, now, members=members, session=self.session)
 
@@ -280,7 +280,7 @@ class JobBook:
                 keep.append((job, outcome))
         return keep
 
-    def answer(self, job: Job, outcome: Result | IpuserveError) -> None:
+    def answer(self, job: WorkItem, outcome: WorkResult | IpuserveError) -> None:
         """The outcome of a job this book holds joins this turn's RESULTS."""
         held = self.drop(job.job_id)
         assert held is not None
@@ -297,7 +297,7 @@ class JobBook:
             return
         self._results.append(wire.Result(job.job_id, tensors, _timing(held, outcome)))
 
-    def _sendable(self, outcome: Result, held: Held) -> wire.Tensors:
+    def _sendable(self, outcome: WorkResult, held: Held) -> wire.Tensors:
         """The outputs as wire tensors (a group's cut back into its members), if the broker
         can take them."""
         try:
@@ -328,7 +328,7 @@ class JobBook:
         return message
 
 
-def _timing(held: Held, result: Result) -> dict[str, float]:
+def _timing(held: Held, result: WorkResult) -> dict[str, float]:
     timing = {k: v for k, v in result.timing.items() if k != "queue_us"}
     waited = (held.submitted - held.received) * 1e6 + result.timing.get("queue_us", 0.0)
     timing["worker_queue_us"] = waited

@@ -41,7 +41,7 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
-from ipuserve.worker.backend import Backend, Job, Mailbox, Outcome, Result
+from ipuserve.worker.backend import Backend, Mailbox, Outcome, WorkItem, WorkResult
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.credit import CreditPool, Share
 from ipuserve.worker.jobbook import JobBook
@@ -310,7 +310,7 @@ class WorkerNode:
         finally:
             self._lock.acquire()
 
-    def _on_done(self, job: Job, outcome: Result | IpuserveError) -> None:
+    def _on_done(self, job: WorkItem, outcome: WorkResult | IpuserveError) -> None:
         """A backend thread's outcome: sent from that thread when the loop is waiting and
         nothing else is due (a lone request's result takes no hand-off), else handed to
         the loop through the mailbox, where outcomes of one turn leave together. Jobs

@@ -56,7 +56,7 @@ from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, make_policy
 from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED
 from ipuserve.runtime.model_runner.memory import DataDesc
 from ipuserve.runtime.popef.reader import load_model
-from ipuserve.worker.backend import Done, Job, Refused, Result, submit_each
+from ipuserve.worker.backend import Done, Refused, WorkItem, WorkResult, submit_each
 from ipuserve.worker.metrics import WorkerMetrics
 from ipuserve.worker.model_checks import (
     advise_on_busy_ipus,
@@ -157,7 +157,7 @@ class RunnerBackend:
     def runner(self) -> ModelRunner:
         return self._runner
 
-    def room_for(self, jobs: Sequence[Job]) -> int:
+    def room_for(self, jobs: Sequence[WorkItem]) -> int:
         """The jobs (a prefix) whose replica -- the one with the fewest samples, as
         :meth:`_claim` picks -- is below its window of samples; at least one job when a
         replica is empty, however big the job."""
@@ -172,7 +172,7 @@ class RunnerBackend:
             held[replica] += 1
         return len(jobs)
 
-    def submit(self, job: Job, done: Done) -> None:
+    def submit(self, job: WorkItem, done: Done) -> None:
         """One runtime request for ``job`` on the replica with the fewest samples."""
         if job.model != self._spec.name:
             raise UnknownModelError(f"this worker serves {self._spec.name!r}, not {job.model!r}")
@@ -186,7 +186,7 @@ class RunnerBackend:
         self.metrics.submitted()
         future.add_done_callback(lambda f: self._finished(job, done, f, replica, started))
 
-    def submit_all(self, jobs: Sequence[Job], done: Done) -> list[Refused]:
+    def submit_all(self, jobs: Sequence[WorkItem], done: Done) -> list[Refused]:
         return submit_each(self.submit, jobs, done)
 
     def close(self) -> None:
@@ -211,7 +211,7 @@ class RunnerBackend:
             self._samples[replica] -= samples
 
     def _finished(
-        self, job: Job, done: Done, future: OutputFuture, replica: int, started: float
+        self, job: WorkItem, done: Done, future: OutputFuture, replica: int, started: float
     ) -> None:
         self._release(replica, job.samples)
         seconds = time.perf_counter() - started
@@ -228,7 +228,7 @@ class RunnerBackend:
         self.metrics.finished(
             "ok", seconds, timing.get("queue_us", 0.0), timing.get("device_us", 0.0)
         )
-        done(job, Result(outputs, timing))
+        done(job, WorkResult(outputs, timing))
 
 
 def _spec(desc: DataDesc) -> TensorSpec:

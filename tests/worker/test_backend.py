@@ -18,16 +18,16 @@ from ipuserve.errors import (
     UnavailableError,
     UnknownModelError,
 )
-from ipuserve.worker.backend import FunctionBackend, Job, Mailbox, Result
+from ipuserve.worker.backend import FunctionBackend, Mailbox, WorkItem, WorkResult
 from tests.worker.fakes import ADD, GatedAdd, add_inputs
 
-Outcomes = queue.SimpleQueue[tuple[Job, Result | IpuserveError, str]]
+Outcomes = queue.SimpleQueue[tuple[WorkItem, WorkResult | IpuserveError, str]]
 
 
 def collect() -> tuple[Outcomes, Any]:
     outcomes: Outcomes = queue.SimpleQueue()
 
-    def done(job: Job, outcome: Result | IpuserveError) -> None:
+    def done(job: WorkItem, outcome: WorkResult | IpuserveError) -> None:
         outcomes.put((job, outcome, threading.current_thread().name))
 
     return outcomes, done
@@ -38,12 +38,12 @@ def test_runs_the_function_on_its_own_thread_and_reports_timing() -> None:
     outcomes, done = collect()
     inputs = add_inputs()
     try:
-        backend.submit(Job(b"1", "add", inputs), done)
+        backend.submit(WorkItem(b"1", "add", inputs), done)
         job, result, thread = outcomes.get(timeout=10)
     finally:
         backend.close()
     assert job.job_id == b"1" and thread.startswith("function-backend")
-    assert isinstance(result, Result)
+    assert isinstance(result, WorkResult)
     np.testing.assert_allclose(result.outputs["z"], inputs["x"] + 2 * inputs["y"])
     assert set(result.timing) == {"queue_us", "device_us"}
     assert backend.describe() == [ADD] and backend.capacity() == 4
@@ -54,7 +54,7 @@ def test_an_expired_job_is_answered_without_running() -> None:
     backend = model.backend()
     outcomes, done = collect()
     try:
-        backend.submit(Job(b"1", "add", add_inputs(), deadline=time.monotonic() - 1), done)
+        backend.submit(WorkItem(b"1", "add", add_inputs(), deadline=time.monotonic() - 1), done)
         _job, outcome, _thread = outcomes.get(timeout=10)
     finally:
         backend.close()
@@ -68,7 +68,7 @@ def test_an_exception_from_the_model_becomes_an_inference_error() -> None:
     backend = FunctionBackend({ADD: broken})
     outcomes, done = collect()
     try:
-        backend.submit(Job(b"1", "add", add_inputs()), done)
+        backend.submit(WorkItem(b"1", "add", add_inputs()), done)
         _job, outcome, _thread = outcomes.get(timeout=10)
     finally:
         backend.close()
@@ -80,7 +80,7 @@ def test_unknown_models_are_refused_at_submit() -> None:
     backend = GatedAdd().backend()
     try:
         with pytest.raises(UnknownModelError, match="'mul'"):
-            backend.submit(Job(b"1", "mul", {}), collect()[1])
+            backend.submit(WorkItem(b"1", "mul", {}), collect()[1])
     finally:
         backend.close()
 
@@ -89,9 +89,9 @@ def test_close_answers_jobs_it_never_ran_and_refuses_new_ones() -> None:
     model = GatedAdd(gated=True)
     backend = model.backend(threads=1)
     outcomes, done = collect()
-    backend.submit(Job(b"running", "add", add_inputs()), done)
+    backend.submit(WorkItem(b"running", "add", add_inputs()), done)
     model.wait_started()
-    backend.submit(Job(b"waiting", "add", add_inputs()), done)
+    backend.submit(WorkItem(b"waiting", "add", add_inputs()), done)
     closer = threading.Thread(target=backend.close)
     closer.start()
     model.gate.set()
@@ -100,15 +100,15 @@ def test_close_answers_jobs_it_never_ran_and_refuses_new_ones() -> None:
         job.job_id: outcome
         for job, outcome, _ in (outcomes.get(timeout=10), outcomes.get(timeout=10))
     }
-    assert isinstance(answers[b"running"], Result)
+    assert isinstance(answers[b"running"], WorkResult)
     assert isinstance(answers[b"waiting"], UnavailableError)
     with pytest.raises(ClosedError):
-        backend.submit(Job(b"late", "add", add_inputs()), done)
+        backend.submit(WorkItem(b"late", "add", add_inputs()), done)
 
 
 def test_the_mailbox_wakes_on_the_first_put_and_loses_nothing() -> None:
     mailbox = Mailbox()
-    job = Job(b"1", "add", {})
+    job = WorkItem(b"1", "add", {})
     try:
         threads = [
             threading.Thread(

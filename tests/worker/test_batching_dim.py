@@ -18,7 +18,7 @@ from ipuserve.errors import ConfigError
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.builder import GraphBuilder
 from ipuserve.runtime.popef.reader import load_model
-from ipuserve.worker.backend import Job, Result
+from ipuserve.worker.backend import WorkItem, WorkResult
 from ipuserve.worker.model_checks import choose_batching_dim
 from ipuserve.worker.runner_backend import RunnerBackend
 from tests.helpers import Processes, RawClient, runner_worker_argv, start_broker, write_example
@@ -164,11 +164,11 @@ def test_a_model_without_a_shared_batch_dimension_is_served_without_dynamic_batc
         outcomes: list[object] = []
         finished = threading.Event()
         backend.submit(
-            Job(b"j", "odd", given), lambda _job, out: (outcomes.append(out), finished.set())
+            WorkItem(b"j", "odd", given), lambda _job, out: (outcomes.append(out), finished.set())
         )
         assert finished.wait(30)
         (outcome,) = outcomes
-        assert isinstance(outcome, Result), outcome
+        assert isinstance(outcome, WorkResult), outcome
         np.testing.assert_array_equal(outcome.outputs["y"], given["x"])
         np.testing.assert_array_equal(outcome.outputs["z"], given["w"])
     finally:

@@ -13,7 +13,7 @@ import pytest
 from ipuserve.errors import IpuserveError
 from ipuserve.runtime.popef import examples
 from ipuserve.worker import runner_backend
-from ipuserve.worker.backend import Job, Result
+from ipuserve.worker.backend import WorkItem, WorkResult
 from ipuserve.worker.runner_backend import RunnerBackend
 from tests.helpers import write_example
 
@@ -25,18 +25,18 @@ class Outcomes:
 
     def __init__(self, expected: int) -> None:
         self.expected = expected
-        self.got: dict[bytes, Result | IpuserveError] = {}
+        self.got: dict[bytes, WorkResult | IpuserveError] = {}
         self._lock = threading.Lock()
         self._all = threading.Event()
 
-    def __call__(self, job: Job, outcome: Result | IpuserveError) -> None:
+    def __call__(self, job: WorkItem, outcome: WorkResult | IpuserveError) -> None:
         with self._lock:
             assert job.job_id not in self.got, "answered twice"
             self.got[job.job_id] = outcome
             if len(self.got) == self.expected:
                 self._all.set()
 
-    def wait(self) -> dict[bytes, Result | IpuserveError]:
+    def wait(self) -> dict[bytes, WorkResult | IpuserveError]:
         assert self._all.wait(30), f"{len(self.got)} of {self.expected} jobs answered"
         return self.got
 
@@ -63,7 +63,7 @@ def cold(tmp_path: Path) -> Iterator[RunnerBackend]:
     backend.close()
 
 
-def jobs_of(rows: list[int], dim: int, seed: int = 0) -> list[Job]:
+def jobs_of(rows: list[int], dim: int, seed: int = 0) -> list[WorkItem]:
     rng = np.random.default_rng(seed)
     jobs = []
     for i, n in enumerate(rows):
@@ -71,18 +71,18 @@ def jobs_of(rows: list[int], dim: int, seed: int = 0) -> list[Job]:
         inputs = {
             name: rng.standard_normal(shape).astype(np.float32) for name in ("tensor_A", "tensor_B")
         }
-        jobs.append(Job(b"job%d" % i, "simple", inputs, samples=n))
+        jobs.append(WorkItem(b"job%d" % i, "simple", inputs, samples=n))
     return jobs
 
 
-def check_against_reference(backend: RunnerBackend, jobs: list[Job], dim: int) -> None:
+def check_against_reference(backend: RunnerBackend, jobs: list[WorkItem], dim: int) -> None:
     done = Outcomes(len(jobs))
     assert backend.submit_all(jobs, done) == []
     got = done.wait()
     data = examples.tensor_arrays(backend.runner.model)
     for job in jobs:
         outcome = got[job.job_id]
-        assert isinstance(outcome, Result), outcome
+        assert isinstance(outcome, WorkResult), outcome
         want = examples.reference("simple", job.inputs, data, batch_dim=dim)["output"]
         assert outcome.outputs["output"].shape == want.shape
         np.testing.assert_allclose(outcome.outputs["output"], want, rtol=1e-5, atol=1e-6)
