@@ -1,6 +1,6 @@
 """One capacity, several brokers: how much credit each broker connection may announce.
 
-A worker serving several brokers runs one socket loop per broker (its own session,
+A worker serving several brokers runs one socket loop per broker (its own connection,
 JobBook and credit) over one backend that holds at most ``capacity`` jobs (C). Each
 broker respects only the credit it knows, so the worker must split C between them
 and never let the parts add up to more, however their traffic shifts. Every
@@ -8,10 +8,10 @@ connection has a :class:`Share`; the :class:`CreditPool` keeps, under one lock,
 
     sum over shares of  leftover + max(exposure, held_current)  <=  C      (the invariant)
 
-* ``held_current``: jobs the worker holds from the connection's current session;
-* ``leftover``: jobs it still holds from that broker's earlier sessions (a reconnect,
+* ``held_current``: jobs the worker holds from that broker's current connection;
+* ``leftover``: jobs it still holds from that broker's earlier connections (a reconnect,
   a restarted broker): the broker forgot them, so they are outside any credit it knows;
-* ``exposure``: the most jobs the broker may yet place on the current session -- the
+* ``exposure``: the most jobs the broker may yet place on the current connection -- the
   credit announced, or, while a lowered credit is not yet confirmed, the older and
   higher one: the broker may have sent jobs under it that are still on the wire.
 
@@ -70,7 +70,7 @@ class Share:
         self._pool = pool
         #: rung (from any thread) when :attr:`pending` changed: wake the loop to send it
         self.notify = notify
-        #: a session (or a HELLO) is up: the broker may place jobs on it
+        #: a connection (or a HELLO) is up: the broker may place jobs on it
         self.live = False
         #: no longer served: gone from the pool once its last job is done
         self.leaving = False
@@ -104,7 +104,7 @@ class Share:
 
     @property
     def exposure(self) -> int:
-        """The most jobs the broker may still place on the current session."""
+        """The most jobs the broker may still place on the current connection."""
         if not self.live:
             return 0
         return max(self.confirmed, self.pending or 0)
@@ -116,7 +116,7 @@ class Share:
         return leftover + max(self.exposure, self.held_current)
 
     def admits(self) -> bool:
-        """Whether a new job on the current session keeps within the invariant: with a
+        """Whether a new job on the current connection keeps within the invariant: with a
         broker that respects its credit, always. Read without the lock from the share's
         own loop: its exposure rises before that loop announces the rise, and falls
         only in that loop (:meth:`confirm`)."""
@@ -132,7 +132,7 @@ class Share:
                 share.notify()
 
     def hello(self, held_total: int) -> int:
-        """A new session begins: what it holds now is leftover; the credit to announce."""
+        """A new connection begins: what it holds now is leftover; the credit to announce."""
         return self._pool.hello(self, held_total)
 
     def update(self, held_total: int, held_current: int) -> None:
@@ -143,7 +143,7 @@ class Share:
         self._pool.confirm(self, credit)
 
     def lost(self) -> None:
-        """The session ended (the socket is closed): nothing more can arrive on it."""
+        """The connection ended (the socket is closed): nothing more can arrive on it."""
         self._pool.lost(self)
 
     def leave(self) -> None:
@@ -241,7 +241,7 @@ class CreditPool:
     def confirm(self, share: Share, credit: int) -> None:
         with self._lock:
             if not share.live or share.pending != credit:
-                return  # an echo of the drain's credit 0, or of an older session
+                return  # an echo of the drain's credit 0, or of an older connection
             share.confirmed, share.pending = credit, None
             changed = self._rebalance()
             self._count()

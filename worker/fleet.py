@@ -3,7 +3,7 @@
 ``ipuserve worker --broker tcp://b1:5556 --broker tcp://b2:5556`` (or a name that
 resolves to several addresses, Swarm's ``tasks.broker``) serves every broker those
 endpoints stand for. Each broker gets a :class:`~ipuserve.worker.node.WorkerNode` of
-its own -- socket loop, JobBook and session, on its own thread -- and all of them
+its own -- socket loop, JobBook and connection, on its own thread -- and all of them
 share the backend and a :class:`~ipuserve.worker.credit.CreditPool`, so the worker
 never holds more jobs than its capacity, whichever broker sends them.
 

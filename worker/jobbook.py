@@ -47,8 +47,8 @@ class Held:
     submitted: float = 0.0
     #: a group job: this many requests joined along the batching dimension
     members: int = 1
-    #: the connection (JobBook.session) it came on
-    session: int = 0
+    #: the connection (JobBook.connection) it came on
+    connection: int = 0
 
 
 class JobBook:
@@ -78,7 +78,7 @@ class JobBook:
         self.jobs: dict[bytes, Held] = {}
         #: the current connection's number, and how many of the jobs held came on it
         #: (the others came on earlier ones: see ipuserve.worker.credit)
-        self.session = 0
+        self.connection = 0
         self.held_current = 0
         #: the most jobs of the current connection to hold; None: the single-broker
         #: rule (jobs beyond the credit wait here, up to twice the credit in all)
@@ -150,17 +150,17 @@ class JobBook:
         samples = members * spec.samples(t.shape for t in message.tensors.specs)
         job = WorkItem(message.job_id, message.model, inputs, deadline, samples)
         assert self.epoch is not None
-        return Held(job, self.epoch, now, members=members, session=self.session)
+        return Held(job, self.epoch, now, members=members, connection=self.connection)
 
-    def new_session(self) -> None:
+    def new_connection(self) -> None:
         """A new connection: every job held now came on an earlier one."""
-        self.session += 1
+        self.connection += 1
         self.held_current = 0
 
     def drop(self, job_id: bytes) -> Held | None:
         """Stop holding a job (answered, expired, handed back or forgotten)."""
         held = self.jobs.pop(job_id, None)
-        if held is not None and held.session == self.session:
+        if held is not None and held.connection == self.connection:
             self.held_current -= 1
         return held
 

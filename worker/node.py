@@ -60,7 +60,10 @@ class Exit(enum.Enum):
 
 
 @dataclass(slots=True)
-class Session:
+class Connection:
+    """One joined socket to the broker, from WELCOME until the loop leaves it; a
+    reconnect makes a new one (named apart from the runtime's ``Session``)."""
+
     socket: zmq.Socket[Any]
     epoch: str
     heartbeat_s: float
@@ -120,7 +123,7 @@ class WorkerNode:
         self._stopping = False
         #: stopping because this broker is no longer served (not the worker's SIGTERM)
         self._leaving = False
-        self._session: Session | None = None
+        self._connection: Connection | None = None
         #: outcomes that finished while no broker was joined: answered on the next WELCOME
         self._unsent: list[Outcome] = []
         #: while draining: ids of jobs set aside to hand back in BYE
@@ -152,7 +155,7 @@ class WorkerNode:
     @property
     def joined(self) -> bool:
         """Registered with its broker now (read from other threads: one reference)."""
-        return self._session is not None
+        return self._connection is not None
 
     def run(self) -> int:
         log.info(
@@ -222,7 +225,7 @@ class WorkerNode:
 
     def _hello_credit(self) -> int:
         """Before each HELLO: a new connection begins; the credit to announce."""
-        self._book.new_session()
+        self._book.new_connection()
         self._announced = self._share.hello(len(self._book.jobs))
         return self._announced
 
@@ -235,7 +238,7 @@ class WorkerNode:
         self._book.epoch = welcome.epoch
         self._book.max_payload_bytes = welcome.max_payload_bytes
         heartbeat_s = min(self._config.heartbeat_ms, welcome.heartbeat_ms) / 1000
-        self._session = Session(
+        self._connection = Connection(
             joined.socket, welcome.epoch, heartbeat_s, welcome.liveness_ms / 1000, time.monotonic()
         )
         log.info(
@@ -260,9 +263,9 @@ class WorkerNode:
         self._unsent.extend(self._finished(self._mailbox.take()))
 
     def _close_session(self, linger: int) -> None:
-        if self._session is not None:
-            self._session.socket.close(linger=linger)
-            self._session = None
+        if self._connection is not None:
+            self._connection.socket.close(linger=linger)
+            self._connection = None
             self._book.max_payload_bytes = None
 
     # ------------------------------------------------------------ serving
@@ -276,9 +279,9 @@ class WorkerNode:
         edge-triggered, so the loop waits only while ``zmq.EVENTS`` says nothing is
         readable, and whoever used the socket under the lock checks it before letting
         go (:meth:`_on_done` wakes the loop if a message came in meanwhile)."""
-        session = self._session
-        assert session is not None
-        sock = session.socket
+        connection = self._connection
+        assert connection is not None
+        sock = connection.socket
         poller = zmq.Poller()
         poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
         poller.register(self._mailbox.fd, zmq.POLLIN)
@@ -288,15 +291,15 @@ class WorkerNode:
                 while not self._stopping:
                     woken = False
                     if not self._mailbox.ready and not wire.readable(sock):
-                        woken = self._wait_unlocked(poller, self._timeout_ms(session))
-                    if (why := self._read(session)) is not None:
+                        woken = self._wait_unlocked(poller, self._timeout_ms(connection))
+                    if (why := self._read(connection)) is not None:
                         return why
                     if woken or self._mailbox.ready:
                         self._deliver()  # what finished while we read joins this RESULTS
                     self._book.expire_waiting(time.monotonic())
                     self._flush()
                     self._report()
-                    if (why := self._tick(session)) is not None:
+                    if (why := self._tick(connection)) is not None:
                         return why
                 return Exit.STOP
             finally:
@@ -327,30 +330,30 @@ class WorkerNode:
                 self._book.answer(kept, kept_outcome)
             self._flush()
             self._report()
-            session = self._session
-            if session is not None and wire.readable(session.socket):
+            connection = self._connection
+            if connection is not None and wire.readable(connection.socket):
                 self._mailbox.wake()  # our use of the socket may have eaten the loop's edge
         finally:
             self._lock.release()
 
-    def _timeout_ms(self, session: Session) -> int:
+    def _timeout_ms(self, connection: Connection) -> int:
         wake = min(
-            session.next_heartbeat,
-            session.last_heard + session.liveness_s,
+            connection.next_heartbeat,
+            connection.last_heard + connection.liveness_s,
             self._book.next_expiry,
         )
         return max(0, int((wake - time.monotonic()) * 1000) + 1)
 
-    def _read(self, session: Session) -> Exit | None:
+    def _read(self, connection: Connection) -> Exit | None:
         """Handle every message waiting on the socket."""
-        while (frames := wire.try_recv(session.socket)) is not None:
-            session.last_heard = time.monotonic()
-            why = self._on_message(session, frames)
+        while (frames := wire.try_recv(connection.socket)) is not None:
+            connection.last_heard = time.monotonic()
+            why = self._on_message(connection, frames)
             if why is not None:
                 return why
         return None
 
-    def _on_message(self, session: Session, frames: list[Any]) -> Exit | None:
+    def _on_message(self, connection: Connection, frames: list[Any]) -> Exit | None:
         try:
             message = wire.decode(frames, self._limits)
         except IpuserveError as exc:
@@ -362,7 +365,7 @@ class WorkerNode:
             self._on_jobs(message)
         elif isinstance(message, wire.Reconnect):
             return Exit.RECONNECT
-        elif isinstance(message, wire.Welcome) and message.epoch != session.epoch:
+        elif isinstance(message, wire.Welcome) and message.epoch != connection.epoch:
             return Exit.NEW_EPOCH
         elif isinstance(message, wire.Heartbeat) and message.credit is not None:
             self._report()  # every JOBS sent before this echo is in the book by now
@@ -407,13 +410,13 @@ class WorkerNode:
             self._sent_seq = seq
             self._send(wire.Heartbeat(in_flight=self._held(), credit=pending))
 
-    def _tick(self, session: Session) -> Exit | None:
+    def _tick(self, connection: Connection) -> Exit | None:
         now = time.monotonic()
-        if now - session.last_heard > session.liveness_s:
+        if now - connection.last_heard > connection.liveness_s:
             return Exit.SILENT
-        if now >= session.next_heartbeat:
+        if now >= connection.next_heartbeat:
             self._send(wire.Heartbeat(in_flight=self._held()))
-            session.next_heartbeat = now + session.heartbeat_s
+            connection.next_heartbeat = now + connection.heartbeat_s
         return None
 
     def _held(self) -> int:
@@ -425,10 +428,10 @@ class WorkerNode:
 
     def _send_frames(self, frames: list[wire.Frame], what: str) -> None:
         """Send without ever blocking the loop; a message the broker cannot take is dropped."""
-        if self._session is None:
+        if self._connection is None:
             return
         try:
-            wire.send(self._session.socket, frames, nonblock=True)
+            wire.send(self._connection.socket, frames, nonblock=True)
         except zmq.Again:
             log.warning("broker not accepting messages; dropped %s", what)
 
@@ -436,15 +439,15 @@ class WorkerNode:
 
     def _drain(self) -> None:
         """Credit 0, finish what runs (within the drain timeout), hand back the rest."""
-        session = self._session
-        assert session is not None
+        connection = self._connection
+        assert connection is not None
         book = self._book
         self._draining = book.set_aside_waiting()
         running = len(book.jobs)
         self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
         if not self._leaving:  # a broker no longer served gets its jobs back at once
-            self._finish_running(session)
-        self._read(session)  # JOBS that arrived meanwhile are handed back too
+            self._finish_running(connection)
+        self._read(connection)  # JOBS that arrived meanwhile are handed back too
         self._flush()
         handed_back = self._draining + list(book.jobs)
         self._send(wire.Bye(tuple(handed_back)))
@@ -457,19 +460,19 @@ class WorkerNode:
         )
         self._close_session(linger=self._config.bye_linger_ms)
 
-    def _finish_running(self, session: Session) -> None:
+    def _finish_running(self, connection: Connection) -> None:
         deadline = time.monotonic() + self._config.drain_timeout_ms / 1000
         poller = zmq.Poller()
-        poller.register(session.socket, zmq.POLLIN)
+        poller.register(connection.socket, zmq.POLLIN)
         poller.register(self._mailbox.fd, zmq.POLLIN)
         while self._book.jobs and (left := deadline - time.monotonic()) > 0:
-            wait = min(left, max(0.0, session.next_heartbeat - time.monotonic()))
+            wait = min(left, max(0.0, connection.next_heartbeat - time.monotonic()))
             events = dict(poller.poll(int(wait * 1000) + 1))
-            if session.socket in events and self._read(session) is not None:
+            if connection.socket in events and self._read(connection) is not None:
                 return  # the broker forgot us: nobody to send results to
             if self._mailbox.fd in events:
                 self._deliver()
             self._flush()
-            if time.monotonic() >= session.next_heartbeat:
+            if time.monotonic() >= connection.next_heartbeat:
                 self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
-                session.next_heartbeat = time.monotonic() + session.heartbeat_s
+                connection.next_heartbeat = time.monotonic() + connection.heartbeat_s

@@ -36,17 +36,17 @@ class Link:
     outstanding: int = 0  # jobs placed and not answered (the broker's view)
     to_worker: deque[tuple[str, int]] = field(default_factory=deque)
     to_broker: deque[tuple[str, int]] = field(default_factory=deque)
-    session: int = 0
-    held: list[int] = field(default_factory=list)  # the session each held job came on
+    connection: int = 0
+    held: list[int] = field(default_factory=list)  # the connection each held job came on
     sent_seq: int = 0
     refused: int = 0
 
     def report(self) -> None:
-        current = sum(1 for s in self.held if s == self.session)
+        current = sum(1 for s in self.held if s == self.connection)
         self.share.update(len(self.held), current)
 
     def join(self) -> None:
-        self.session += 1
+        self.connection += 1
         self.to_worker.clear()
         self.to_broker.clear()
         self.credit = self.share.hello(len(self.held))
@@ -87,7 +87,7 @@ class Link:
             self.report()
             self.share.confirm(value)
         elif self.share.solo or self.share.admits():
-            self.held.append(self.session)
+            self.held.append(self.connection)
             self.report()
         else:
             self.refused += 1
@@ -96,8 +96,8 @@ class Link:
     def finish(self, rng: random.Random) -> None:
         if not self.held:
             return
-        session = self.held.pop(rng.randrange(len(self.held)))
-        if self.up and session == self.session:
+        connection = self.held.pop(rng.randrange(len(self.held)))
+        if self.up and connection == self.connection:
             self.to_broker.append(("result", 0))
         self.report()
 
