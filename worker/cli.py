@@ -221,7 +221,7 @@ def worker(
         from ipuserve.worker.metrics import CreditMetrics
 
         credit_metrics = CreditMetrics(credit or backend.capacity())
-        # serve() puts the fleet's probes here once it made the fleet
+        # serve() puts the broker nodes' probes here once it made them
         health = {probes.LIVE: probes.not_yet("starting"), probes.READY: probes.not_yet("starting")}
         try:
             server = _metrics_server(
@@ -292,12 +292,12 @@ def serve(
 ) -> int:
     """Serve every broker ``endpoints`` stand for (default: ``config.broker``), one node
     each on its own thread, until SIGTERM/SIGINT drains them; the exit code. ``health``
-    (the metrics server's probes) gets the fleet's."""
+    (the metrics server's probes) gets the broker nodes'."""
     from ipuserve.malloc import retain_freed_memory
-    from ipuserve.worker.fleet import Fleet
+    from ipuserve.worker.brokers import BrokerNodes
 
     retain_freed_memory()
-    fleet = Fleet(
+    nodes = BrokerNodes(
         backend,
         config,
         endpoints or [config.broker],
@@ -305,15 +305,15 @@ def serve(
         metrics=metrics,
     )
     if health is not None:
-        health[probes.LIVE], health[probes.READY] = fleet.live, fleet.ready
+        health[probes.LIVE], health[probes.READY] = nodes.live, nodes.ready
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("worker received %s: draining", signal.Signals(signum).name)
-        fleet.request_stop()
+        nodes.request_stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    return fleet.run()
+    return nodes.run()
 
 
 commands: list[click.Command] = [worker]

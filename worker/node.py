@@ -12,7 +12,7 @@ are dropped: that broker is gone and its successor never heard of those jobs. On
 timeout, send the results, hand the rest back in BYE, exit.
 
 A worker serving several brokers runs one node per broker, each on its own thread,
-over one backend (:mod:`ipuserve.worker.fleet`); each node's credit is its
+over one backend (:mod:`ipuserve.worker.brokers`); each node's credit is its
 :class:`~ipuserve.worker.credit.Share` of the worker's capacity, which it announces
 in HELLO and changes by HEARTBEAT as the pool rebalances. A node alone has a pool of
 its own, which always gives it the whole capacity.
@@ -89,7 +89,8 @@ class WorkerNode:
         """``share``: this connection's part of a worker's capacity (default: a pool of
         its own); ``on_lost`` is told when a connection to the broker is lost;
         ``owns_backend``: :meth:`run` closes the backend and the mailbox when it ends
-        (a fleet of nodes closes them itself, once every node has ended)."""
+        (the :class:`~ipuserve.worker.brokers.BrokerNodes` of a worker serving several
+        brokers closes them itself, once every node has ended)."""
         self._backend = backend
         self._owns_backend = owns_backend
         self._on_lost = on_lost

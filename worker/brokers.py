@@ -7,7 +7,7 @@ its own -- socket loop, JobBook and connection, on its own thread -- and all of 
 share the backend and a :class:`~ipuserve.worker.credit.CreditPool`, so the worker
 never holds more jobs than its capacity, whichever broker sends them.
 
-The :class:`Fleet` follows the endpoints (:class:`ipuserve.discovery.EndpointSet`):
+The :class:`BrokerNodes` follows the endpoints (:class:`ipuserve.discovery.EndpointSet`):
 it re-resolves them on the set's interval and whenever a node loses its broker, starts
 a node for each address that appears and lets a node whose address is gone leave
 (it hands that broker its jobs back with BYE, then waits for what already runs).
@@ -56,8 +56,9 @@ class _Running:
             self._on_end()
 
 
-class Fleet:
-    """Serves ``backend`` to every broker ``endpoints`` stand for until stopped."""
+class BrokerNodes:
+    """One :class:`WorkerNode` per broker ``endpoints`` stand for, over one backend and one
+    capacity, until stopped."""
 
     def __init__(
         self,
@@ -101,7 +102,7 @@ class Fleet:
         try:
             code = self._supervise()
         except Exception:
-            log.exception("worker %s: the fleet crashed", self._config.worker_id)
+            log.exception("worker %s: its broker nodes crashed", self._config.worker_id)
             code = 1
         finally:
             self._supervising = False
@@ -111,7 +112,7 @@ class Fleet:
     # ------------------------------------------------------------ probes (another thread)
 
     def live(self) -> tuple[bool, str]:
-        """Live while the fleet supervises and its nodes' loops run."""
+        """Live while BrokerNodes supervises and its nodes' loops run."""
         if not self._supervising:
             return False, "the worker is not serving"
         dead = [e for e, r in list(self._nodes.items()) if not r.thread.is_alive()]
@@ -121,7 +122,7 @@ class Fleet:
 
     def ready(self) -> tuple[bool, str]:
         """Ready while serving and registered with at least one broker (the model is
-        loaded before the fleet starts): brokers may send it jobs."""
+        loaded before BrokerNodes starts): brokers may send it jobs."""
         if self._stopping:
             return False, "the worker is draining"
         nodes = list(self._nodes.items())

@@ -1,4 +1,4 @@
-"""A Fleet (one worker, several brokers) against fake brokers that follow a name's
+"""BrokerNodes (one worker, several brokers) against fake brokers that follow a name's
 addresses: a broker whose address goes away gets its jobs back, and its share of the
 capacity goes to the others once what it gave the worker has finished."""
 
@@ -14,9 +14,9 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.discovery import EndpointSet
+from ipuserve.worker.brokers import BrokerNodes
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.credit import CreditPool
-from ipuserve.worker.fleet import Fleet
 from ipuserve.worker.node import WorkerNode
 from tests.worker.fakes import TIMEOUT, FakeBroker, GatedAdd
 
@@ -56,7 +56,7 @@ def echo_credit_until(
 
 
 class Running:
-    """A Fleet on a thread, following ``tcp://brokers.test:PORT`` whose addresses are the
+    """BrokerNodes on a thread, following ``tcp://brokers.test:PORT`` whose addresses are the
     list ``addresses`` as it is at each look-up."""
 
     def __init__(self, model: GatedAdd, port: str, addresses: list[str]) -> None:
@@ -74,21 +74,21 @@ class Running:
             reconnect_max_ms=50,
         )
         backend = model.backend(threads=CAPACITY, capacity=CAPACITY)
-        self.fleet = Fleet(backend, config, [], endpoint_set=endpoints, resolver=resolver)
+        self.nodes = BrokerNodes(backend, config, [], endpoint_set=endpoints, resolver=resolver)
         self.exit_code: list[int] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        self.exit_code.append(self.fleet.run())
+        self.exit_code.append(self.nodes.run())
 
     def stop(self) -> list[int]:
-        self.fleet.request_stop()
+        self.nodes.request_stop()
         self.thread.join(TIMEOUT)
         return self.exit_code
 
     def credits(self) -> dict[str, Any]:
-        return {s.name: (s.granted, s.pending) for s in self.fleet.pool.shares}
+        return {s.name: (s.granted, s.pending) for s in self.nodes.pool.shares}
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_a_broker_gone_from_the_endpoints_gets_its_jobs_back_and_frees_its_share
     addresses = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     model = GatedAdd(gated=True)
     running = Running(model, port, addresses)
-    pool = running.fleet.pool
+    pool = running.nodes.pool
     try:
         on_first, on_second, _on_third = first.welcome(), second.welcome(), third.welcome()
         stays, gone, idle = (f"tcp://127.0.0.{i}:{port}" for i in (1, 2, 3))
