@@ -44,14 +44,14 @@ from typing import Any
 import numpy as np
 
 from ipuserve.bench.bench import bench
-from ipuserve.bench.fleet import (
+from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.processes import (
     PYTHON,
-    Fleet,
+    ChildProcesses,
     endpoint,
     process_cpu_seconds,
     wait_for_models,
 )
-from ipuserve.bench.loadgen import LoadConfig
 from ipuserve.bench.rawproto import protocol_closed_loop
 from ipuserve.bench.relay import raw_closed_loop
 from ipuserve.bench.stats import latency_us
@@ -109,12 +109,12 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
             "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
             "IPUSERVE_SIM_IPUS": "16",
         }
-        with Fleet(workdir, env) as fleet:
-            ends = start_fleet(fleet, config, models, scale)
-            meters = cpu_meters(fleet)
-            log(f"fleet up (logs in {workdir}); {config.runs} run(s)")
+        with ChildProcesses(workdir, env) as procs:
+            ends = start_processes(procs, config, models, scale)
+            meters = cpu_meters(procs)
+            log(f"procs up (logs in {workdir}); {config.runs} run(s)")
             runs = [one_run(config, ends, meters, i, log) for i in range(config.runs)]
-            fleet.check()
+            procs.check()
     device_s = models["mlp_seconds"] * scale
     return results(config, runs, device_s, int(models["mlp_batch"]))
 
@@ -145,8 +145,8 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
-def start_fleet(
-    fleet: Fleet, config: SuiteConfig, models: dict[str, Any], scale: float
+def start_processes(
+    procs: ChildProcesses, config: SuiteConfig, models: dict[str, Any], scale: float
 ) -> Endpoints:
     ends = Endpoints(endpoint(), endpoint(), endpoint(), endpoint())
     relay = [*PYTHON, "ipuserve.bench.relay"]
@@ -155,21 +155,21 @@ def start_fleet(
         ("large", ends.relay_large, []),
     ):
         back = endpoint()
-        fleet.start(
+        procs.start(
             f"relay-{name}", [*relay, "relay", "--frontend", front, "--backend", back, *copy]
         )
-        fleet.start(f"echo-{name}", [*relay, "echo", "--backend", back, *copy])
+        procs.start(f"echo-{name}", [*relay, "echo", "--backend", back, *copy])
     broker = [*PYTHON, "ipuserve", "broker", "--frontend", ends.frontend, "--backend", ends.backend]
-    fleet.start("broker", [*broker, "--queue-limit", "100000"])
+    procs.start("broker", [*broker, "--queue-limit", "100000"])
     worker = [*PYTHON, "ipuserve", "worker", "--broker", ends.backend]
-    fleet.start("worker-noop", [*worker, "--model", str(models["noop_small"]), "--name", "noop"])
+    procs.start("worker-noop", [*worker, "--model", str(models["noop_small"]), "--name", "noop"])
     echo = [*PYTHON, "ipuserve.worker.echo", "--broker", ends.backend]
-    fleet.start("worker-echo", [*echo, "--elements", str(SMALL_ELEMENTS)])
-    fleet.start(
+    procs.start("worker-echo", [*echo, "--elements", str(SMALL_ELEMENTS)])
+    procs.start(
         "worker-noop4m", [*worker, "--model", str(models["noop_large"]), "--name", "noop4m"]
     )
     for i in range(config.mlp_workers):
-        fleet.start(
+        procs.start(
             f"worker-mlp{i}",
             [
                 *worker,
@@ -183,7 +183,7 @@ def start_fleet(
             env={"IPUSERVE_SIM_TIME_SCALE": f"{scale:.6g}"},
         )
     expected = {"noop": 1, "noop4m": 1, "echo": 1, "mlp": config.mlp_workers}
-    wait_for_models(fleet, ends.frontend, expected)
+    wait_for_models(procs, ends.frontend, expected)
     return ends
 
 
@@ -229,8 +229,8 @@ class CpuMeter:
         return {role: float(value or 0.0) for role, value in seconds.items()}
 
 
-def cpu_meters(fleet: Fleet) -> dict[str, CpuMeter]:
-    by_name = {child.name: child.popen.pid for child in fleet.children}
+def cpu_meters(procs: ChildProcesses) -> dict[str, CpuMeter]:
+    by_name = {child.name: child.popen.pid for child in procs.children}
     return {
         stack: CpuMeter({"client": os.getpid(), **{r: by_name[n] for r, n in roles.items()}})
         for stack, roles in STACKS.items()

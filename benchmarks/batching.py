@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ipuserve.bench.bench import bench
-from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, wait_for_models
 from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint, wait_for_models
 from ipuserve.bench.suite import ONE_BLAS_THREAD, SuiteConfig, write_models
 from ipuserve.client.client import Client, ClientConfig
 
@@ -57,21 +57,21 @@ TARGET_P50 = 1.1  # times the lowest other setting's
 TARGET_IDEAL_AT_16 = 0.70
 
 
-def start(fleet: Fleet, mlp: Path, scale: float) -> tuple[str, dict[str, str]]:
+def start(procs: ChildProcesses, mlp: Path, scale: float) -> tuple[str, dict[str, str]]:
     """A broker and one worker per setting; the broker's frontend and each worker's
     metrics URL."""
     front, back = endpoint(), endpoint()
-    fleet.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back])
+    procs.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back])
     children = {}
     for name, options in SETTINGS.items():
         argv = [*PYTHON, "ipuserve", "worker", "--broker", back, "--model", str(mlp)]
         argv += ["--metrics-port", "0", "--metrics-host", "127.0.0.1"]
-        children[name] = fleet.start(
+        children[name] = procs.start(
             f"worker-{name}",
             [*argv, "--name", f"mlp-{name}", *options],
             env={"IPUSERVE_SIM_TIME_SCALE": f"{scale:.6g}"},
         )
-    wait_for_models(fleet, front, {f"mlp-{name}": 1 for name in SETTINGS})
+    wait_for_models(procs, front, {f"mlp-{name}": 1 for name in SETTINGS})
     urls = {}
     for name, child in children.items():
         found = re.search(r"metrics on (http://\S+/metrics)", child.log.read_text())
@@ -226,13 +226,13 @@ def main() -> int:
         scale = args.device_ms / 1e3 / models["mlp_seconds"]
         env = {**ONE_BLAS_THREAD, "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
                "IPUSERVE_SIM_IPUS": "16"}  # fmt: skip
-        with Fleet(workdir, env) as fleet:
-            frontend, urls = start(fleet, models["mlp"], scale)
+        with ChildProcesses(workdir, env) as procs:
+            frontend, urls = start(procs, models["mlp"], scale)
             runs = []
             for index in range(args.runs):
                 log(f"run {index + 1} of {args.runs}")
                 runs.append(one_run(frontend, urls, args, log))
-            fleet.check()
+            procs.check()
     batch = int(models["mlp_batch"])
     ideal = batch / (args.device_ms / 1e3)
     result = {

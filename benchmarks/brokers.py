@@ -32,26 +32,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, process_cpu_seconds, wait_for_models
+from ipuserve.bench.processes import (
+    PYTHON,
+    ChildProcesses,
+    endpoint,
+    process_cpu_seconds,
+    wait_for_models,
+)
 
 TARGET_RATIO = 1.7
 
 
 def start(
-    fleet: Fleet, model: Path, workers: int, credit: int | None
+    procs: ChildProcesses, model: Path, workers: int, credit: int | None
 ) -> tuple[list[str], list[str]]:
     """Two brokers and the workers; their frontends and backends."""
     fronts, backs = [endpoint(), endpoint()], [endpoint(), endpoint()]
     for i, (front, back) in enumerate(zip(fronts, backs, strict=True)):
         argv = [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back]
-        fleet.start(f"broker{i + 1}", argv)
+        procs.start(f"broker{i + 1}", argv)
     for i in range(workers):
         argv = [*PYTHON, "ipuserve", "worker", "--model", str(model)]
         argv += [part for back in backs for part in ("--broker", back)]
         argv += ["--credit", str(credit)] if credit else []
-        fleet.start(f"worker{i + 1}", argv, env={"IPUSERVE_SIM_TIME_SCALE": "0"})
+        procs.start(f"worker{i + 1}", argv, env={"IPUSERVE_SIM_TIME_SCALE": "0"})
     for front in fronts:
-        wait_for_models(fleet, front, {"noop": workers})
+        wait_for_models(procs, front, {"noop": workers})
     return fronts, backs
 
 
@@ -98,18 +104,18 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-        with Fleet(work) as fleet:
-            fronts, _backs = start(fleet, model, args.workers, args.credit)
+        with ChildProcesses(work) as procs:
+            fronts, _backs = start(procs, model, args.workers, args.credit)
             for run in range(args.runs):
                 cases = ["one", "two"] if run % 2 == 0 else ["two", "one"]
                 figures: dict[str, float] = {}
-                brokers = [c for c in fleet.children if c.name.startswith("broker")]
+                brokers = [c for c in procs.children if c.name.startswith("broker")]
                 for case in cases:
                     used = fronts[:1] if case == "one" else fronts
                     started = time.monotonic()
                     cpu = [process_cpu_seconds(b.popen.pid) or 0.0 for b in brokers]
                     figures[case] = drive(used, args.clients, args)
-                    fleet.check()
+                    procs.check()
                     wall = time.monotonic() - started
                     busy = [
                         ((process_cpu_seconds(b.popen.pid) or 0.0) - before) / wall

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, wait_for_models
+from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint, wait_for_models
 from ipuserve.client import AsyncClient, Client
 
 INPUTS = {"input": np.zeros((1, 16), np.float32)}
@@ -134,9 +134,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the per-run figures here")
     args = parser.parse_args()
     runs = []
-    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp)) as fleet:
+    with tempfile.TemporaryDirectory() as tmp, ChildProcesses(Path(tmp)) as procs:
         frontend, backend = endpoint(), endpoint()
-        fleet.start(
+        procs.start(
             "broker",
             [
                 *PYTHON,
@@ -150,8 +150,8 @@ def main() -> int:
                 "100000",
             ],
         )
-        fleet.start("worker-echo", [*PYTHON, "ipuserve.worker.echo", "--broker", backend])
-        wait_for_models(fleet, frontend, {MODEL: 1})
+        procs.start("worker-echo", [*PYTHON, "ipuserve.worker.echo", "--broker", backend])
+        wait_for_models(procs, frontend, {MODEL: 1})
         for index in range(args.runs):
             runs.append(one_run(frontend, args.seconds, args.in_flight))
             print(f"run {index + 1}: {json.dumps(runs[-1])}")

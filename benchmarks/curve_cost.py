@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ipuserve.bench.bench import bench
-from ipuserve.bench.fleet import PYTHON, Fleet, endpoint
 from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint
 from ipuserve.bench.suite import ONE_BLAS_THREAD
 from ipuserve.client.client import Client
 from ipuserve.errors import DeadlineExceeded
@@ -63,7 +63,7 @@ def write_keys(workdir: Path) -> dict[str, Path]:
 
 
 def start_stack(
-    fleet: Fleet, name: str, models: dict[str, Path], keys: dict[str, Path] | None
+    procs: ChildProcesses, name: str, models: dict[str, Path], keys: dict[str, Path] | None
 ) -> str:
     """A broker and a worker per model; the broker's frontend."""
     front, back = endpoint(), endpoint()
@@ -75,10 +75,10 @@ def start_stack(
                    "--worker-keys", str(keys["worker_dir"])]  # fmt: skip
         worker_keys = ["--curve-secret-key", str(keys["worker_secret"]),
                        "--broker-public-key", str(keys["broker_public"])]  # fmt: skip
-    fleet.start(f"broker-{name}", broker)
+    procs.start(f"broker-{name}", broker)
     for model, path in models.items():
         argv = [*PYTHON, "ipuserve", "worker", "--broker", back, "--model", str(path)]
-        fleet.start(f"worker-{name}-{model}", [*argv, "--name", model, *worker_keys])
+        procs.start(f"worker-{name}-{model}", [*argv, "--name", model, *worker_keys])
     return front
 
 
@@ -93,10 +93,12 @@ def client_for(front: str, keys: dict[str, Path] | None) -> Client:
     )
 
 
-def wait_registered(fleet: Fleet, client: Client, models: list[str], timeout_s: float) -> None:
+def wait_registered(
+    procs: ChildProcesses, client: Client, models: list[str], timeout_s: float
+) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        fleet.check()
+        procs.check()
         try:
             listed = {info.spec.name for info in client.models(timeout=2.0) if info.workers}
         except DeadlineExceeded:
@@ -130,15 +132,15 @@ def main() -> int:
         keys = write_keys(workdir)
         env = {**ONE_BLAS_THREAD, "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks")}
         runs: list[dict[str, dict[str, float]]] = []
-        with Fleet(workdir, env) as fleet:
+        with ChildProcesses(workdir, env) as procs:
             stacks = {
-                "plaintext": (start_stack(fleet, "plain", models, None), None),
-                "curve": (start_stack(fleet, "curve", models, keys), keys),
+                "plaintext": (start_stack(procs, "plain", models, None), None),
+                "curve": (start_stack(procs, "curve", models, keys), keys),
             }
             clients = {name: client_for(front, k) for name, (front, k) in stacks.items()}
             try:
                 for client in clients.values():
-                    wait_registered(fleet, client, list(models), 120.0)
+                    wait_registered(procs, client, list(models), 120.0)
                 for index in range(args.runs):
                     run: dict[str, dict[str, float]] = {name: {} for name in stacks}
                     for case in CASES:

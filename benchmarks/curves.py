@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ipuserve.bench.bench import bench
-from ipuserve.bench.fleet import PYTHON, Fleet, endpoint, wait_for_models
 from ipuserve.bench.loadgen import LoadConfig
+from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint, wait_for_models
 from ipuserve.bench.relay import raw_closed_loop
 from ipuserve.bench.stats import latency_us
 from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
@@ -34,21 +34,24 @@ ELEMENTS = 16  # float32: 64-byte requests, as in the fabric suite
 
 def sweep(levels: list[int], seconds: float, log: Any) -> list[dict[str, Any]]:
     """Start a relay pair, a broker and a noop worker; measure every level on both."""
-    with tempfile.TemporaryDirectory(prefix="ipuserve-curves-") as tmp, Fleet(Path(tmp)) as fleet:
+    with (
+        tempfile.TemporaryDirectory(prefix="ipuserve-curves-") as tmp,
+        ChildProcesses(Path(tmp)) as procs,
+    ):
         model = Path(tmp) / "noop.popef"
         argv = [*PYTHON, "ipuserve", "model", "example", "noop", str(model)]
         subprocess.run([*argv, "--elements", str(ELEMENTS)], check=True, capture_output=True)
         relay_front, relay_back = endpoint(), endpoint()
         relay = [*PYTHON, "ipuserve.bench.relay"]
-        fleet.start("relay", [*relay, "relay", "--frontend", relay_front, "--backend", relay_back,
+        procs.start("relay", [*relay, "relay", "--frontend", relay_front, "--backend", relay_back,
                               "--copy"])  # fmt: skip
-        fleet.start("echo", [*relay, "echo", "--backend", relay_back, "--copy"])
+        procs.start("echo", [*relay, "echo", "--backend", relay_back, "--copy"])
         front, back = endpoint(), endpoint()
-        fleet.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front,
+        procs.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front,
                                "--backend", back, "--queue-limit", "100000"])  # fmt: skip
-        fleet.start("worker", [*PYTHON, "ipuserve", "worker", "--broker", back,
+        procs.start("worker", [*PYTHON, "ipuserve", "worker", "--broker", back,
                                "--model", str(model), "--name", "noop"])  # fmt: skip
-        wait_for_models(fleet, front, {"noop": 1})
+        wait_for_models(procs, front, {"noop": 1})
         rows = []
         with Client(front, timeout=60) as client:
             for n in levels:
@@ -68,7 +71,7 @@ def sweep(levels: list[int], seconds: float, log: Any) -> list[dict[str, Any]]:
                 rows.append({"in_flight": n, "ipuserve": ours, "relay": base})
                 log(f"{n} in flight: {ours['throughput']['req_per_s']:.0f} vs "
                     f"{base['req_per_s']:.0f} req/s")  # fmt: skip
-        fleet.check()
+        procs.check()
     return rows
 
 

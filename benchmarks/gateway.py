@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from ipuserve.bench.fleet import (
+from ipuserve.bench.processes import (
     PYTHON,
-    Fleet,
+    ChildProcesses,
     endpoint,
     free_port,
     process_cpu_seconds,
@@ -209,7 +209,7 @@ def _datatype(array: np.ndarray[Any, Any]) -> str:
     return str(np_to_triton_dtype(array.dtype))
 
 
-def start(fleet: Fleet, work: Path, args: Any) -> tuple[str, str, str, float]:
+def start(procs: ChildProcesses, work: Path, args: Any) -> tuple[str, str, str, float]:
     """Broker, workers and gateway; the frontend, HTTP and gRPC addresses, and the
     MLP's ideal samples/s."""
     mlp, noop = work / "mlp.popef", work / "noop.popef"
@@ -225,33 +225,33 @@ def start(fleet: Fleet, work: Path, args: Any) -> tuple[str, str, str, float]:
     scale = args.mlp_device_ms / 1e3 / float(main["estimated_seconds"])
     ideal = int(inspected["batch_size"]) / (args.mlp_device_ms / 1e3)
     front, back = endpoint(), endpoint()
-    fleet.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back])
+    procs.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back])
     worker = [*PYTHON, "ipuserve", "worker", "--broker", back]
-    fleet.start(
+    procs.start(
         "worker-mlp",
         [*worker, "--model", str(mlp)],
         env={"IPUSERVE_SIM_TIME_SCALE": f"{scale:.6g}"},
     )
-    fleet.start(
+    procs.start(
         "worker-noop", [*worker, "--model", str(noop)], env={"IPUSERVE_SIM_TIME_SCALE": "0"}
     )
-    wait_for_models(fleet, front, {"mlp": 1, "noop": 1})
+    wait_for_models(procs, front, {"mlp": 1, "noop": 1})
     http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    fleet.start(
+    procs.start(
         "gateway",
         [*PYTHON, "ipuserve", "gateway", "--broker", front, "--http", http, "--grpc", grpc],
     )
-    wait_ready(fleet, http)
+    wait_ready(procs, http)
     return front, http, grpc, ideal
 
 
-def wait_ready(fleet: Fleet, http: str, timeout_s: float = 60.0) -> None:
+def wait_ready(procs: ChildProcesses, http: str, timeout_s: float = 60.0) -> None:
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        fleet.check()
+        procs.check()
         try:
             with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as answer:
                 if answer.status == 200:
@@ -315,10 +315,10 @@ def main() -> int:
     runs: list[dict[str, dict[str, float]]] = []
     with (
         tempfile.TemporaryDirectory(prefix="ipuserve-gateway-bench-") as tmp,
-        Fleet(Path(tmp)) as fleet,
+        ChildProcesses(Path(tmp)) as procs,
     ):
-        front, http, grpc, ideal = start(fleet, Path(tmp), args)
-        gateway = next(c for c in fleet.children if c.name == "gateway")
+        front, http, grpc, ideal = start(procs, Path(tmp), args)
+        gateway = next(c for c in procs.children if c.name == "gateway")
         with Client(front, timeout=30.0) as client:
             specs = {m.spec.name: m.spec for m in client.models()}
             inputs = {name: one_sample(spec) for name, spec in specs.items()}
@@ -339,7 +339,7 @@ def main() -> int:
                             gateway.popen.pid,
                             args,
                         )
-                        fleet.check()
+                        procs.check()
                         print(f"run {run + 1} {key}: {figures[key]}", file=sys.stderr)
                 runs.append(figures)
     median = {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ipuserve.bench.fleet import free_port
+from ipuserve.bench.processes import free_port
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.loop import Broker
 from ipuserve.metrics import MetricsServer

@@ -26,8 +26,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ipuserve.bench.fleet import PYTHON as PYTHON_MODULE
-from ipuserve.bench.fleet import Fleet, endpoint, wait_for_models
+from ipuserve.bench.processes import PYTHON as PYTHON_MODULE
+from ipuserve.bench.processes import ChildProcesses, endpoint, wait_for_models
 from ipuserve.client import Client, Timing
 from ipuserve.errors import IpuserveError
 
@@ -65,14 +65,14 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, err: TextIO = sys.std
     references = _reference_functions(paths)
     env = {"IPUSERVE_SIM_LOCK_DIR": str(workdir / "ipu-locks"), "OPENBLAS_NUM_THREADS": "1"}
     frontend, backend = endpoint(), endpoint()
-    with Fleet(workdir, env) as fleet:
-        fleet.start("broker", [*PYTHON, "broker", "--frontend", frontend, "--backend", backend])
+    with ChildProcesses(workdir, env) as procs:
+        procs.start("broker", [*PYTHON, "broker", "--frontend", frontend, "--backend", backend])
         for name, path in paths.items():
-            fleet.start(
+            procs.start(
                 f"worker-{name}", [*PYTHON, "worker", "--broker", backend, "--model", str(path)]
             )
         say("started a broker and 2 workers (mlp, simple); waiting for them to register...")
-        wait_for_models(fleet, frontend, {name: 1 for name in paths}, timeout_s=60)
+        wait_for_models(procs, frontend, {name: 1 for name in paths}, timeout_s=60)
         say(
             f"sending {config.requests} requests from {config.clients} clients "
             f"({config.in_flight} in flight each)"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
-from ipuserve.bench.fleet import free_port
+from ipuserve.bench.processes import free_port
 from ipuserve.client import Client, ClientConfig, link
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, UnavailableError

@@ -3,8 +3,9 @@
 Every process is a plain command line (``python -m ipuserve broker``, ``python -m
 ipuserve worker``, ``python -m ipuserve.bench.relay``): the bench imports no
 broker, worker or runtime code. Output goes to one log file per process in the
-suite's work directory, so a failure can point at it. :class:`Fleet` is a context
-manager that terminates (then kills) everything it started, whatever happens.
+suite's work directory, so a failure can point at it. :class:`ChildProcesses` is a
+context manager that terminates (then kills) everything it started, whatever happens.
+The benchmark scripts (``benchmarks/``) and ``ipuserve demo`` start theirs with it too.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Child:
             raise IpuserveError(f"{self.name} exited with {code}; {self.log}:\n{tail}")
 
 
-class Fleet:
+class ChildProcesses:
     """Starts child processes with their logs in ``workdir``; stops them all on exit."""
 
     def __init__(self, workdir: Path, env: Mapping[str, str] | None = None) -> None:
@@ -123,7 +124,7 @@ class Fleet:
                 child.popen.wait()
         self.children.clear()
 
-    def __enter__(self) -> Fleet:
+    def __enter__(self) -> ChildProcesses:
         return self
 
     def __exit__(
@@ -133,13 +134,13 @@ class Fleet:
 
 
 def wait_for_models(
-    fleet: Fleet, frontend: str, workers: Mapping[str, int], timeout_s: float = 120.0
+    procs: ChildProcesses, frontend: str, workers: Mapping[str, int], timeout_s: float = 120.0
 ) -> None:
     """Return once the broker lists each model with at least its number of workers."""
     deadline = time.monotonic() + timeout_s
     with Client(frontend, timeout=2.0) as client:
         while True:
-            fleet.check()
+            procs.check()
             try:
                 listed = {i.spec.name: len(i.workers) for i in client.models()}
             except DeadlineExceeded:
