@@ -32,7 +32,7 @@ from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.core import Core, LinkInfo
 from ipuserve.client.following import Following
 from ipuserve.client.pending import Pending, refuse_if_forked
-from ipuserve.client.replies import settle
+from ipuserve.client.reply_router import settle
 from ipuserve.client.sockets import LinkSocket
 from ipuserve.client.thread_loop import Connect
 from ipuserve.discovery import EndpointSet

@@ -30,7 +30,7 @@ from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.outbox import Outbox
 from ipuserve.client.pending import Pending, PendingTable
-from ipuserve.client.replies import Replies
+from ipuserve.client.reply_router import ReplyRouter
 from ipuserve.errors import PayloadTooLargeError, UnknownModelError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Port(Protocol):
         False: the socket's pipe was full (nothing was queued)."""
 
 
-class LinkReplies(Replies):
+class LinkReplyRouter(ReplyRouter):
     """A link's replies: the shared table's, plus three changes for several brokers.
 
     A settled request leaves its link's list too (``forget``). A link pointed at a
@@ -125,7 +125,7 @@ class Link:
         #: ids that found the socket's pipe full, to send once it has room
         self.unsent: dict[bytes, None] = {}
         self.outbox = Outbox(config, self.stats, self, self._current)
-        self.replies = LinkReplies(
+        self.replies = LinkReplyRouter(
             table, shared, self.liveness, self._on_pong, forget, lambda rid: elsewhere(self, rid)
         )
         self.replies.due = due

@@ -64,7 +64,7 @@ from ipuserve.client.following import Following
 from ipuserve.client.lifecycle import IoThread
 from ipuserve.client.link import Link
 from ipuserve.client.pending import Pending, refuse_if_forked
-from ipuserve.client.replies import settle
+from ipuserve.client.reply_router import settle
 from ipuserve.client.sockets import LinkSocket
 from ipuserve.discovery import EndpointSet
 from ipuserve.errors import ClosedError, IpuserveError, UnavailableError

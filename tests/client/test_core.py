@@ -23,7 +23,7 @@ from ipuserve.client.config import ClientConfig
 from ipuserve.client.core import Core
 from ipuserve.client.link import Link
 from ipuserve.client.pending import Pending, parse_reply
-from ipuserve.client.replies import settle
+from ipuserve.client.reply_router import settle
 from tests.client.fake_broker import add_handler, inputs
 
 CONFIG = ClientConfig(ping_interval_s=0.5, liveness_s=2.0, deadline_grace_s=0.05)

@@ -1,6 +1,6 @@
-"""Replies: what the broker sends settles the pending requests, each exactly once.
+"""ReplyRouter: what the broker sends settles the pending requests, each exactly once.
 
-Every message from a link's socket goes through :meth:`Replies.on_frames` in the
+Every message from a link's socket goes through :meth:`ReplyRouter.on_frames` in the
 core, as its driver feeds it: a reply, a group's replies, an error reply, or a
 message this client cannot read finds its request in the :class:`PendingTable`
 and takes it out; one whose request is no longer there (answered already,
@@ -35,8 +35,11 @@ _TO_WORKERS = frozenset(
 )
 
 
-class Replies:
-    """Settles the table's requests from the broker's messages; PONG goes to ``on_pong``."""
+class ReplyRouter:
+    """Settles the table's requests from the broker's messages; PONG goes to ``on_pong``.
+
+    Named for what it does (routes each message to the request it answers), apart
+    from ``wire.Replies``, the message that carries a batch of replies."""
 
     def __init__(
         self,
