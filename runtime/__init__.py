@@ -7,6 +7,12 @@ Use it as the spec's listings use ``model_runtime``::
 
 Names, including their camelCase, follow the real library on purpose (API
 compatibility); see docs/runtime.md for what is simulated and how.
+
+Beyond the spec's names this exports what a server built on the runtime needs (the
+worker imports nothing else, tests/test_layout.py checks it): the batch policies
+(``BatchPolicy``, ``make_policy``), a model's execute inputs and outputs
+(``IoPlan``, ``batch_dims``) and the simulated host (``SimulatorConfig``,
+``IPUS_ENV``, ``holders``).
 """
 
 from ipuserve.logs import apply_env_level as _apply_env_level
@@ -18,6 +24,7 @@ from ipuserve.runtime.devices import (
     DeviceWaitStrategy,
 )
 from ipuserve.runtime.memory import IMemoryPool, RingMemoryPool, allocateQueueStorage
+from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, make_policy
 from ipuserve.runtime.model_runner.config import (
     BATCHING_DIM_DISABLED,
     NANOSECONDS_MAX,
@@ -25,6 +32,7 @@ from ipuserve.runtime.model_runner.config import (
     ModelRunnerConfig,
 )
 from ipuserve.runtime.model_runner.futures import OutputFuture
+from ipuserve.runtime.model_runner.io_plan import IoPlan, batch_dims
 from ipuserve.runtime.model_runner.memory import (
     DataDesc,
     InputDesc,
@@ -70,13 +78,17 @@ from ipuserve.runtime.session import (
     Session,
     SessionConfig,
 )
+from ipuserve.runtime.simulator.config import IPUS_ENV, SimulatorConfig
+from ipuserve.runtime.simulator.inventory import holders
 
 __all__ = [
     "BATCHING_DIM_DISABLED",
+    "IPUS_ENV",
     "NANOSECONDS_MAX",
     "AnchorCallbackPolicy",
     "AnchorCallbackPredicate",
     "AnchorWithPolicy",
+    "BatchPolicy",
     "CallbackFactory",
     "CallbackHandle",
     "CallbackInfo",
@@ -94,6 +106,7 @@ __all__ = [
     "InputMemoryView",
     "InputQueue",
     "InputRingBuffer",
+    "IoPlan",
     "LaunchPolicy",
     "ModelRunner",
     "ModelRunnerConfig",
@@ -116,11 +129,15 @@ __all__ = [
     "RingSizeMultiplierProdType",
     "Session",
     "SessionConfig",
+    "SimulatorConfig",
     "SpscRingBuffer",
     "TensorResult",
     "WriteCompleteCallback",
     "allocateQueueStorage",
     "anchor_callbacks",
+    "batch_dims",
+    "holders",
+    "make_policy",
     "null_anchor_callback_predicate",
     "null_popef_data_usage_predicate",
     "popef_data_usage",

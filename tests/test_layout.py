@@ -84,3 +84,44 @@ def test_each_module_imports_only_what_its_part_may(path: Path) -> None:
         f"{path.relative_to(ROOT)} ({part}) imports {named}; DESIGN.md §1: dependencies "
         "point one way"
     )
+
+
+def runtime_modules_imported(path: Path) -> set[str]:
+    """The ``ipuserve.runtime`` submodules ``path`` imports by name (``ipuserve.runtime.X``
+    in an ``import`` or a ``from ... import``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+    return {name for name in found if name.startswith("ipuserve.runtime.")}
+
+
+def test_the_submodule_check_sees_a_submodule_import(tmp_path: Path) -> None:
+    """Without this, a parser that found nothing would pass the check below."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from ipuserve.runtime import ModelRunner\n"
+        "from ipuserve.runtime.popef.reader import load_model\n"
+        "def lazy() -> None:\n    import ipuserve.runtime.simulator.config\n",
+        encoding="utf-8",
+    )
+    assert runtime_modules_imported(probe) == {
+        "ipuserve.runtime.popef.reader",
+        "ipuserve.runtime.simulator.config",
+    }
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "worker").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_the_worker_uses_only_what_the_runtime_exports(path: Path) -> None:
+    """The worker is a client of the runtime's public API (``ipuserve.runtime`` and what
+    its ``__init__`` exports, ``popef`` among them), so the runtime may rearrange its
+    modules without breaking the worker; what the worker needs, the runtime exports."""
+    reached = runtime_modules_imported(path)
+    assert not reached, (
+        f"{path.relative_to(ROOT)} imports {', '.join(sorted(reached))}; import from "
+        "ipuserve.runtime (export the name in runtime/__init__.py if it is missing)"
+    )

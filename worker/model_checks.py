@@ -13,16 +13,20 @@ from __future__ import annotations
 import logging
 
 from ipuserve.errors import ConfigError, DeviceUnavailableError
-from ipuserve.runtime import ModelRunnerConfig
-from ipuserve.runtime.model_runner.io_plan import IoPlan, batch_dims
-from ipuserve.runtime.popef.types import Model, Step
-from ipuserve.runtime.simulator.config import IPUS_ENV, SimulatorConfig
-from ipuserve.runtime.simulator.inventory import holders
+from ipuserve.runtime import (
+    IPUS_ENV,
+    IoPlan,
+    ModelRunnerConfig,
+    SimulatorConfig,
+    batch_dims,
+    holders,
+    popef,
+)
 
 log = logging.getLogger(__name__)
 
 
-def choose_batching_dim(model: Model, requested: int | None) -> int | None:
+def choose_batching_dim(model: popef.Model, requested: int | None) -> int | None:
     """The dimension to batch requests along: ``requested`` (``--batching-dim``) if the
     model's execute inputs and outputs all hold the compiled batch size along it;
     without one, dimension 0 if they do there, else the only dimension where they do,
@@ -116,7 +120,7 @@ def _holding(dims: list[int], batch: int, shaped: list[tuple[str, tuple[int, ...
     return f"no dimension holds {batch} in every input and output (dimensions holding it: {each})"
 
 
-def check_unconditional(model: Model) -> None:
+def check_unconditional(model: popef.Model) -> None:
     """Refuse a model with conditional execution (spec 3.5): each request runs one of
     several branches and streams only that branch's anchors, so the outputs of the
     others never come. A worker answers a request with every output and feeds every
@@ -138,7 +142,7 @@ def check_unconditional(model: Model) -> None:
         )
 
 
-def _branch_only(steps: list[Step]) -> set[str]:
+def _branch_only(steps: list[popef.Step]) -> set[str]:
     """Anchors some branches of a switch stream and others do not, unless they are also
     streamed outside it (then every run streams them)."""
     always: set[str] = set()
@@ -152,7 +156,7 @@ def _branch_only(steps: list[Step]) -> set[str]:
     return sometimes - always
 
 
-def _streamed(steps: tuple[Step, ...]) -> set[str]:
+def _streamed(steps: tuple[popef.Step, ...]) -> set[str]:
     """The anchors these steps (and their branches) stream in or out."""
     found = set()
     for step in steps:
@@ -163,7 +167,7 @@ def _streamed(steps: tuple[Step, ...]) -> set[str]:
     return found
 
 
-def check_inventory(model: Model, replicas: int) -> None:
+def check_inventory(model: popef.Model, replicas: int) -> None:
     """Refuse up front what the simulated host can never hold: else the runner fails on
     the first replica it cannot place, blaming IPUs in use."""
     host = SimulatorConfig.from_env().num_ipus
@@ -180,7 +184,7 @@ def check_inventory(model: Model, replicas: int) -> None:
 
 
 def advise_on_busy_ipus(
-    model: Model, replicas: int, error: DeviceUnavailableError
+    model: popef.Model, replicas: int, error: DeviceUnavailableError
 ) -> DeviceUnavailableError:
     """The runtime's "no free device" plus what to do about it. Called once the runner
     has let go of what its first replicas took, so every IPU still held is another's."""

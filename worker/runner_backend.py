@@ -51,11 +51,16 @@ from ipuserve.errors import (
 )
 from ipuserve.grouping import GroupSizer
 from ipuserve.protocol import ModelSpec, TensorSpec
-from ipuserve.runtime import ModelRunner, ModelRunnerConfig, OutputFuture
-from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, make_policy
-from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED
-from ipuserve.runtime.model_runner.memory import DataDesc
-from ipuserve.runtime.popef.reader import load_model
+from ipuserve.runtime import (
+    BATCHING_DIM_DISABLED,
+    BatchPolicy,
+    DataDesc,
+    ModelRunner,
+    ModelRunnerConfig,
+    OutputFuture,
+    make_policy,
+    popef,
+)
 from ipuserve.worker.backend import Done, Refused, WorkItem, WorkResult, submit_each
 from ipuserve.worker.metrics import WorkerMetrics
 from ipuserve.worker.model_checks import (
@@ -91,7 +96,7 @@ class RunnerBackend:
         look_ahead: str = "0",
         credit: int | None = None,
     ) -> None:
-        model = load_model(list(model_paths))
+        model = popef.load_model(list(model_paths))
         name = name or model.metadata.modelName()
         self.metrics = WorkerMetrics(name, batch_policy)
         limit_s = None if batch_timeout_ms is None else batch_timeout_ms / 1e3
