@@ -15,7 +15,7 @@ The JSON summary (``ipuserve bench --json``)::
      "after_window": {"ok": int, "errors": {code: int}},
      "duration_s": float,
      "throughput": {"req_per_s", "samples_per_s", "mb_per_s"},
-     "latency_us": {"p50", "p90", "p99", "p99.9", "mean", "max"},
+     "latency_us": {"count", "mean", "p50", "p90", "p99", "p99.9", "max"},
      "split_us": {"broker_queue", "worker_queue", "device", "worker_other", "wire", "total"},
      "client": {"sent", "resent", "dropped_replies", "expired"}}
 

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from ipuserve.bench.stats import SPLIT_PARTS, Recording
 from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
+from ipuserve.latency import PERCENTILES
 
 #: how long requests may stay in flight after the window before bench says it waits
 DRAIN_NOTICE_S = 2.0
@@ -67,6 +68,10 @@ class ProgressLine:
             self._stream.flush()
 
 
+#: the latency figures a run's block shows (the count is the ``ok`` above them)
+LATENCY_SHOWN = (*(key for key, _ in PERCENTILES), "mean", "max")
+
+
 def run_table(summary: dict[str, Any]) -> str:
     """A human-readable block for one bench run (the ``summarize`` dict plus its config)."""
     tp, lat, split = summary["throughput"], summary["latency_us"], summary["split_us"]
@@ -76,7 +81,7 @@ def run_table(summary: dict[str, Any]) -> str:
         f"  skipped {summary['skipped']}  in {summary['duration_s']} s",
         f"throughput  {tp['req_per_s']:.1f} req/s  {tp['samples_per_s']:.1f} samples/s  "
         f"{tp['mb_per_s']:.2f} MB/s",
-        "latency us  " + "  ".join(f"{k} {v:.0f}" for k, v in lat.items()),
+        "latency us  " + "  ".join(f"{k} {lat[k]:.0f}" for k in LATENCY_SHOWN),
         "split us    " + "  ".join(f"{k} {split[k]:.0f}" for k in (*SPLIT_PARTS, "total")),
     ]
     return "\n".join(lines + error_lines([summary]))

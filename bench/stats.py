@@ -20,13 +20,7 @@ from typing import Any
 import numpy as np
 
 from ipuserve.client.timing import Timing
-
-PERCENTILES: tuple[tuple[str, float], ...] = (
-    ("p50", 50.0),
-    ("p90", 90.0),
-    ("p99", 99.0),
-    ("p99.9", 99.9),
-)
+from ipuserve.latency import latency_us
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,18 +105,6 @@ def throughput(ok: list[Sample], seconds: float) -> dict[str, float]:
         "samples_per_s": round(sum(s.samples for s in ok) / seconds, 1),
         "mb_per_s": round(sum(s.nbytes for s in ok) / seconds / 1e6, 2),
     }
-
-
-def latency_us(latencies_ns: list[int] | np.ndarray) -> dict[str, float]:
-    """Percentiles, mean and max in microseconds (all zero when nothing succeeded)."""
-    values = np.asarray(latencies_ns, dtype=np.float64) / 1e3
-    if values.size == 0:
-        return {name: 0.0 for name in [*dict(PERCENTILES), "mean", "max"]}
-    found = np.percentile(values, [q for _, q in PERCENTILES])
-    out = {name: round(float(v), 1) for (name, _), v in zip(PERCENTILES, found, strict=True)}
-    out["mean"] = round(float(values.mean()), 1)
-    out["max"] = round(float(values.max()), 1)
-    return out
 
 
 SPLIT_PARTS = ("broker_queue", "worker_queue", "device", "worker_other", "wire")

@@ -54,8 +54,8 @@ from ipuserve.bench.processes import (
 )
 from ipuserve.bench.rawproto import protocol_closed_loop
 from ipuserve.bench.relay import raw_closed_loop
-from ipuserve.bench.stats import latency_us
 from ipuserve.client.client import Client
+from ipuserve.latency import latency_us
 
 Log = Callable[[str], None]
 SMALL_ELEMENTS = 16  # float32: 64-byte requests

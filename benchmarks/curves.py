@@ -25,9 +25,9 @@ from ipuserve.bench.bench import bench
 from ipuserve.bench.loadgen import LoadConfig
 from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint, wait_for_models
 from ipuserve.bench.relay import raw_closed_loop
-from ipuserve.bench.stats import latency_us
 from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
 from ipuserve.client.client import Client
+from ipuserve.latency import latency_us
 
 ELEMENTS = 16  # float32: 64-byte requests, as in the fabric suite
 

@@ -1,10 +1,11 @@
-"""What the benchmarks measure with: a budget, a latency recorder, and the summaries.
+"""What the runtime's tools measure with: a budget, a latency recorder, and rates.
 
-Every benchmark counts the same way: a warm-up that is run but not measured, then
+Every tool counts the same way: a warm-up that is run but not measured, then
 a measured phase that ends after a number of items (or runs) or a duration,
 whichever comes first. Latencies are kept as integer nanoseconds in a compact
 ``array('q')`` (8 bytes each, so millions of items stay cheap) and summarised
-only at the end, in microseconds, with the percentiles every tool reports.
+only at the end by :func:`ipuserve.latency.latency_us`, the summary ``ipuserve
+bench`` reports too.
 """
 
 from __future__ import annotations
@@ -13,12 +14,8 @@ import time
 from array import array
 from dataclasses import dataclass
 
-import numpy as np
-
 from ipuserve.errors import ConfigError
-
-#: The latency percentiles every tool reports, as (key, percent).
-PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0))
+from ipuserve.latency import latency_us
 
 GB = 1e9
 
@@ -64,23 +61,8 @@ class LatencyRecorder:
         return len(self._values)
 
     def summary_us(self) -> dict[str, float]:
-        """``{count, mean, p50, p90, p99, max}`` in microseconds (zeros when empty)."""
-        return summarize_us(self._values)
-
-
-def summarize_us(values_ns: array[int]) -> dict[str, float]:
-    """Mean, percentiles and maximum of nanosecond samples, in microseconds."""
-    keys = ["mean", *(key for key, _ in PERCENTILES), "max"]
-    if len(values_ns) == 0:
-        return {"count": 0, **dict.fromkeys(keys, 0.0)}
-    data = np.frombuffer(values_ns, dtype=np.int64).astype(np.float64) / 1e3
-    found = np.percentile(data, [q for _, q in PERCENTILES])
-    summary: dict[str, float] = {"count": len(values_ns), "mean": round(float(data.mean()), 3)}
-    summary.update(
-        {key: round(float(v), 3) for (key, _), v in zip(PERCENTILES, found, strict=True)}
-    )
-    summary["max"] = round(float(data.max()), 3)
-    return summary
+        """:func:`ipuserve.latency.latency_us` of what was added (zeros when empty)."""
+        return latency_us(self._values)
 
 
 def rate(count: float, seconds: float) -> float:

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from ipuserve.errors import ConfigError
+from ipuserve.latency import latency_us
 from ipuserve.runtime.tools.item_clock import ItemClock
 from ipuserve.runtime.tools.progress import Progress, ProgressLine
-from ipuserve.runtime.tools.stats import Budget, LatencyRecorder, gb_per_s, rate, summarize_us
+from ipuserve.runtime.tools.stats import Budget, LatencyRecorder, gb_per_s, rate
 from ipuserve.runtime.tools.workers import Worker, supervise
 
 
@@ -49,18 +50,19 @@ def test_latency_summary_matches_numpy_in_microseconds() -> None:
     assert summary["count"] == len(values) == len(recorder)
     assert summary["max"] == 100.0
     assert summary["mean"] == pytest.approx(us.mean())
-    for key, q in (("p50", 50), ("p90", 90), ("p99", 99)):
+    for key, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9)):
         assert summary[key] == pytest.approx(np.percentile(us, q), abs=1e-3)
     assert summary["p50"] <= summary["p90"] <= summary["p99"] <= summary["max"]
 
 
 def test_empty_summary_is_all_zeros_not_an_error() -> None:
-    assert summarize_us(array("q")) == {
+    assert LatencyRecorder().summary_us() == latency_us(array("q")) == {
         "count": 0,
         "mean": 0.0,
         "p50": 0.0,
         "p90": 0.0,
         "p99": 0.0,
+        "p99.9": 0.0,
         "max": 0.0,
     }
 
