@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ipuserve import protocol as wire
-from ipuserve.bench.loadgen import LoadConfig, OnDone, Outcome, Progress, Submit, run_load
+from ipuserve.bench.loadgen import LoadConfig, OnDone, OnProgress, Outcome, Submit, run_load
 from ipuserve.bench.stats import summarize
 from ipuserve.client.client import Client
 from ipuserve.client.pending import InferFuture
@@ -111,7 +111,7 @@ def bench(
     *,
     inputs: Mapping[str, Any] | None = None,
     batch: int | None = None,
-    progress: Progress | None = None,
+    progress: OnProgress | None = None,
 ) -> dict[str, Any]:
     """Run ``load`` against ``model`` and return the JSON-ready summary (schema above)."""
     spec = model_spec(client, model)

@@ -39,7 +39,7 @@ from ipuserve.bench.bench import bench as run_bench
 from ipuserve.bench.loadgen import LoadConfig
 from ipuserve.bench.options import check_load_options, refuse_load_options_with_suite
 from ipuserve.bench.report import (
-    ProgressLine,
+    LoadProgress,
     first_errors,
     latency_throughput_svg,
     run_table,
@@ -303,7 +303,7 @@ def _single(opts: dict[str, Any], loads: list[LoadConfig]) -> list[dict[str, Any
                 if len(loads) > 1:
                     what = f"rate {load.rate:g}/s" if load.rate else f"{load.in_flight} in flight"
                     click.echo(f"level {index}/{len(loads)}: {what}", err=True)
-                progress = ProgressLine()
+                progress = LoadProgress()
                 try:
                     results.append(
                         run_bench(

@@ -50,7 +50,7 @@ class Outcome:
 
 OnDone = Callable[[Outcome], None]
 Submit = Callable[[OnDone], None]
-Progress = Callable[[Recording, int], None]
+OnProgress = Callable[[Recording, int], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +146,7 @@ class ClosedLoop:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
 
-    def run(self, progress: Progress | None = None) -> Recording:
+    def run(self, progress: OnProgress | None = None) -> Recording:
         _wait(self._window, progress, lambda: self._outstanding, start=self._launch_all)
         if self._failure is not None:
             raise self._failure
@@ -220,7 +220,7 @@ class OpenLoop:
         self._lock = threading.Lock()
         self._issuing = True
 
-    def run(self, progress: Progress | None = None) -> Recording:
+    def run(self, progress: OnProgress | None = None) -> Recording:
         issuer = threading.Thread(target=self._issue, name="ipuserve-openloop", daemon=True)
         issuer.start()
         _wait(self._window, progress, lambda: self._outstanding)
@@ -262,7 +262,7 @@ class OpenLoop:
 
 def _wait(
     window: _Window,
-    progress: Progress | None,
+    progress: OnProgress | None,
     outstanding: Callable[[], int],
     start: Callable[[], None] | None = None,
 ) -> None:
@@ -287,7 +287,7 @@ def _wait(
 
 def _drain(
     window: _Window,
-    progress: Progress | None,
+    progress: OnProgress | None,
     outstanding: Callable[[], int],
     limit_s: float | None = None,
 ) -> bool:
@@ -304,7 +304,7 @@ def _drain(
     return True
 
 
-def run_load(submit: Submit, config: LoadConfig, progress: Progress | None = None) -> Recording:
+def run_load(submit: Submit, config: LoadConfig, progress: OnProgress | None = None) -> Recording:
     """Run the generator ``config`` asks for and return what it recorded."""
     recording = Recording()
     gen = ClosedLoop if config.rate is None else OpenLoop

@@ -7,7 +7,6 @@ table and ``--json`` always show the same numbers.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from typing import Any, TextIO
@@ -15,21 +14,23 @@ from typing import Any, TextIO
 from ipuserve.bench.stats import SPLIT_PARTS, Recording
 from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
 from ipuserve.latency import PERCENTILES
+from ipuserve.progress import Progress, ProgressLine
 
 #: how long requests may stay in flight after the window before bench says it waits
 DRAIN_NOTICE_S = 2.0
 
 
-class ProgressLine:
-    """A one-line, self-overwriting progress report on stderr (only on a terminal).
+class LoadProgress:
+    """``ipuserve bench``'s progress while a load runs, drawn by the one
+    :class:`~ipuserve.progress.ProgressLine` (so only on a terminal).
 
     Terminal or not, it says once when requests still in flight after the window keep
     the run waiting (a worker that died with them: each ends at its timeout), so a
     bench that looks finished is not silently stuck for --timeout-s."""
 
-    def __init__(self, stream: TextIO | None = None, *, force: bool = False) -> None:
-        self._stream = stream or sys.stderr
-        self._enabled = force or self._stream.isatty()
+    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
+        # the load generator reports about four times a second: draw every report
+        self._line = ProgressLine(stream, enabled=enabled, interval_s=0.0)
         self._started = time.perf_counter_ns()
         self._draining_since: int | None = None
         self._told = False
@@ -37,17 +38,14 @@ class ProgressLine:
     def __call__(self, recording: Recording, outstanding: int) -> None:
         if recording.window_closed and outstanding:
             self._notice_drain(outstanding)
-        if not self._enabled:
+        if not self._line.enabled:
             return
-        done = len(recording.samples)
+        now = time.perf_counter_ns()
         errors = sum(1 for s in recording.samples if s.error is not None)
-        elapsed = (time.perf_counter_ns() - self._started) / 1e9
-        phase = "warm-up" if time.perf_counter_ns() < recording.start_ns else "measuring"
-        self._stream.write(
-            f"\r{phase:9} {elapsed:6.1f}s  done {done:8d}  errors {errors:5d}  "
-            f"in flight {outstanding:5d}  ~{done / max(elapsed, 1e-9):8.0f} req/s"
-        )
-        self._stream.flush()
+        phase = "warm-up" if now < recording.start_ns else "measuring"
+        detail = f"errors {errors:5d}  in flight {outstanding:5d}"
+        elapsed_s = (now - self._started) / 1e9
+        self._line(Progress(phase, elapsed_s, len(recording.samples), "requests", detail))
 
     def _notice_drain(self, outstanding: int) -> None:
         now = time.perf_counter_ns()
@@ -55,17 +53,13 @@ class ProgressLine:
             self._draining_since = now
         elif not self._told and now - self._draining_since >= DRAIN_NOTICE_S * 1e9:
             self._told = True
-            self._stream.write(
-                ("\n" if self._enabled else "")
-                + f"waiting for {outstanding} request(s) still in flight after the measurement "
-                "window (each ends by its --timeout-s at the latest)\n"
+            self._line.note(
+                f"waiting for {outstanding} request(s) still in flight after the measurement "
+                "window (each ends by its --timeout-s at the latest)"
             )
-            self._stream.flush()
 
     def finish(self) -> None:
-        if self._enabled:
-            self._stream.write("\n")
-            self._stream.flush()
+        self._line.finish()
 
 
 #: the latency figures a run's block shows (the count is the ``ok`` above them)

@@ -26,9 +26,9 @@ import click
 from ipuserve.clikit import option
 from ipuserve.errors import ConfigError, IpuserveError
 from ipuserve.npy_io import parse_input_spec, read_inputs
+from ipuserve.progress import ProgressLine
 from ipuserve.runtime.popef.types import DataType
 from ipuserve.runtime.tools.callbacks_bench import CallbacksBenchConfig, run_callbacks_benchmark
-from ipuserve.runtime.tools.progress import ProgressLine
 from ipuserve.runtime.tools.queues_bench import run_queues_benchmark
 from ipuserve.runtime.tools.queues_config import MODES, QueuesBenchConfig
 from ipuserve.runtime.tools.real_data import RealDataConfig, run_real_data

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipuserve.progress import Progress, ProgressCallback
 from ipuserve.runtime.devices import Device, DeviceManager
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model
@@ -28,7 +29,6 @@ from ipuserve.runtime.popef.types import Model
 from ipuserve.runtime.session import Session
 from ipuserve.runtime.simulator.config import SimulatorConfig
 from ipuserve.runtime.tools.anchor_taps import Taps, connect_taps
-from ipuserve.runtime.tools.progress import Progress, ProgressCallback
 from ipuserve.runtime.tools.stats import Budget, LatencyRecorder, gb_per_s, now_ns, rate
 
 

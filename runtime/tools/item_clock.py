@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ipuserve.runtime.tools.progress import Progress
+from ipuserve.progress import Progress
 from ipuserve.runtime.tools.queues_config import QueuesBenchConfig
 from ipuserve.runtime.tools.stats import Budget, LatencyRecorder, gb_per_s, now_ns, rate
 

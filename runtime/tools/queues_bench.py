@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from ipuserve.errors import ClosedError
+from ipuserve.progress import ProgressCallback
 from ipuserve.runtime.memory import RingMemoryPool
 from ipuserve.runtime.queues import InputData, InputQueue, OutputData, OutputQueue
 from ipuserve.runtime.ring_buffer import SpscRingBuffer
 from ipuserve.runtime.tools.item_clock import ItemClock, item_report
-from ipuserve.runtime.tools.progress import ProgressCallback
 from ipuserve.runtime.tools.queues_config import QueuesBenchConfig
 from ipuserve.runtime.tools.ring_bench import run_ring_benchmark
 from ipuserve.runtime.tools.stats import now_ns

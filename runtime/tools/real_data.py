@@ -25,6 +25,7 @@ import numpy as np
 
 from ipuserve.errors import TensorError
 from ipuserve.npy_io import NpyInput, output_paths, summarize, write_outputs
+from ipuserve.progress import Progress, ProgressCallback
 from ipuserve.runtime.devices import Device, DeviceManager
 from ipuserve.runtime.model_runner.config import BATCHING_DIM_DISABLED, ModelRunnerConfig
 from ipuserve.runtime.model_runner.futures import OutputFuture
@@ -32,7 +33,6 @@ from ipuserve.runtime.model_runner.runner import ModelRunner
 from ipuserve.runtime.popef.reader import load_model
 from ipuserve.runtime.popef.types import Model
 from ipuserve.runtime.simulator.config import SimulatorConfig
-from ipuserve.runtime.tools.progress import Progress, ProgressCallback
 from ipuserve.runtime.tools.stats import LatencyRecorder, now_ns, rate
 
 Array = np.ndarray[Any, Any]

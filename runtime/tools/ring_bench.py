@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ipuserve.progress import ProgressCallback
 from ipuserve.runtime.queues import InputData
 from ipuserve.runtime.ring_buffer import SpscRingBuffer
 from ipuserve.runtime.tools.item_clock import ItemClock, item_report
-from ipuserve.runtime.tools.progress import ProgressCallback
 from ipuserve.runtime.tools.queues_config import QueuesBenchConfig
 from ipuserve.runtime.tools.stats import now_ns
 from ipuserve.runtime.tools.workers import Worker, supervise

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ipuserve.bench.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
-from ipuserve.bench.report import ProgressLine
+from ipuserve.bench.report import LoadProgress
 from ipuserve.bench.stats import Recording, Sample, split_us, summarize
 from ipuserve.client import Timing
 from ipuserve.latency import latency_us
@@ -113,7 +113,7 @@ def test_open_loop_issues_on_its_schedule_and_drains(target: Target, poisson: bo
 
 def test_progress_ends_on_one_line_with_the_final_counts(target: Target) -> None:
     stream = io.StringIO()
-    progress = ProgressLine(stream, force=True)
+    progress = LoadProgress(stream, enabled=True)
     config = LoadConfig(warmup_s=0, duration_s=None, requests=100, in_flight=4)
     recording = run_load(target, config, progress)
     progress.finish()
@@ -121,7 +121,8 @@ def test_progress_ends_on_one_line_with_the_final_counts(target: Target) -> None
     assert text.startswith("\r") and text.endswith("\n") and text.count("\n") == 1
     last = text[:-1].rsplit("\r", 1)[1]  # what the terminal shows at the end
     found = re.fullmatch(
-        r"measuring +[\d.]+s  done +(\d+)  errors +(\d+)  in flight +0  ~ *\d+ req/s", last
+        r"measuring +[\d.]+ s +(\d+) requests  ~ *\d+ requests/s  errors +(\d+)  in flight +0",
+        last,
     )
     assert found, last
     errors = sum(1 for sample in recording.samples if sample.error is not None)
@@ -131,7 +132,7 @@ def test_progress_ends_on_one_line_with_the_final_counts(target: Target) -> None
 
 def test_progress_stays_silent_when_not_on_a_terminal(target: Target) -> None:
     stream = io.StringIO()  # isatty() is False
-    progress = ProgressLine(stream)
+    progress = LoadProgress(stream)
     run_load(target, LoadConfig(warmup_s=0, duration_s=None, requests=20), progress)
     progress.finish()
     assert stream.getvalue() == ""

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from ipuserve.errors import DeviceUnavailableError
+from ipuserve.progress import Progress
 from ipuserve.runtime import DeviceManager, Session
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.tools.anchor_taps import connect_taps
 from ipuserve.runtime.tools.callbacks_bench import CallbacksBenchConfig, run_callbacks_benchmark
-from ipuserve.runtime.tools.progress import Progress
 from ipuserve.runtime.tools.stats import Budget
 
 from .conftest import all_ipus_free, invoke, invoke_json, one_line_error

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import threading
 from array import array
 
@@ -12,7 +11,6 @@ import pytest
 from ipuserve.errors import ConfigError
 from ipuserve.latency import latency_us
 from ipuserve.runtime.tools.item_clock import ItemClock
-from ipuserve.runtime.tools.progress import Progress, ProgressLine
 from ipuserve.runtime.tools.stats import Budget, LatencyRecorder, gb_per_s, rate
 from ipuserve.runtime.tools.workers import Worker, supervise
 
@@ -106,33 +104,6 @@ def test_item_clock_during_warm_up_has_no_window() -> None:
     assert clock.measured() == (0, 0.0)
     assert clock.measuring_since_ns() is None
     assert clock.progress(0).phase == "warm-up"
-
-
-def test_progress_line_draws_one_updating_line_when_forced() -> None:
-    stream = io.StringIO()
-    line = ProgressLine(stream, enabled=True, interval_s=0.0)
-    line(Progress("warm-up", 1.0, 10, "items"))
-    line(Progress("measuring", 2.0, 500, "items"))
-    line.finish()
-    text = stream.getvalue()
-    assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
-    assert "measuring" in text and "500 items" in text and "250 items/s" in text
-
-
-def test_progress_line_is_silent_off_a_terminal_unless_enabled() -> None:
-    stream = io.StringIO()  # isatty() is False
-    for line in (ProgressLine(stream), ProgressLine(stream, enabled=False, interval_s=0.0)):
-        line(Progress("measuring", 1.0, 1, "runs"))
-        line.finish()
-    assert stream.getvalue() == ""
-
-
-def test_progress_line_redraws_at_most_once_per_interval() -> None:
-    stream = io.StringIO()
-    line = ProgressLine(stream, enabled=True, interval_s=3600.0)
-    for done in range(100):
-        line(Progress("measuring", 1.0, done, "runs"))
-    assert stream.getvalue().count("\r") == 1
 
 
 def test_supervise_reraises_what_a_worker_died_of_and_still_stops() -> None:

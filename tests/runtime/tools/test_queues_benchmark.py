@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ipuserve.errors import ConfigError
-from ipuserve.runtime.tools.progress import Progress
+from ipuserve.progress import Progress
 from ipuserve.runtime.tools.queues_bench import run_queues_benchmark
 from ipuserve.runtime.tools.queues_config import QueuesBenchConfig
 from ipuserve.runtime.tools.stats import Budget

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ipuserve.npy_io import NpyInput, output_paths
+from ipuserve.progress import Progress
 from ipuserve.runtime import DeviceManager, ModelRunner
 from ipuserve.runtime.popef import examples, load_model
-from ipuserve.runtime.tools.progress import Progress
 from ipuserve.runtime.tools.real_data import RealDataConfig, run_real_data
 
 from .conftest import MLP_OPTS, all_ipus_free, invoke, invoke_json, one_line_error

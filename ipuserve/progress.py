@@ -1,10 +1,13 @@
-"""A progress report for long runs: one self-overwriting line on stderr.
+"""The one progress report for long runs: one self-overwriting line on stderr.
 
-Benchmarks call a :data:`ProgressCallback` with a :class:`Progress` snapshot as
-often as they like (every run, every tick of a wait); :class:`ProgressLine`
-redraws at most every ``interval_s`` so the reporting costs nothing measurable.
-By default it is on only when the stream is a terminal, so pipes, logs and
-``--json`` output stay clean; ``enabled`` overrides that either way.
+The runtime's tools and ``ipuserve bench`` both draw theirs with it (it lives in the
+common ground because both may import it, and neither the other). They call a
+:data:`ProgressCallback` with a :class:`Progress` snapshot as often as they like
+(every run, every tick of a wait); :class:`ProgressLine` redraws at most every
+``interval_s`` so the reporting costs nothing measurable. By default it is on only
+when the stream is a terminal, so pipes, logs and ``--json`` output stay clean;
+``enabled`` overrides that either way. :meth:`ProgressLine.note` says something on a
+line of its own, terminal or not (what a user must see even in a log).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ class Progress:
     phase: str  # "warm-up" or "measuring"
     elapsed_s: float
     done: int
-    unit: str  # "items", "runs"
+    unit: str  # "items", "runs", "requests"
+    #: more to show after the rate, e.g. ``errors 0  in flight 16``
+    detail: str = ""
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -45,6 +50,11 @@ class ProgressLine:
         self._next_draw = 0.0
         self._drawn = False
 
+    @property
+    def enabled(self) -> bool:
+        """Whether it draws (a caller may skip the work of a snapshot when not)."""
+        return self._enabled
+
     def __call__(self, progress: Progress) -> None:
         if not self._enabled:
             return
@@ -53,12 +63,20 @@ class ProgressLine:
             return
         self._next_draw = now + self._interval_s
         speed = progress.done / progress.elapsed_s if progress.elapsed_s > 0 else 0.0
+        detail = f"  {progress.detail}" if progress.detail else ""
         self._stream.write(
             f"\r{progress.phase:9} {progress.elapsed_s:7.1f} s  {progress.done:10d} "
-            f"{progress.unit}  ~{speed:10.0f} {progress.unit}/s"
+            f"{progress.unit}  ~{speed:10.0f} {progress.unit}/s{detail}"
         )
         self._stream.flush()
         self._drawn = True
+
+    def note(self, text: str) -> None:
+        """Write ``text`` on a line of its own, even where no line is drawn; a line
+        drawn so far stays above it."""
+        self.finish()
+        self._stream.write(text + "\n")
+        self._stream.flush()
 
     def finish(self) -> None:
         """End the line, if one was drawn, so what follows starts on a fresh line."""
