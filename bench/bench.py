@@ -2,7 +2,7 @@
 
 :func:`bench` drives :class:`~ipuserve.client.client.Client` with a closed- or
 open-loop generator (:mod:`ipuserve.bench.loadgen`) and returns the summary
-of :mod:`ipuserve.bench.stats` plus what was run. Inputs are random tensors
+of :mod:`ipuserve.bench.recording` plus what was run. Inputs are random tensors
 that match the model's input specs (``batch`` samples along its batching
 dimension) unless the caller passes its own.
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from ipuserve import protocol as wire
 from ipuserve.bench.loadgen import LoadConfig, OnDone, OnProgress, Outcome, Submit, run_load
-from ipuserve.bench.stats import summarize
+from ipuserve.bench.recording import summarize
 from ipuserve.client.client import Client
 from ipuserve.client.pending import InferFuture
 from ipuserve.errors import IpuserveError, UnknownModelError

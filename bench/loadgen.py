@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipuserve.bench.stats import WINDOW_OPEN_NS, Recording, Sample
+from ipuserve.bench.recording import WINDOW_OPEN_NS, Recording, Sample
 from ipuserve.client.timing import Timing
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Turn bench results into text: the progress line, one run's table, the suite's table.
 
 Pure formatting: everything here takes the JSON-ready dicts that
-:mod:`ipuserve.bench.stats` and :mod:`ipuserve.bench.suite` build, so the
+:mod:`ipuserve.bench.recording` and :mod:`ipuserve.bench.suite` build, so the
 table and ``--json`` always show the same numbers.
 """
 
@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-from ipuserve.bench.stats import SPLIT_PARTS, Recording
+from ipuserve.bench.recording import SPLIT_PARTS, Recording
 from ipuserve.bench.svgplot import COLOURS, Axis, Series, line_chart
 from ipuserve.latency import PERCENTILES
 from ipuserve.progress import Progress, ProgressLine

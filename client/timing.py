@@ -1,7 +1,7 @@
 """Where one request's time went, as the fabric reported it back with the result.
 
 The client attaches a :class:`Timing` to every future (``future.timing``); the
-benchmarks (:mod:`ipuserve.bench.stats`) add them up into the latency split.
+benchmarks (:mod:`ipuserve.bench.recording`) add them up into the latency split.
 """
 
 from __future__ import annotations

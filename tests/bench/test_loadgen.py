@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from ipuserve.bench.loadgen import LoadConfig, OnDone, Outcome, arrivals, run_load
+from ipuserve.bench.recording import Recording, Sample, split_us, summarize
 from ipuserve.bench.report import LoadProgress
-from ipuserve.bench.stats import Recording, Sample, split_us, summarize
 from ipuserve.client import Timing
 from ipuserve.latency import latency_us
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from ipuserve.bench.cli import too_many_failed
+from ipuserve.bench.recording import Recording, Sample, summarize
 from ipuserve.bench.report import error_lines, suite_table
-from ipuserve.bench.stats import Recording, Sample, summarize
 from ipuserve.face.cli import main
 from tests.helpers import (
     BrokerProc,

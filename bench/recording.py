@@ -8,7 +8,8 @@ warm-up and the drain after the stop are left out of every figure.
 The latency split follows Triton's perf_analyzer: the workers report how long a
 request waited in the broker's queue, in the worker before the device, and on
 the device; what is left of the client-measured total is the wire (sockets,
-framing, both hops and the client itself).
+framing, both hops and the client itself). The latency figures themselves are
+:func:`ipuserve.latency.latency_us`, the one summary every report uses.
 """
 
 from __future__ import annotations
