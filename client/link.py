@@ -3,7 +3,7 @@ endpoint, or one address of a name), without the socket.
 
 A :class:`Link` holds the broker's liveness (PING/PONG, epoch, silence), its payload
 limit, what is held for that limit or deferred for the socket's high-water mark, a
-turn's :class:`~ipuserve.client.outbox.Outbox`, and the ids of the pending requests
+turn's :class:`~ipuserve.client.turn_batch.TurnBatch`, and the ids of the pending requests
 given to it. The requests themselves stay in the core's one
 :class:`~ipuserve.client.pending.PendingTable`, shared by every link: a reply settles
 its request whichever broker sends it, and only the first settles it (a second, from
@@ -28,9 +28,9 @@ import zmq
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.liveness import Liveness
-from ipuserve.client.outbox import Outbox
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.client.reply_router import ReplyRouter
+from ipuserve.client.turn_batch import TurnBatch
 from ipuserve.errors import PayloadTooLargeError, UnknownModelError
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Link:
         self.held: dict[bytes, None] = {}
         #: ids that found the socket's pipe full, to send once it has room
         self.unsent: dict[bytes, None] = {}
-        self.outbox = Outbox(config, self.stats, self, self._current)
+        self.outbox = TurnBatch(config, self.stats, self, self._current)
         self.replies = LinkReplyRouter(
             table, shared, self.liveness, self._on_pong, forget, lambda rid: elsewhere(self, rid)
         )
@@ -188,7 +188,7 @@ class Link:
             self.unsent[pending.request_id] = None
 
     def send_frames(self, frames: list[wire.Frame]) -> bool:
-        """The outbox's way to the socket (a batch)."""
+        """The turn batch's way to the socket."""
         return self.port.send_frames(frames)
 
     def defer(self, request_ids: list[bytes]) -> None:

@@ -25,7 +25,7 @@ from ipuserve.client.pending import Pending
 
 
 class Sender(Protocol):
-    """What the outbox needs of the loop that owns the socket."""
+    """What a turn batch needs of the loop that owns the socket."""
 
     def send(self, pending: Pending) -> None:
         """Send one request by itself, under every per-request rule (limit, hold, HWM)."""
@@ -37,8 +37,12 @@ class Sender(Protocol):
         """Send these again, in order, once the socket's pipe has room."""
 
 
-class Outbox:
-    """The requests handed over this turn, in order; :meth:`flush` sends them."""
+class TurnBatch:
+    """The requests handed over this turn, in order; :meth:`flush` sends them.
+
+    A batch, not a backlog: it empties at every flush (what the socket does not take
+    the link defers), where the broker's ``Outbox`` keeps what a client's pipe could
+    not take until it can. A link holds one, as ``Link.outbox``."""
 
     def __init__(
         self,
