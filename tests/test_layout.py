@@ -125,3 +125,57 @@ def test_the_worker_uses_only_what_the_runtime_exports(path: Path) -> None:
         f"{path.relative_to(ROOT)} imports {', '.join(sorted(reached))}; import from "
         "ipuserve.runtime (export the name in runtime/__init__.py if it is missing)"
     )
+
+
+#: the components a request passes through, whose classes must not share a name
+REQUEST_PATH = ("client", "broker", "worker")
+
+
+def classes_defined(paths: list[Path]) -> dict[str, list[str]]:
+    """Each class name defined in ``paths`` (at any depth), with where."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ClassDef):
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.setdefault(node.name, []).append(str(where))
+    return found
+
+
+def name_clashes(paths: list[Path], taken: set[str]) -> dict[str, list[str]]:
+    """Class names defined twice in ``paths``, or that are one of ``taken``."""
+    return {
+        name: where
+        for name, where in classes_defined(paths).items()
+        if len(where) > 1 or name in taken
+    }
+
+
+def wire_and_runtime_names() -> set[str]:
+    """The names a reader of the request path already knows: the wire's public names
+    (``wire.Job``, ``wire.Result``, ``wire.Replies``, ...) and the runtime's exports
+    (the spec's ``Request``, ``Session``, ...)."""
+    import ipuserve.protocol as wire
+    import ipuserve.runtime as runtime
+
+    return {name for name in dir(wire) if not name.startswith("_")} | set(runtime.__all__)
+
+
+def test_the_clash_check_sees_a_clash(tmp_path: Path) -> None:
+    """Without this, a reader that found no class would pass the check below."""
+    (tmp_path / "a.py").write_text("class Job:\n    pass\nclass Link:\n    pass\n")
+    (tmp_path / "b.py").write_text("def f() -> None:\n    class Link:\n        pass\n")
+    paths = sorted(tmp_path.glob("*.py"))
+    found = name_clashes(paths, {"Job"})
+    assert set(found) == {"Job", "Link"}
+    assert {"Job", "Result", "Replies", "Request", "Session"} <= wire_and_runtime_names()
+
+
+def test_one_name_per_thing_on_the_request_path() -> None:
+    """A class of the client, the broker or the worker has a name no other class of
+    theirs has, and none of the wire's or the runtime's: a reader who meets ``Job``
+    knows which one it is (issue 21: the worker's ``WorkItem`` and ``WorkResult``,
+    the worker's ``Connection``, the client's ``ReplyRouter`` and ``TurnBatch``)."""
+    paths = sorted(path for part in REQUEST_PATH for path in (ROOT / part).rglob("*.py"))
+    clashes = name_clashes(paths, wire_and_runtime_names())
+    assert not clashes, f"one name, two things on the request path: {clashes}"
