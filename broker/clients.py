@@ -1,4 +1,8 @@
-"""What the broker does with each client command: REQUEST(S), MODELS, PING."""
+"""What the broker does with each client command: REQUEST(S), MODELS, PING.
+
+Admission is here: a request's schema is checked once, a job is created for it and
+handed to the job life (:class:`Lifecycle`); what is refused is answered through
+:class:`Answers`. Every collaborator comes in explicitly, in the constructor."""
 
 from __future__ import annotations
 
@@ -6,8 +10,15 @@ import logging
 import time
 
 from ipuserve import protocol as wire
-from ipuserve.broker.scheduler import Scheduler
+from ipuserve.broker.answers import Answers
+from ipuserve.broker.dispatch import Dispatcher
+from ipuserve.broker.jobs import JobTable
+from ipuserve.broker.lifecycle import Lifecycle
+from ipuserve.broker.metrics import BrokerMetrics
+from ipuserve.broker.outbox import Outbox
+from ipuserve.broker.registry import Registry
 from ipuserve.errors import IpuserveError, ProtocolError
+from ipuserve.grouping import GroupSizer
 
 log = logging.getLogger(__name__)
 
@@ -17,15 +28,31 @@ LAYOUTS = 1024
 
 class ClientHandlers:
     def __init__(
-        self, scheduler: Scheduler, epoch: str, grace_until: float, max_payload_bytes: int
+        self,
+        epoch: str,
+        grace_until: float,
+        max_payload_bytes: int,
+        *,
+        registry: Registry,
+        jobs: JobTable,
+        dispatcher: Dispatcher,
+        outbox: Outbox,
+        metrics: BrokerMetrics,
+        answers: Answers,
+        life: Lifecycle,
+        group_sizer: GroupSizer,
     ) -> None:
-        self._scheduler = scheduler
         self._max_payload_bytes = max_payload_bytes
-        self._registry = scheduler.registry
-        self._specs = scheduler.registry.specs
-        self._jobs = scheduler.jobs
-        self._keys = scheduler.jobs.keys
-        self._metrics = scheduler.metrics
+        self._registry = registry
+        self._specs = registry.specs
+        self._jobs = jobs
+        self._keys = jobs.keys
+        self._queues = dispatcher.queues
+        self._outbox = outbox
+        self._metrics = metrics
+        self._answers = answers
+        self._life = life
+        self._group_sizer = group_sizer
         self._layouts: dict[
             tuple[int, int], tuple[wire.ModelSpec, tuple[wire.TensorSpec, ...], int]
         ] = {}
@@ -51,7 +78,7 @@ class ClientHandlers:
         """Each request (or group) of a batch on its own: one refused does not refuse the
         others."""
         for failed in batch.rejected:
-            self._scheduler.refuse(client, failed.job_id, failed.exception(), "")
+            self._answers.refuse(client, failed.job_id, failed.exception(), "")
         for row in batch.requests:
             try:  # a row's failure, even a bug, is its own: never a whole batch's
                 requests = self._jobs_of(client, row)
@@ -84,14 +111,14 @@ class ClientHandlers:
             or any(self._jobs.pending(client, member) for member in row.group)
         ):
             return row.members()
-        sizer = self._scheduler.group_sizer
+        sizer = self._group_sizer
         size = sizer.members_per_job(spec, spec.samples(t.shape for t in row.tensors.specs))
         fits = self._max_payload_bytes // max(1, row.tensors.nbytes)  # frames within the limit
         return row.parts(max(1, min(size, fits)))
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
         for request_id in request.request_ids:
-            self._scheduler.refuse(client, request_id, error, request.model)
+            self._answers.refuse(client, request_id, error, request.model)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
         """Admit one request (or group): the one place its schema is checked; the job
@@ -107,7 +134,7 @@ class ClientHandlers:
         if spec is not None:
             samples = tensors.members * self._admitted(spec, tensors.specs)
             if model in self._registry.orphaned:
-                orphaned = self._scheduler.orphan_error(model, now)
+                orphaned = self._life.orphan_error(model, now)
                 if orphaned is not None:
                     raise orphaned
         elif self.grace_until is None or now >= self.grace_until:
@@ -124,7 +151,7 @@ class ClientHandlers:
             samples,
         )
         try:
-            self._scheduler.place(job, now)
+            self._life.admit(job, now)
         except Exception:
             self._jobs.finish(job)
             raise
@@ -148,7 +175,7 @@ class ClientHandlers:
         return samples
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
-        queues = self._scheduler.dispatcher.queues
+        queues = self._queues
         return tuple(
             wire.ModelInfo(
                 spec,
@@ -162,4 +189,4 @@ class ClientHandlers:
         )
 
     def _send(self, client: bytes, message: wire.Message) -> None:
-        self._scheduler.outbox.to_client(client, message.encode())
+        self._outbox.to_client(client, message.encode())

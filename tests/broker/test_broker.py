@@ -755,7 +755,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
     start_broker_thread: StartBroker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Credit counts jobs; the queue limit, ``queued`` and ``requests`` count requests."""
-    caplog.set_level(logging.WARNING, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.WARNING, logger="ipuserve.broker.answers")
     broker = start_broker_thread(queue_limit=4)
     worker = fake(broker, workers, credit=1)
     given = [add_inputs(1, seed=i) for i in range(3)]
@@ -794,7 +794,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
 def test_an_orderly_worker_leave_is_logged_at_info(
     broker: Broker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.INFO, logger="ipuserve.broker.lifecycle")
     leaving = fake(broker, workers, worker_id="leaving")
     leaving.send(wire.Bye())
     wait_until(lambda: "dropped (left)" in caplog.text)
@@ -893,7 +893,7 @@ def test_overload_refusals_not_yet_reported_are_reported_at_shutdown(
 ) -> None:
     """The report comes at most every 10 s: refusals after the last one went unsaid
     when the broker stopped (a chaos review: 4 reported, 471 never)."""
-    caplog.set_level(logging.WARNING, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.WARNING, logger="ipuserve.broker.answers")
     broker = start_broker_thread(queue_limit=1)
     fake(broker, workers, credit=1)
     with RawClient(broker.frontend_endpoint) as client:
