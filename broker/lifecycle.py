@@ -27,10 +27,12 @@ from ipuserve.broker.registry import Registry, Worker
 from ipuserve.broker.timers import Timers
 from ipuserve.errors import (
     DeadlineExceeded,
+    InvalidInputError,
     IpuserveError,
     UnavailableError,
     WorkerFailedError,
 )
+from ipuserve.grouping import group_problem
 
 log = logging.getLogger(__name__)
 
@@ -183,15 +185,20 @@ class Lifecycle:
 
     def model_registered(self, spec: wire.ModelSpec) -> None:
         """A model nobody served before: check what was queued for it during the grace
-        and count the samples of what passes (unknown until now)."""
+        (its inputs, and a group's size, as admission would have) and count the samples
+        of what passes (unknown until now)."""
         queue = self._dispatcher.queues.get(spec.name)
         for job in queue.live_jobs() if queue is not None else ():
             try:
                 wire.check_inputs(spec, job.tensors.specs)
+                member_samples = spec.samples(t.shape for t in job.tensors.specs)
+                problem = group_problem(spec, len(job.request_ids), member_samples)
+                if problem is not None:
+                    raise InvalidInputError(problem)
             except IpuserveError as exc:
                 self._answers.reject(job, exc)
                 continue
-            job.samples = len(job.request_ids) * spec.samples(t.shape for t in job.tensors.specs)
+            job.samples = len(job.request_ids) * member_samples
 
     def end_grace(self) -> None:
         """The start-up grace is over: requests for models still unknown get UNKNOWN_MODEL."""
