@@ -203,7 +203,7 @@ class ClientHandlers:
                     wire.WorkerLoad(w.worker_id, w.credit, len(w.in_flight), w.requests_in_flight)
                     for w in self._registry.serving.get(name, ())
                 ),
-                self._group_sizer.samples_per_job(spec) if spec.groupable else 0,
+                self._group_sizer.listed(spec),
             )
             for name, spec in sorted(self._registry.specs.items())
         )

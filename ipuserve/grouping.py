@@ -54,12 +54,12 @@ def group_problem(spec: wire.ModelSpec, members: int, member_samples: int) -> st
     be one job of ``spec``, or None when it can (a single request always can)."""
     if members <= 1:
         return None
-    if not spec.groupable:
+    ceiling = group_ceiling(spec)
+    if not ceiling:
         return (
             f"model {spec.name!r} cannot take a group of requests: not every tensor has "
             f"its batching dimension ({spec.batching_dim})"
         )
-    ceiling = group_ceiling(spec)
     if members * member_samples > ceiling:
         return (
             f"a group of {members} requests of {member_samples} sample(s) each holds "
@@ -93,9 +93,14 @@ class GroupSizer:
         before = self._us_per_sample.get(model)
         self._us_per_sample[model] = now if before is None else before + SMOOTHING * (now - before)
 
+    def listed(self, spec: wire.ModelSpec) -> int:
+        """What the broker lists as the model's ``group_samples``: 0 when it takes no
+        groups, else :meth:`samples_per_job`."""
+        return self.samples_per_job(spec) if group_ceiling(spec) else 0
+
     def samples_per_job(self, spec: wire.ModelSpec) -> int:
-        """The most samples one job should hold (what the broker lists as
-        ``group_samples``, and how far ahead a worker asks its runtime to work)."""
+        """The most samples one job should hold (for a model that takes groups, what
+        the broker lists; and how far ahead a worker asks its runtime to work)."""
         return self.members_per_job(spec, 1)
 
     def members_per_job(self, spec: wire.ModelSpec, member_samples: int) -> int:
