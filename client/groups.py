@@ -5,10 +5,12 @@ cannot take is refused, never cut: ``ipuserve.grouping``). So before grouping
 requests for a model, a client must know, from that broker, whether the model takes
 groups and how many samples one job should hold: its MODELS_REPLY lists both
 (``ModelInfo.spec`` and ``ModelInfo.group_samples``). A link asks for it after each
-PONG (a connection, a new epoch) and, at most every ``ASK_EVERY_S``, when it is about
-to send requests for a model it knows nothing about (a model that joined later);
-every MODELS_REPLY it reads, a user's ``models()`` included, updates it. Until then,
-requests for that model leave one by one.
+PONG (a connection, a new epoch) and, while it sends batches, at most every
+``ASK_EVERY_S`` for a model it knows nothing about (one that joined later) and every
+``REFRESH_S`` otherwise: the broker's advice follows the device time its workers
+report, so a model found cheap gets bigger groups. Every MODELS_REPLY the link
+reads, a user's ``models()`` included, updates it. Until a model is listed, its
+requests leave one by one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from ipuserve.grouping import members_per_group
 MODELS_PROBE = b"group-rules"
 #: Shortest time between two such MODELS for models the broker did not list.
 ASK_EVERY_S = 1.0
+#: Shortest time between two such MODELS while every model sent to was listed.
+REFRESH_S = 2.0
 
 
 class GroupRules:
@@ -50,9 +54,10 @@ class GroupRules:
         member_samples = spec.samples(t.shape for t in request.tensors.specs)
         return members_per_group(spec, member_samples, info.group_samples)
 
-    def ask_now(self, now: float) -> bool:
-        """Whether to ask the broker for its models again (and, if so, count it asked)."""
-        if now - self._asked < ASK_EVERY_S:
+    def ask_now(self, now: float, listed: bool) -> bool:
+        """Whether to ask the broker for its models again (and, if so, count it asked),
+        sending requests for models all ``listed`` already, or not."""
+        if now - self._asked < (REFRESH_S if listed else ASK_EVERY_S):
             return False
         self._asked = now
         return True

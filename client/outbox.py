@@ -106,8 +106,8 @@ class Outbox:
         now = time.perf_counter_ns()
         requests = [m for p in batch if isinstance(m := p.message_at(now), wire.Request)]
         rules = self._groups
-        if not all(rules.knows(r.model) for r in requests) and rules.ask_now(now / 1e9):
-            self._sender.ask_models()  # a model joined since: group it once it is listed
+        if rules.ask_now(now / 1e9, all(rules.knows(r.model) for r in requests)):
+            self._sender.ask_models()  # a model joined since, or the advice moved on
         limit = self._stats.max_payload_bytes or wire.FRAME_SLACK_BYTES
         message = wire.Requests(tuple(grouped(requests, limit, rules.members)))
         sizes = [len(row.group) for row in message.requests if row.group]
