@@ -1,4 +1,8 @@
-"""What the broker does with each client command: REQUEST(S), MODELS, PING."""
+"""What the broker does with each client command: REQUEST(S), MODELS, PING.
+
+Admission is here: a request's schema is checked once, a job is created for it and
+handed to the job life (:class:`Lifecycle`); what is refused is answered through
+:class:`Answers`. Every collaborator comes in explicitly, in the constructor."""
 
 from __future__ import annotations
 
@@ -6,8 +10,15 @@ import logging
 import time
 
 from ipuserve import protocol as wire
-from ipuserve.broker.scheduler import Scheduler
-from ipuserve.errors import IpuserveError, ProtocolError
+from ipuserve.broker.answers import Answers
+from ipuserve.broker.dispatch import Dispatcher
+from ipuserve.broker.jobs import JobTable
+from ipuserve.broker.lifecycle import Lifecycle
+from ipuserve.broker.metrics import BrokerMetrics
+from ipuserve.broker.outbox import Outbox
+from ipuserve.broker.registry import Registry
+from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError, ProtocolError
+from ipuserve.grouping import GroupSizer, group_problem
 
 log = logging.getLogger(__name__)
 
@@ -17,15 +28,31 @@ LAYOUTS = 1024
 
 class ClientHandlers:
     def __init__(
-        self, scheduler: Scheduler, epoch: str, grace_until: float, max_payload_bytes: int
+        self,
+        epoch: str,
+        grace_until: float,
+        max_payload_bytes: int,
+        *,
+        registry: Registry,
+        jobs: JobTable,
+        dispatcher: Dispatcher,
+        outbox: Outbox,
+        metrics: BrokerMetrics,
+        answers: Answers,
+        life: Lifecycle,
+        group_sizer: GroupSizer,
     ) -> None:
-        self._scheduler = scheduler
         self._max_payload_bytes = max_payload_bytes
-        self._registry = scheduler.registry
-        self._specs = scheduler.registry.specs
-        self._jobs = scheduler.jobs
-        self._keys = scheduler.jobs.keys
-        self._metrics = scheduler.metrics
+        self._registry = registry
+        self._specs = registry.specs
+        self._jobs = jobs
+        self._keys = jobs.keys
+        self._queues = dispatcher.queues
+        self._outbox = outbox
+        self._metrics = metrics
+        self._answers = answers
+        self._life = life
+        self._group_sizer = group_sizer
         self._layouts: dict[
             tuple[int, int], tuple[wire.ModelSpec, tuple[wire.TensorSpec, ...], int]
         ] = {}
@@ -49,20 +76,20 @@ class ClientHandlers:
 
     def on_requests(self, client: bytes, batch: wire.Requests) -> None:
         """Each request (or group) of a batch on its own: one refused does not refuse the
-        others."""
+        others. A group is admitted as it came, as one job, or refused whole: the
+        client formed it (``ipuserve.grouping``), and the broker never reshapes it."""
         for failed in batch.rejected:
-            self._scheduler.refuse(client, failed.job_id, failed.exception(), "")
+            self._answers.refuse(client, failed.job_id, failed.exception(), "")
         for row in batch.requests:
             try:  # a row's failure, even a bug, is its own: never a whole batch's
-                requests = self._jobs_of(client, row)
+                if row.group and self._any_pending(client, row):
+                    self._partly_sent(client, row)
+                    continue
+                if row.group:
+                    self._check_group_bytes(row)
+                self.on_request(client, row, batched=True)
             except Exception as exc:
                 self._refuse_failed(client, row, exc)
-                continue
-            for request in requests:
-                try:
-                    self.on_request(client, request, batched=True)
-                except Exception as exc:
-                    self._refuse_failed(client, request, exc)
 
     def _refuse_failed(self, client: bytes, request: wire.Request, exc: Exception) -> None:
         if not isinstance(exc, IpuserveError):
@@ -70,32 +97,45 @@ class ClientHandlers:
             exc = IpuserveError("internal broker error; see its log")
         self._refuse(client, request, exc)
 
-    def _jobs_of(self, client: bytes, row: wire.Request) -> list[wire.Request]:
-        """A group stays together when its model takes groups and none of its requests
-        is pending already (a re-send may group them differently), in jobs no bigger
-        than :mod:`ipuserve.broker.grouping` allows; otherwise its requests go on one by
-        one, each as if sent alone."""
-        if not row.group:
-            return [row]
-        spec = self._registry.specs.get(row.model)
-        if (
-            spec is None
-            or not spec.groupable
-            or any(self._jobs.pending(client, member) for member in row.group)
-        ):
-            return row.members()
-        sizer = self._scheduler.group_sizer
-        size = sizer.members_per_job(spec, spec.samples(t.shape for t in row.tensors.specs))
-        fits = self._max_payload_bytes // max(1, row.tensors.nbytes)  # frames within the limit
-        return row.parts(max(1, min(size, fits)))
+    def _check_group_bytes(self, row: wire.Request) -> None:
+        """A group job's frames hold every member's tensor: past the payload limit, no
+        worker could be sent it (a client keeps its groups within the limit its PONG
+        gave)."""
+        nbytes = row.tensors.nbytes * row.tensors.members
+        if nbytes > self._max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"a group of {row.tensors.members} requests takes {nbytes} bytes together; "
+                f"the broker's limit is {self._max_payload_bytes} for a group as for a "
+                "request (send fewer requests per group)"
+            )
+
+    def _any_pending(self, client: bytes, row: wire.Request) -> bool:
+        return any(self._jobs.pending(client, member) for member in row.group)
+
+    def _partly_sent(self, client: bytes, row: wire.Request) -> None:
+        """A group some of whose requests are pending already: a client re-sends
+        requests one by one, never in a new group, so only a broken client sends this.
+        The pending ones are re-sends (their one reply is on the way); the others are
+        refused, not run apart from the group they came in."""
+        error = InvalidInputError(
+            "a group's requests must all be new: some of this group's requests are "
+            "pending already (re-send requests one by one)"
+        )
+        for member in row.group:
+            if self._jobs.pending(client, member):
+                self._metrics.resent.inc()
+            else:
+                self._answers.refuse(client, member, error, row.model)
 
     def _refuse(self, client: bytes, request: wire.Request, error: IpuserveError) -> None:
         for request_id in request.request_ids:
-            self._scheduler.refuse(client, request_id, error, request.model)
+            self._answers.refuse(client, request_id, error, request.model)
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
-        """Admit one request (or group): the one place its schema is checked; the job
-        carries its sample count from here on. Raises IpuserveError to refuse it."""
+        """Admit one request (or group): the one place its schema and a group's size are
+        checked; the job carries its sample count from here on. Raises IpuserveError to
+        refuse it (a group whole). A group for a model not known yet (the start-up
+        grace) waits as it is, checked when the model registers."""
         model = request.model
         if (client, request.request_id) in self._keys:
             self._metrics.resent.inc()
@@ -105,9 +145,15 @@ class ClientHandlers:
         spec = self._specs.get(model)
         samples = 0
         if spec is not None:
-            samples = tensors.members * self._admitted(spec, tensors.specs)
+            member_samples = self._admitted(spec, tensors.specs)
+            members = tensors.members
+            if members > 1:
+                problem = group_problem(spec, members, member_samples)
+                if problem is not None:
+                    raise InvalidInputError(problem)
+            samples = members * member_samples
             if model in self._registry.orphaned:
-                orphaned = self._scheduler.orphan_error(model, now)
+                orphaned = self._life.orphan_error(model, now)
                 if orphaned is not None:
                     raise orphaned
         elif self.grace_until is None or now >= self.grace_until:
@@ -124,7 +170,7 @@ class ClientHandlers:
             samples,
         )
         try:
-            self._scheduler.place(job, now)
+            self._life.admit(job, now)
         except Exception:
             self._jobs.finish(job)
             raise
@@ -148,7 +194,7 @@ class ClientHandlers:
         return samples
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
-        queues = self._scheduler.dispatcher.queues
+        queues = self._queues
         return tuple(
             wire.ModelInfo(
                 spec,
@@ -157,9 +203,10 @@ class ClientHandlers:
                     wire.WorkerLoad(w.worker_id, w.credit, len(w.in_flight), w.requests_in_flight)
                     for w in self._registry.serving.get(name, ())
                 ),
+                self._group_sizer.listed(spec),
             )
             for name, spec in sorted(self._registry.specs.items())
         )
 
     def _send(self, client: bytes, message: wire.Message) -> None:
-        self._scheduler.outbox.to_client(client, message.encode())
+        self._outbox.to_client(client, message.encode())

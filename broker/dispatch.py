@@ -1,8 +1,9 @@
 """Per-model bounded queues and the choice of worker: credit-based, least loaded first.
 
-Pure bookkeeping, no sockets: the scheduler asks :meth:`Dispatcher.choose` for a
-worker and queues the job when none has spare credit; when a worker frees credit it
-asks :meth:`Dispatcher.next_for` for the oldest job among the models it serves.
+Pure bookkeeping, no sockets: placement (:mod:`ipuserve.broker.placement`) asks
+:meth:`Dispatcher.choose` for a worker and queues the job when none has spare credit;
+when a worker frees credit it asks :meth:`Dispatcher.next_for` for the oldest job
+among the models it serves.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Dispatcher:
         queues = self.queues
         for model in worker.models:
             queue = queues.get(model)
-            head = queue.head() if queue is not None and queue._requests else None
+            head = queue.head() if queue is not None and len(queue) else None
             if head is not None and head.received < oldest:
                 best, oldest = queue, head.received
         return best.pop() if best is not None else None

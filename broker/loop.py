@@ -24,12 +24,16 @@ import zmq
 
 from ipuserve import probes
 from ipuserve import protocol as wire
+from ipuserve.broker.answers import Answers
 from ipuserve.broker.clients import ClientHandlers
 from ipuserve.broker.config import BrokerConfig
+from ipuserve.broker.dispatch import Dispatcher
+from ipuserve.broker.jobs import JobTable
+from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
 from ipuserve.broker.outbox import Outbox
+from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry
-from ipuserve.broker.scheduler import Scheduler
 from ipuserve.broker.timers import Timers
 from ipuserve.broker.workers import WorkerHandlers
 from ipuserve.errors import (
@@ -38,6 +42,7 @@ from ipuserve.errors import (
     ProtocolError,
     WorkerFailedError,
 )
+from ipuserve.grouping import GroupSizer
 from ipuserve.security import (
     BACKEND_DOMAIN,
     FRONTEND_DOMAIN,
@@ -129,15 +134,59 @@ class Broker:
             self.timers,
             config.liveness_ms / 1000,
         )
-        self.scheduler = Scheduler(config, self.registry, self._outbox, self.metrics, self.timers)
+        self.jobs = JobTable()
+        self.dispatcher = Dispatcher(self.registry, config.queue_limit)
+        self.group_sizer = GroupSizer()
+        self.placement = Placement(
+            self.registry, self.dispatcher, self._outbox, self.metrics, self._limits
+        )
+        self.answers = Answers(
+            self.registry,
+            self.jobs,
+            self.dispatcher,
+            self._outbox,
+            self.metrics,
+            self.timers,
+            self.group_sizer,
+            config.queue_limit,
+        )
+        self.life = Lifecycle(
+            config,
+            self.registry,
+            self.jobs,
+            self.dispatcher,
+            self.placement,
+            self.answers,
+            self.metrics,
+            self.timers,
+        )
+        self._outbox.abandon = self.life.abandon_client
         now = time.monotonic()
         self._clients = ClientHandlers(
-            self.scheduler, self.epoch, now + config.startup_grace_s, config.max_payload_bytes
+            self.epoch,
+            now + config.startup_grace_s,
+            config.max_payload_bytes,
+            registry=self.registry,
+            jobs=self.jobs,
+            dispatcher=self.dispatcher,
+            outbox=self._outbox,
+            metrics=self.metrics,
+            answers=self.answers,
+            life=self.life,
+            group_sizer=self.group_sizer,
         )
         welcome = wire.Welcome(
             self.epoch, config.heartbeat_ms, config.liveness_ms, config.max_payload_bytes
         )
-        self._workers = WorkerHandlers(self.scheduler, welcome)
+        self._workers = WorkerHandlers(
+            welcome,
+            registry=self.registry,
+            outbox=self._outbox,
+            metrics=self.metrics,
+            placement=self.placement,
+            answers=self.answers,
+            life=self.life,
+        )
         self.timers.at(now, self._beat)
         self.timers.at(now + config.startup_grace_s, self._end_grace)
         self._wake = Waker()
@@ -214,8 +263,8 @@ class Broker:
         return probes.OK
 
     def _shutdown(self) -> None:
-        self.scheduler.report_shedding(time.monotonic(), final=True)  # none left unsaid
-        answered = self.scheduler.shutdown(BrokerShutdownError("the broker is shutting down"))
+        self.answers.report_shedding(time.monotonic(), final=True)  # none left unsaid
+        answered = self.life.shutdown(BrokerShutdownError("the broker is shutting down"))
         if answered:  # their clients keep them pending for the next broker
             log.info("answered %d pending request(s) BROKER_SHUTDOWN", answered)
         self._frontend.close(linger=self.config.shutdown_linger_ms)
@@ -259,15 +308,21 @@ class Broker:
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
         they placed: one JOBS message per worker for all of them."""
-        scheduler = self.scheduler
+        placement, answers = self.placement, self.answers
         handle(wire.recv(sock))
         for _ in range(BATCH - 1):
-            if scheduler.unsent >= FLUSH_ROWS:
-                scheduler.flush()
+            if placement.unsent + answers.unsent >= FLUSH_ROWS:
+                self.flush()
             if not wire.readable(sock):
                 break
             handle(wire.recv(sock))
-        scheduler.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        """Send what this turn placed and answered: one JOBS message per worker, one
+        REPLIES per batching client (jobs first: a worker starts on them sooner)."""
+        self.life.send_jobs()
+        self.answers.flush()
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
@@ -290,7 +345,7 @@ class Broker:
     def _refuse(self, client: bytes, body: list[Any], error: IpuserveError, model: str) -> None:
         """Answer what can be addressed: each readable row of a batch, else the id."""
         for request_id in wire.peek_ids(body) or [wire.peek_id(body)]:
-            self.scheduler.refuse(client, request_id, error, model)
+            self.answers.refuse(client, request_id, error, model)
 
     def _on_worker(self, frames: list[Any]) -> None:
         identity, body = frames[0].bytes, frames[1:]
@@ -315,7 +370,7 @@ class Broker:
             # the jobs it named may have left the worker's books: answer them, or
             # they would wait for ever (without a timeout)
             error = WorkerFailedError("internal broker error handling the worker's result")
-            self.scheduler.fail_live(wire.peek_ids(body), error)
+            self.answers.fail_live(wire.peek_ids(body), error)
 
     # ------------------------------------------------------------ timers
 
@@ -323,7 +378,7 @@ class Broker:
         """Fire what is due, then send what that placed or answered (a dropped worker's
         jobs re-queued onto others)."""
         self.timers.run(now)
-        self.scheduler.flush()
+        self.flush()
 
     def _beat(self, _arg: None, now: float) -> None:
         """Every heartbeat_ms: heartbeat the workers, drop the silent, refresh the gauges."""
@@ -334,14 +389,14 @@ class Broker:
 
     def _end_grace(self, _arg: None, _now: float) -> None:
         self._clients.grace_until = None
-        self.scheduler.end_grace()
+        self.life.end_grace()
 
     def _update_gauges(self) -> None:
         self.metrics.workers.set(len(self.registry.workers))
         workers = self.registry.workers.values()
         self.metrics.in_flight.set(sum(len(w.in_flight) for w in workers))
         self.metrics.requests_in_flight.set(sum(w.requests_in_flight for w in workers))
-        queues = self.scheduler.dispatcher.queues
+        queues = self.dispatcher.queues
         # registered models only (0 before the first wait): during the start-up grace
         # any client may queue requests for made-up names, a label each for ever
         for model in self.registry.specs:

@@ -38,7 +38,7 @@ BACKLOG_RETRY_S = 0.002
 
 
 def _keep(_client: bytes) -> None:
-    """What :attr:`Outbox.abandon` does until the scheduler sets it."""
+    """What :attr:`Outbox.abandon` does until the broker sets it (the job life's)."""
 
 
 class Outbox:

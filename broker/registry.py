@@ -30,9 +30,10 @@ MAX_MODELS = 256
 #: What the entries of a MODELS_REPLY may take: the header limit, less a margin for
 #: its frame ({"models":[]}) and the digits of counts that grow after registration.
 MODELS_REPLY_BYTES = DEFAULT_LIMITS.max_header_bytes - (8 << 10)
-#: A MODELS_REPLY model entry besides its spec ({"spec":,"queued":N,"workers":[]}),
+#: A MODELS_REPLY model entry besides its spec
+#: ({"spec":,"queued":N,"workers":[],"group_samples":N}),
 #: and a worker's entry besides its id ({"worker_id":,"credit":N,...}), at most.
-_MODEL_ENTRY = 80
+_MODEL_ENTRY = 110
 _WORKER_ENTRY = 100
 
 

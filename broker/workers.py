@@ -1,4 +1,8 @@
-"""What the broker does with each worker command, and how it judges worker liveness."""
+"""What the broker does with each worker command, and how it judges worker liveness.
+
+Its collaborators come in explicitly: results go to :class:`Answers`, freed credit
+is filled by :class:`Placement`, and a worker lost, registered or restarted is the
+job life's business (:class:`Lifecycle`)."""
 
 from __future__ import annotations
 
@@ -7,18 +11,35 @@ import logging
 from typing import Any
 
 from ipuserve import protocol as wire
-from ipuserve.broker.registry import Worker
-from ipuserve.broker.scheduler import JobOutcome, Scheduler
+from ipuserve.broker.answers import Answers
+from ipuserve.broker.lifecycle import Lifecycle
+from ipuserve.broker.metrics import BrokerMetrics
+from ipuserve.broker.outbox import Outbox
+from ipuserve.broker.placement import Placement
+from ipuserve.broker.registry import Registry, Worker
 from ipuserve.errors import IpuserveError, WorkerFailedError
 
 log = logging.getLogger(__name__)
 
 
 class WorkerHandlers:
-    def __init__(self, scheduler: Scheduler, welcome: wire.Welcome) -> None:
-        self._scheduler = scheduler
-        self._registry = scheduler.registry
-        self._outbox = scheduler.outbox
+    def __init__(
+        self,
+        welcome: wire.Welcome,
+        *,
+        registry: Registry,
+        outbox: Outbox,
+        metrics: BrokerMetrics,
+        placement: Placement,
+        answers: Answers,
+        life: Lifecycle,
+    ) -> None:
+        self._registry = registry
+        self._outbox = outbox
+        self._metrics = metrics
+        self._placement = placement
+        self._answers = answers
+        self._life = life
         self._welcome = welcome
         self._welcome_frames = welcome.encode()
         self._heartbeat = wire.Heartbeat().encode()
@@ -29,13 +50,15 @@ class WorkerHandlers:
         self, identity: bytes, worker: Worker | None, message: wire.Message, now: float
     ) -> None:
         if isinstance(message, wire.Results):  # the hot one first
-            self._scheduler.on_results(identity, worker, message)
+            self._answers.on_results(identity, worker, message)
+            if worker is not None:
+                self._placement.fill(worker)  # once, for all it answered
         elif isinstance(message, wire.Hello):
             self.on_hello(identity, message, now)
         elif worker is not None and isinstance(message, wire.Heartbeat):
             self.on_heartbeat(worker, message)
         elif worker is not None and isinstance(message, wire.Bye):
-            self._scheduler.drop_worker(worker, "left", message.handed_back)
+            self._life.drop_worker(worker, "left", message.handed_back)
         elif worker is not None:
             log.warning("worker %s sent %s; ignored", worker.worker_id, message.COMMAND.name)
         if worker is None and not isinstance(message, wire.Hello | wire.Bye):
@@ -44,7 +67,7 @@ class WorkerHandlers:
     def on_hello(self, identity: bytes, hello: wire.Hello, now: float) -> None:
         old = self._registry.get(identity)
         if old is not None:  # this very connection registers again
-            self._scheduler.drop_worker(old, "re-registered")
+            self._life.drop_worker(old, "re-registered")
         else:
             self._forget_namesake(hello.worker_id)
         new_specs = [s for s in hello.models if s.name not in self._registry.specs]
@@ -57,14 +80,14 @@ class WorkerHandlers:
         )
         for spec in new_specs:
             if spec.name in worker.models:  # not one refused
-                self._scheduler.model_registered(spec)
+                self._life.model_registered(spec)
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
             welcome = dataclasses.replace(self._welcome, refused=refused).encode()
         if not self._outbox.to_worker(identity, welcome):
-            self._scheduler.drop_worker(worker, "unreachable")
+            self._life.drop_worker(worker, "unreachable")
             return
-        self._scheduler.pump(worker)
+        self._placement.pump(worker)
 
     def _forget_namesake(self, worker_id: str) -> None:
         """A worker restarted under its old id (a container's hostname) takes over at
@@ -82,7 +105,7 @@ class WorkerHandlers:
                 worker_id,
             )
         else:
-            self._scheduler.drop_worker(namesake, "restarted")
+            self._life.drop_worker(namesake, "restarted")
 
     def on_heartbeat(self, worker: Worker, heartbeat: wire.Heartbeat) -> None:
         """A heartbeat carrying ``credit`` changes the worker's credit, and is answered by
@@ -98,32 +121,33 @@ class WorkerHandlers:
                 worker.credit,
                 heartbeat.credit,
             )
-        self._scheduler.flush_worker(worker)
+        self._life.send_jobs_of(worker)
         if self._registry.get(worker.identity) is not worker:
             return  # unreachable: dropped
         worker.credit = heartbeat.credit
         echo = wire.Heartbeat(credit=worker.credit).encode()
         if not self._outbox.to_worker(worker.identity, echo):
-            self._scheduler.drop_worker(worker, "unreachable")
+            self._life.drop_worker(worker, "unreachable")
             return
-        self._scheduler.pump(worker)
+        self._placement.pump(worker)
 
     def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
         """Nobody to answer: count it; RESULTS we cannot read fail the jobs they name."""
-        self._scheduler.metrics.dropped.inc(reason="malformed_from_worker")
+        self._metrics.dropped.inc(reason="malformed_from_worker")
         name = worker.worker_id if worker is not None else "an unregistered peer"
         log.warning("malformed message from %s: %s", name, error)
         if worker is not None:
             named = [job_id for job_id in wire.peek_ids(frames) if job_id in worker.in_flight]
             # the client's request was fine: say whose message was not
             failed = WorkerFailedError(f"worker {name} sent an unreadable result: {error}")
-            outcomes: list[tuple[bytes, JobOutcome]] = [(job_id, failed) for job_id in named]
-            self._scheduler.on_outcomes(worker.identity, worker, outcomes)
+            for job_id in named:
+                self._answers.on_outcome(worker.identity, worker, job_id, failed)
+            self._placement.pump(worker)
 
     def beat(self, now: float) -> None:
         """Heartbeat every worker; drop the ones silent past the liveness window."""
         for worker in list(self._registry.workers.values()):
             if now - worker.last_seen > self._liveness_s:
-                self._scheduler.drop_worker(worker, "silent")
+                self._life.drop_worker(worker, "silent")
             elif not self._outbox.to_worker(worker.identity, self._heartbeat):
-                self._scheduler.drop_worker(worker, "unreachable")
+                self._life.drop_worker(worker, "unreachable")

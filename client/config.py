@@ -68,6 +68,8 @@ class ClientStats:
     batched: int = 0
     #: of those, sent as members of groups (one job for several requests)
     grouped: int = 0
+    #: the groups those formed (each one job, as the broker carries it unchanged)
+    groups: int = 0
     resent: int = 0
     #: of those, requests moved to another broker's link when theirs failed (a client
     #: with several brokers; ipuserve.client.core)

@@ -66,7 +66,7 @@ __all__ = ["Core", "LinkInfo", "least_loaded"]
 log = logging.getLogger(__name__)
 
 #: per-link counters that add up into the client's
-_LINK_COUNTERS = ("batched", "grouped", "reconnects", "epoch_changes")
+_LINK_COUNTERS = ("batched", "grouped", "groups", "reconnects", "epoch_changes")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.groups import MODELS_PROBE, GroupRules
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.client.reply_router import ReplyRouter
@@ -70,10 +71,20 @@ class LinkReplyRouter(ReplyRouter):
         on_pong: Callable[[wire.Pong], None],
         forget: Callable[[bytes], None],
         elsewhere: Callable[[bytes], bool],
+        groups: GroupRules,
     ) -> None:
         super().__init__(table, stats, liveness, on_pong)
         self._forget = forget
         self._elsewhere = elsewhere
+        self._groups = groups
+
+    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
+        """A MODELS_REPLY, the link's own or a user's, also says how to group."""
+        if type(message) is wire.ModelsReply:
+            self._groups.learn(message.models)
+            if message.request_id == MODELS_PROBE:
+                return
+        super()._on_answer(message)
 
     def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
         request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
@@ -124,9 +135,17 @@ class Link:
         self.held: dict[bytes, None] = {}
         #: ids that found the socket's pipe full, to send once it has room
         self.unsent: dict[bytes, None] = {}
-        self.outbox = TurnBatch(config, self.stats, self, self._current)
+        #: what this broker said about its models' groups
+        self.groups = GroupRules()
+        self.outbox = TurnBatch(config, self.stats, self, self._current, self.groups)
         self.replies = LinkReplyRouter(
-            table, shared, self.liveness, self._on_pong, forget, lambda rid: elsewhere(self, rid)
+            table,
+            shared,
+            self.liveness,
+            self._on_pong,
+            forget,
+            lambda rid: elsewhere(self, rid),
+            self.groups,
         )
         self.replies.due = due
 
@@ -194,6 +213,10 @@ class Link:
     def defer(self, request_ids: list[bytes]) -> None:
         self.unsent.update(dict.fromkeys(request_ids))
 
+    def ask_models(self) -> None:
+        """A MODELS of the link's own: its reply tells the outbox how to group."""
+        self.port.send_frames(wire.ListModels(MODELS_PROBE).encode())
+
     def send_unsent(self) -> None:
         """Send, in order, what found the pipe full, while it has room. Nothing else
         would: the re-send after a silence never comes while the broker answers the
@@ -232,6 +255,7 @@ class Link:
             self.resend_all()
 
     def _on_pong(self, pong: wire.Pong) -> None:
+        self.ask_models()  # a new connection or epoch: its models may have changed
         held, self.held = self.held, {}
         if self.liveness.on_pong(pong, self.stats, len(self.ids)):
             self.resend_all()  # what was held too: the limit is known now

@@ -4,8 +4,10 @@ The requests a turn takes from the inbox, and those future callbacks make while
 replies are read, wait here until the turn ends (or until ``batch_requests`` of
 them wait: the next stage starts on those while this one prepares the rest).
 Small requests leave together, as one REQUESTS message (the broker then answers
-them together, in REPLIES), and runs of them that can share a job as groups; a
-lone request, a big one or a models() query leaves on its own. Under load that is
+them together, in REPLIES), and runs of them that can share a job as groups, as
+big as the broker said the model takes (:mod:`ipuserve.client.groups`; the broker
+carries a group as it is, never cut); a lone request, a big one or a models() query
+leaves on its own. Under load that is
 one message for many requests at every hop; with one request at a time nothing
 changes and nothing waits.
 
@@ -21,6 +23,7 @@ from typing import Protocol
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.groups import GroupRules
 from ipuserve.client.pending import Pending
 
 
@@ -36,6 +39,9 @@ class Sender(Protocol):
     def defer(self, request_ids: list[bytes]) -> None:
         """Send these again, in order, once the socket's pipe has room."""
 
+    def ask_models(self) -> None:
+        """Ask the broker for its models (its MODELS_REPLY updates the group rules)."""
+
 
 class TurnBatch:
     """The requests handed over this turn, in order; :meth:`flush` sends them.
@@ -50,12 +56,15 @@ class TurnBatch:
         stats: ClientStats,
         sender: Sender,
         current: Callable[[bytes], Pending | None],
+        groups: GroupRules,
     ) -> None:
-        """``current`` says which request an id stands for now (None once answered)."""
+        """``current`` says which request an id stands for now (None once answered);
+        ``groups`` how big a group the broker takes, per model."""
         self._config = config
         self._stats = stats
         self._sender = sender
         self._current = current
+        self._groups = groups
         self._waiting: list[Pending] = []
 
     def __bool__(self) -> bool:
@@ -100,9 +109,14 @@ class TurnBatch:
     def _send_batch(self, batch: list[Pending]) -> None:
         now = time.perf_counter_ns()
         requests = [m for p in batch if isinstance(m := p.message_at(now), wire.Request)]
+        rules = self._groups
+        if rules.ask_now(now / 1e9, all(rules.knows(r.model) for r in requests)):
+            self._sender.ask_models()  # a model joined since, or the advice moved on
         limit = self._stats.max_payload_bytes or wire.FRAME_SLACK_BYTES
-        message = wire.Requests(tuple(grouped(requests, limit)))
-        self._stats.grouped += sum(len(row.group) for row in message.requests)
+        message = wire.Requests(tuple(grouped(requests, limit, rules.members)))
+        sizes = [len(row.group) for row in message.requests if row.group]
+        self._stats.grouped += sum(sizes)
+        self._stats.groups += len(sizes)
         for frames in wire.encode_batch(message):  # the broker decodes with the defaults
             if not self._sender.send_frames(frames):
                 # which rows did not go is not known: all go again
@@ -112,28 +126,34 @@ class TurnBatch:
 
 
 def share_a_job(first: wire.Request, other: wire.Request) -> bool:
-    """The client's half of "can these requests share a job": the same model and the
-    same tensor specs (what :meth:`wire.Tensors.group` requires). Whether the model
-    takes groups at all, and how many per job, only the broker knows (its
-    ``ModelSpec.groupable`` and :class:`ipuserve.grouping.GroupSizer`): it splits
-    what it cannot keep together."""
+    """The same model and the same tensor specs (what :meth:`wire.Tensors.group`
+    requires); whether the model takes groups, and how many requests one holds, the
+    broker said (``members`` of :func:`grouped`)."""
     return other.model == first.model and other.tensors.specs == first.tensors.specs
 
 
-def grouped(requests: list[wire.Request], max_bytes: int) -> Iterator[wire.Request]:
+def grouped(
+    requests: list[wire.Request], max_bytes: int, members: Callable[[wire.Request], int]
+) -> Iterator[wire.Request]:
     """Runs of requests that may share a job, as groups: the broker and the worker
     handle a group as one job, so its requests cost them little more than one. A
-    group's tensors stay within ``max_bytes`` (the broker's payload limit): each of
-    its frames holds every member's tensor, and a frame past the limit would be
-    refused by ZeroMQ. A group's timeout is its members' latest (the I/O thread
-    still times out each request at its own deadline)."""
+    group holds at most ``members(first)`` requests (what the broker takes for that
+    model and those shapes: 1 when it takes no groups or has not said), and its
+    tensors stay within ``max_bytes`` (the broker's payload limit): each of its frames
+    holds every member's tensor, and a frame past the limit would be refused by
+    ZeroMQ. A group's timeout is its members' latest (the I/O thread still times out
+    each request at its own deadline)."""
     run: list[wire.Request] = []
-    size = 0
+    size = most = 0
     for request in requests:
         nbytes = request.tensors.nbytes
-        if run and (not share_a_job(run[0], request) or size + nbytes > max_bytes):
+        if run and (
+            len(run) >= most or not share_a_job(run[0], request) or size + nbytes > max_bytes
+        ):
             yield _group(run)
             run, size = [], 0
+        if not run:
+            most = members(request)
         run.append(request)
         size += nbytes
     if run:

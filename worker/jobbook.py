@@ -31,6 +31,7 @@ from ipuserve.errors import (
     PayloadTooLargeError,
     UnknownModelError,
 )
+from ipuserve.grouping import group_problem
 from ipuserve.worker.backend import Backend, Done, Outcome, WorkItem, WorkResult
 from ipuserve.worker.metrics import WorkerMetrics
 
@@ -124,11 +125,11 @@ class JobBook:
         if spec is None:
             raise UnknownModelError(f"this worker does not serve model {message.model!r}")
         members = message.tensors.members
-        if members > 1 and not spec.groupable:
-            raise InvalidInputError(
-                f"model {spec.name!r} cannot take a group of requests: not every tensor has "
-                f"its batching dimension ({spec.batching_dim})"
-            )
+        member_samples = spec.samples(t.shape for t in message.tensors.specs)
+        if members > 1:
+            problem = group_problem(spec, members, member_samples)
+            if problem is not None:  # the broker checked it: a broker of another version
+                raise InvalidInputError(problem)
         if self.session_limit is not None and self.held_current >= self.session_limit:
             raise OverloadedError(
                 f"the broker sent more jobs than this connection's credit "
@@ -147,7 +148,7 @@ class JobBook:
             if members > 1
             else message.tensors.arrays()
         )
-        samples = members * spec.samples(t.shape for t in message.tensors.specs)
+        samples = members * member_samples
         job = WorkItem(message.job_id, message.model, inputs, deadline, samples)
         assert self.epoch is not None
         return Held(job, self.epoch, now, members=members, connection=self.connection)

@@ -217,27 +217,38 @@ def _worker_loads(value: Any, limits: Limits) -> tuple[WorkerLoad, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    """A model as the broker lists it; ``queued`` counts requests."""
+    """A model as the broker lists it; ``queued`` counts requests. ``group_samples``:
+    the most samples the broker wants one group job to hold now (0: it takes no
+    groups), for clients to form their groups by (``ipuserve.grouping``)."""
 
     spec: ModelSpec
     queued: int
     workers: tuple[WorkerLoad, ...]
+    group_samples: int = 0
 
     def to_json(self) -> dict[str, Any]:
         workers = [w.to_json() for w in self.workers]
-        return {"spec": self.spec.to_json(), "queued": self.queued, "workers": workers}
+        return {
+            "spec": self.spec.to_json(),
+            "queued": self.queued,
+            "workers": workers,
+            "group_samples": self.group_samples,
+        }
 
 
 _INFO_SCHEMA = {
     "spec": _Field(_model_spec),
     "queued": _Field(_count),
     "workers": _Field(_worker_loads),
+    "group_samples": _Field(_count, required=False),
 }
 
 
 def _model_info(value: Any, limits: Limits) -> ModelInfo:
     fields = _check_fields(_as_object(value), _INFO_SCHEMA, "model", limits)
-    return ModelInfo(fields["spec"], fields["queued"], fields["workers"])
+    return ModelInfo(
+        fields["spec"], fields["queued"], fields["workers"], fields.get("group_samples", 0)
+    )
 
 
 def _model_infos(value: Any, limits: Limits) -> tuple[ModelInfo, ...]:

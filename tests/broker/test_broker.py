@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
+from ipuserve import grouping
 from ipuserve import protocol as wire
 from ipuserve.broker.loop import Broker
 from ipuserve.client import Client
@@ -544,18 +545,18 @@ def test_stopping_the_broker_answers_what_it_holds_broker_shutdown(
 def test_a_bug_on_one_row_of_a_batch_fails_that_row_only_and_once(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
-    """Splitting a row into jobs ran outside the per-row guard: a row that raised there
+    """Admitting a row once ran outside the per-row guard: a row that raised there
     failed the whole batch, rows already admitted were answered twice (an error, then
     their result) and later valid rows were refused. A fault is injected for row "bb"."""
     worker = fake(broker, workers, credit=3)
-    jobs_of = broker._clients._jobs_of
+    admit = broker._clients.on_request
 
-    def faulty(client_id: bytes, row: wire.Request) -> list[wire.Request]:
+    def faulty(client_id: bytes, row: wire.Request, batched: bool = False) -> None:
         if row.request_id == b"bb":
             raise ValueError("injected")
-        return jobs_of(client_id, row)
+        admit(client_id, row, batched)
 
-    broker._clients._jobs_of = faulty  # type: ignore[method-assign]
+    broker._clients.on_request = faulty  # type: ignore[method-assign]
     given = add_inputs(1, seed=3)
     rows = tuple(wire.Request(i, "add", wire.Tensors.of(given)) for i in (b"aa", b"bb", b"dd"))
     client.send(wire.Requests(rows))
@@ -660,43 +661,53 @@ def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
     assert broker.metrics.queue_seconds.count == broker.metrics.request_seconds.count == 3
 
 
-def test_a_group_for_a_model_without_a_batching_dim_runs_request_by_request(
+def assert_refused(client: RawClient, ids: tuple[bytes, ...], code: str, words: str) -> None:
+    """One error per request of a refused group, each saying ``words``."""
+    errors = [client.recv() for _ in ids]
+    assert all(isinstance(e, wire.ErrorReply) for e in errors)
+    assert sorted(e.request_id for e in errors if isinstance(e, wire.ErrorReply)) == sorted(ids)
+    for error in errors:
+        assert isinstance(error, wire.ErrorReply) and error.code == code
+        assert words in error.message
+
+
+def test_a_group_for_a_model_without_a_batching_dim_is_refused_not_dissolved(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
+    """The broker lists no group size for such a model, so a correct client never
+    groups its requests; a group anyway is refused whole, INVALID_INPUT, and no
+    worker sees any of it."""
     fixed = wire.ModelSpec("add", ADD.inputs, ADD.outputs, 4, None)
     worker = fake(broker, workers, credit=4, models=(fixed,))
+    (info,) = client.models()
+    assert info.group_samples == 0
     given = [add_inputs(4, seed=i) for i in range(2)]
     client.send(wire.Requests((group_request((b"a", b"b"), given),)))
-    jobs = [worker.job(), worker.job()]
-    assert [job.tensors.members for job in jobs] == [1, 1]
-    worker.answer(*jobs)
-    replies = client.recv()
-    assert isinstance(replies, wire.Replies)
-    assert [r.request_id for r in replies.replies] == [b"a", b"b"]
-    for reply, inputs in zip(replies.replies, given, strict=True):
-        assert_add_reply(reply, inputs)
+    assert_refused(client, (b"a", b"b"), "INVALID_INPUT", "cannot take a group of requests")
+    client.request("add", given[0], request_id=b"c")  # a lone request still runs
+    worker.answer(worker.job())
+    assert_add_reply(client.recv(), given[0])
+    assert broker.metrics.requests.value(model="add") == 1
 
 
 def test_a_group_holding_a_pending_request_runs_that_request_once(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
+    """A client re-sends one by one, never in a new group: a group holding a pending
+    request is broken. The pending one is a re-send (answered once); the others are
+    refused, not run apart from their group."""
     worker = fake(broker, workers, credit=4)
     given = [add_inputs(2, seed=i) for i in range(2)]
     client.request("add", given[0], request_id=b"p")
     first = worker.job()
-    client.send(wire.Requests((group_request((b"p", b"q"), given),)))  # re-sent, regrouped
-    second = worker.job()
-    assert second.tensors.members == 1
-    assert np.array_equal(second.tensors.arrays()["x"], given[1]["x"])
-    worker.answer(first, second)
-    answered = client.recv()
-    if isinstance(answered, wire.Replies):
-        replies = list(answered.replies)
-    else:
-        replies = [answered, client.recv()]  # p was sent alone: its own REPLY
-    assert sorted(r.request_id for r in replies if isinstance(r, wire.Reply)) == [b"p", b"q"]
+    client.send(wire.Requests((group_request((b"p", b"q"), given),)))
+    assert_refused(client, (b"q",), "INVALID_INPUT", "must all be new")
+    worker.answer(first)
+    assert_add_reply(client.recv(), given[0])
     assert broker.metrics.resent.value() == 1
-    assert broker.metrics.requests.value(model="add") == 2
+    assert broker.metrics.requests.value(model="add") == 1
+    client.models()  # answered after anything sent before it, which it sets aside
+    assert client.stash == []  # so p was answered once, and q never ran
 
 
 def test_a_worker_answering_a_group_with_other_members_fails_each_request(
@@ -712,32 +723,49 @@ def test_a_worker_answering_a_group_with_other_members_fails_each_request(
     assert all(isinstance(e, wire.ErrorReply) and e.code == "INFERENCE_FAILED" for e in errors)
 
 
-def test_a_group_bigger_than_a_batch_is_cut_until_the_device_proves_cheap(
+def test_a_group_bigger_than_a_batch_stays_one_job_and_the_listing_follows_the_device(
     broker: Broker, client: RawClient, workers: list[FakeWorker]
 ) -> None:
-    """Unknown device time: jobs of one batch (4 samples: 2 requests of 2). Once the
-    worker reports a tiny device_us, the next group of 6 stays one job."""
+    """The broker never cuts a group: 6 requests of 2 samples (3 compiled batches of
+    4) are one job. What it lists as ``group_samples``, for clients to group by, is
+    one batch until the worker reports the device time, then what the device budget
+    affords."""
     worker = fake(broker, workers, credit=8)
+    (info,) = client.models()
+    assert info.group_samples == ADD.batch_size == 4
     given = [add_inputs(2, seed=i) for i in range(6)]
     ids = tuple(b"a%d" % i for i in range(6))
     client.send(wire.Requests((group_request(ids, given),)))
-    jobs = [worker.job() for _ in range(3)]
-    assert [job.tensors.members for job in jobs] == [2, 2, 2]
-    worker.answer(*jobs)  # device_us 1.0 per job of 4 samples
-    answered = assert_replies(client.recv(), given)
-    assert [r.request_id for r in answered] == list(ids)
-    again = tuple(b"b%d" % i for i in range(6))
-    client.send(wire.Requests((group_request(again, given),)))
     job = worker.job()
     assert job.tensors.members == 6
+    worker.answer(job)  # device_us 1.0 for 12 samples
+    answered = assert_replies(client.recv(), given)
+    assert [r.request_id for r in answered] == list(ids)
+    (info,) = client.models()
+    assert info.group_samples == grouping.MAX_GROUP_SAMPLES  # cheap: up to the ceiling
+
+
+def test_a_group_past_the_ceiling_is_refused_with_what_to_send_instead(
+    broker: Broker, client: RawClient, workers: list[FakeWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the most samples one group may hold (a ceiling of 8 here: the broker runs in
+    this process), a group is refused whole, with how to do better; at it, it runs."""
+    monkeypatch.setattr(grouping, "MAX_GROUP_SAMPLES", 8)
+    worker = fake(broker, workers, credit=8)
+    most = grouping.group_ceiling(ADD) // 2  # requests of 2 samples
+    assert most == 4
+    given = [add_inputs(2, seed=i) for i in range(most + 1)]
+    ids = tuple(b"%05d" % i for i in range(most + 1))
+    client.send(wire.Requests((group_request(ids, given),)))
+    assert_refused(client, ids, "INVALID_INPUT", "send fewer requests per group")
+    client.send(wire.Requests((group_request(ids[:most], given[:most]),)))  # at the limit
+    job = worker.job()
+    assert job.tensors.members == most
     worker.answer(job)
-    replies = client.recv()
-    assert isinstance(replies, wire.Replies)
-    (row,) = replies.replies
-    assert row.group == again
+    assert_replies(client.recv(), given[:most])
 
 
-def test_a_group_job_stays_within_the_payload_limit(
+def test_a_group_past_the_payload_limit_is_refused_not_cut(
     start_broker_thread: StartBroker, workers: list[FakeWorker]
 ) -> None:
     broker = start_broker_thread(max_payload_bytes=130)  # a member takes 64 bytes
@@ -745,17 +773,19 @@ def test_a_group_job_stays_within_the_payload_limit(
     given = [add_inputs(1, seed=i) for i in range(3)]
     with RawClient(broker.frontend_endpoint) as client:
         client.send(wire.Requests((group_request((b"a", b"b", b"c"), given),)))
-        jobs = [worker.job(), worker.job()]
-        assert [job.tensors.members for job in jobs] == [2, 1]
-        worker.answer(*jobs)
-        assert_replies(client.recv(), given)
+        assert_refused(client, (b"a", b"b", b"c"), "PAYLOAD_TOO_LARGE", "takes 192 bytes")
+        client.send(wire.Requests((group_request((b"d", b"e"), given[:2]),)))  # 128 bytes
+        job = worker.job()
+        assert job.tensors.members == 2
+        worker.answer(job)
+        assert_replies(client.recv(), given[:2])
 
 
 def test_queue_limit_and_listing_count_a_groups_requests(
     start_broker_thread: StartBroker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Credit counts jobs; the queue limit, ``queued`` and ``requests`` count requests."""
-    caplog.set_level(logging.WARNING, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.WARNING, logger="ipuserve.broker.answers")
     broker = start_broker_thread(queue_limit=4)
     worker = fake(broker, workers, credit=1)
     given = [add_inputs(1, seed=i) for i in range(3)]
@@ -794,7 +824,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
 def test_an_orderly_worker_leave_is_logged_at_info(
     broker: Broker, workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.INFO, logger="ipuserve.broker.lifecycle")
     leaving = fake(broker, workers, worker_id="leaving")
     leaving.send(wire.Bye())
     wait_until(lambda: "dropped (left)" in caplog.text)
@@ -893,7 +923,7 @@ def test_overload_refusals_not_yet_reported_are_reported_at_shutdown(
 ) -> None:
     """The report comes at most every 10 s: refusals after the last one went unsaid
     when the broker stopped (a chaos review: 4 reported, 471 never)."""
-    caplog.set_level(logging.WARNING, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.WARNING, logger="ipuserve.broker.answers")
     broker = start_broker_thread(queue_limit=1)
     fake(broker, workers, credit=1)
     with RawClient(broker.frontend_endpoint) as client:

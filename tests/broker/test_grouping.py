@@ -1,9 +1,18 @@
-"""How big a group job may be: one batch, or more while the device time is small."""
+"""How big a group job may be: one batch, or more while the device time is small,
+within a ceiling; and the one rule on which groups may exist, which the client, the
+broker and the worker share (``ipuserve.grouping``)."""
 
 from __future__ import annotations
 
 from ipuserve import protocol as wire
-from ipuserve.grouping import DEVICE_BUDGET_US, GroupSizer
+from ipuserve.grouping import (
+    DEVICE_BUDGET_US,
+    MAX_GROUP_SAMPLES,
+    GroupSizer,
+    group_ceiling,
+    group_problem,
+    members_per_group,
+)
 
 X = wire.TensorSpec("x", "float32", (16, 8))
 MLP = wire.ModelSpec("mlp", (X,), (X,), batch_size=16, batching_dim=0)
@@ -59,3 +68,51 @@ def test_samples_per_job_is_one_batch_for_a_slow_model_and_more_for_a_fast_one()
     fast = GroupSizer()
     fast.observe(MLP.name, device_us=8.0, samples=8)  # 1 us a sample
     assert fast.samples_per_job(MLP) == int(DEVICE_BUDGET_US)
+
+
+FIXED = wire.ModelSpec("fixed", (X,), (X,), batch_size=16, batching_dim=None)
+
+
+def test_a_single_request_is_never_a_group_problem() -> None:
+    assert group_problem(FIXED, members=1, member_samples=16) is None
+    assert group_problem(MLP, members=1, member_samples=10 * MAX_GROUP_SAMPLES) is None
+
+
+def test_a_model_without_its_batching_dim_on_every_tensor_takes_no_group() -> None:
+    assert group_ceiling(FIXED) == 0
+    assert group_problem(FIXED, members=2, member_samples=1) == (
+        "model 'fixed' cannot take a group of requests: not every tensor has its "
+        "batching dimension (None)"
+    )
+    assert members_per_group(FIXED, member_samples=1, job_samples=64) == 1
+
+
+def test_a_group_holds_at_most_the_ceiling_of_samples() -> None:
+    ceiling = group_ceiling(MLP)
+    assert ceiling == MAX_GROUP_SAMPLES
+    assert group_problem(MLP, members=ceiling // 4, member_samples=4) is None
+    problem = group_problem(MLP, members=ceiling // 4 + 1, member_samples=4)
+    assert problem is not None and "takes at most 4096 in one group" in problem
+    big = wire.ModelSpec("big", (X,), (X,), batch_size=2 * MAX_GROUP_SAMPLES, batching_dim=0)
+    assert group_ceiling(big) == 2 * MAX_GROUP_SAMPLES  # one compiled batch, at least
+
+
+def test_a_client_groups_what_the_broker_listed_and_never_past_the_ceiling() -> None:
+    assert members_per_group(MLP, member_samples=1, job_samples=16) == 16
+    assert members_per_group(MLP, member_samples=4, job_samples=16) == 4
+    assert members_per_group(MLP, member_samples=40, job_samples=16) == 1
+    assert members_per_group(MLP, member_samples=1, job_samples=0) == 1  # not listed
+    # a listing past the ceiling (another broker's) still gives groups the broker takes
+    most = members_per_group(MLP, member_samples=8, job_samples=10 * MAX_GROUP_SAMPLES)
+    assert most == MAX_GROUP_SAMPLES // 8
+    assert group_problem(MLP, most, member_samples=8) is None
+    # and never more ids than one REQUESTS row may list
+    assert members_per_group(MLP, 1, MAX_GROUP_SAMPLES) == wire.DEFAULT_LIMITS.max_batch
+
+
+def test_the_sizers_advice_stays_within_the_ceiling() -> None:
+    """A client may group by an older listing: every listing is one the broker takes."""
+    sizer = GroupSizer()
+    sizer.observe("mlp", device_us=0.0, samples=16)  # free, as far as it can tell
+    assert sizer.samples_per_job(MLP) == MAX_GROUP_SAMPLES
+    assert sizer.members_per_job(MLP, member_samples=3) == MAX_GROUP_SAMPLES // 3

@@ -61,7 +61,7 @@ class HandTurned:
     def at(self, now: float) -> None:
         """Fire the timers due by ``now`` and send what they placed or answered."""
         self.broker.timers.run(now)
-        self.broker.scheduler.flush()
+        self.broker.flush()
 
     def worker(self, worker_id: str, credit: int = 1) -> FakeWorker:
         """A registered fake worker that sends nothing by itself (silent unless told)."""
@@ -77,7 +77,7 @@ class HandTurned:
         return self.broker.registry.by_worker_id(worker_id)
 
     def live(self) -> list[JobEntry]:
-        return sorted(self.broker.scheduler.jobs.live(), key=lambda job: job.received)
+        return sorted(self.broker.jobs.live(), key=lambda job: job.received)
 
     def close(self) -> None:
         for fake in self.made:
@@ -173,7 +173,7 @@ def test_overload_is_reported_at_once_then_at_most_every_ten_seconds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     hand = HandTurned(queue_limit=1, liveness_ms=60_000)
-    caplog.set_level(logging.WARNING, logger="ipuserve.broker.scheduler")
+    caplog.set_level(logging.WARNING, logger="ipuserve.broker.answers")
     try:
         with RawClient(hand.broker.frontend_endpoint) as raw:
             hand.worker("a", credit=1)
@@ -216,4 +216,4 @@ def test_a_jobs_sample_count_is_taken_at_admission_and_feeds_the_group_sizer(
     worker.answer(worker.job())  # device_us 1.0 for 3 samples
     hand.read("backend")
     assert job.state is State.DONE
-    assert hand.broker.scheduler.group_sizer.members_per_job(ADD, 1) == 3000  # 1/3 us each
+    assert hand.broker.group_sizer.members_per_job(ADD, 1) == 3000  # 1/3 us each

@@ -22,6 +22,9 @@ import zmq
 from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
 
+#: What the fake broker lists as ADD's ``group_samples``: groups of up to 32 requests.
+GROUP_SAMPLES = 64
+
 Handler = Callable[[wire.Request], "list[wire.Frame] | wire.Message | None"]
 
 ADD = wire.ModelSpec(
@@ -59,6 +62,8 @@ class FakeBroker:
         self._peer = b""
         self.duplicate_replies = 1  # how many times each reply is sent
         self.silent = False  # swallow everything, pings included (a hung broker)
+        #: what MODELS lists as ADD's group_samples; None: it lists no model at all
+        self.group_samples: int | None = GROUP_SAMPLES
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -151,7 +156,10 @@ class FakeBroker:
             return wire.Pong(message.request_id, self.epoch)
         if isinstance(message, wire.ListModels):
             load = wire.WorkerLoad("w1", credit=8, in_flight=1)
-            return wire.ModelsReply(message.request_id, (wire.ModelInfo(ADD, 0, (load,)),))
+            if self.group_samples is None:
+                return wire.ModelsReply(message.request_id, ())
+            info = wire.ModelInfo(ADD, 0, (load,), group_samples=self.group_samples)
+            return wire.ModelsReply(message.request_id, (info,))
         if isinstance(message, wire.Request):
             self.requests.append(message)
             return self.handler(message)

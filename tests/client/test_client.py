@@ -835,11 +835,45 @@ def test_close_fails_pending_requests_and_refuses_new_ones(broker: FakeBroker) -
     client.close()  # idempotent
 
 
+def fan_out(client: Client, given: list[dict[str, np.ndarray]]) -> list[InferFuture]:
+    """Send ``given`` from a done-callback, on the client's I/O thread: one turn of its
+    loop, so they leave together (one REQUESTS message), as groups where they may."""
+    fanned_out: Future[list[InferFuture]] = Future()
+    first = client.infer_async("add", inputs(999))
+    first.add_done_callback(
+        lambda _f: fanned_out.set_result([client.infer_async("add", g) for g in given])
+    )
+    return [first, *fanned_out.result(10)]
+
+
+@pytest.mark.parametrize(
+    ("group_samples", "sizes"),
+    [(None, [0] * 7), (0, [0] * 7), (4, [2, 2, 2, 0]), (64, [7])],
+    ids=["not-listed", "takes-no-groups", "two-a-group", "all-in-one"],
+)
+def test_a_client_forms_only_the_groups_its_broker_listed(
+    broker: FakeBroker, group_samples: int | None, sizes: list[int]
+) -> None:
+    """Before the broker lists the model (or when it lists no group size) requests
+    leave one by one; then in groups of at most ``group_samples`` samples (2 a request
+    here), which the broker carries as they are."""
+    broker.group_samples = group_samples
+    with Client(broker.address, timeout=10, config=FAST) as client:
+        client.models()  # what the client groups by (its own ask may come later)
+        given = [inputs(500 + i) for i in range(7)]
+        futures = fan_out(client, given)
+        for future, g in zip(futures[1:], given, strict=True):
+            np.testing.assert_array_equal(future.result(10)["y"], expected(g))
+        assert [len(r.group) for r in broker.rows] == sizes
+        assert client.stats.groups == sum(1 for size in sizes if size)
+
+
 def test_requests_of_one_layout_leave_as_groups_and_groups_are_answered(
     broker: FakeBroker,
 ) -> None:
-    """A run of requests with one model and tensor specs is one group row; a group
-    REPLIES row answers each of its requests."""
+    """A run of requests with one model and tensor specs is one group row, once the
+    broker has listed the model as taking groups; a group REPLIES row answers each
+    of its requests."""
     gate = threading.Event()
     parked: list[wire.Request] = []
 
@@ -852,6 +886,7 @@ def test_requests_of_one_layout_leave_as_groups_and_groups_are_answered(
 
     broker.handler = handler
     with Client(broker.address, timeout=10, config=FAST) as client:
+        client.models()  # what the client groups by (its own ask may come later)
         given = [inputs(400 + i) for i in range(3)]
         other = {"a": np.ones((5, 3), np.float32), "b": np.ones((5, 3), np.float32)}
         order = [given[0], given[1], other, given[2]]

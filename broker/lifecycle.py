@@ -1,0 +1,217 @@
+"""A job's life between admission and its answer: placed or queued, re-queued when its
+worker is lost, expired at its deadline, refused when its model has no worker left.
+
+Admission (:mod:`ipuserve.broker.clients`) creates a job and hands it to
+:meth:`Lifecycle.admit`; from there it is placed (:mod:`ipuserve.broker.placement`)
+or queued, and answered exactly once (:mod:`ipuserve.broker.answers`). What can
+happen to it meanwhile lives here, with the state it needs: its deadline's timer,
+the worker it loses (its live jobs go back to the front of their queues, up to
+``max_attempts`` workers), the start-up grace (jobs queued for a model nobody serves
+yet), a model whose last worker left (its queue refused after ``orphan_ms``), a
+client that disappeared (its queued jobs dropped), and the broker's shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ipuserve import protocol as wire
+from ipuserve.broker.answers import Answers
+from ipuserve.broker.config import BrokerConfig
+from ipuserve.broker.dispatch import Dispatcher
+from ipuserve.broker.jobs import JobEntry, JobTable, State
+from ipuserve.broker.metrics import BrokerMetrics
+from ipuserve.broker.placement import Placement
+from ipuserve.broker.registry import Registry, Worker
+from ipuserve.broker.timers import Timers
+from ipuserve.errors import (
+    DeadlineExceeded,
+    InvalidInputError,
+    IpuserveError,
+    UnavailableError,
+    WorkerFailedError,
+)
+from ipuserve.grouping import group_problem
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    """What happens to admitted jobs until they are answered, and to the workers and
+    clients they depend on."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        registry: Registry,
+        jobs: JobTable,
+        dispatcher: Dispatcher,
+        placement: Placement,
+        answers: Answers,
+        metrics: BrokerMetrics,
+        timers: Timers,
+    ) -> None:
+        self._max_attempts = config.max_attempts
+        self._registry = registry
+        self._jobs = jobs
+        self._dispatcher = dispatcher
+        self._placement = placement
+        self._answers = answers
+        self._metrics = metrics
+        self._timers = timers
+        self._orphan_s = config.orphan_ms / 1000
+        registry.orphan_s = self._orphan_s  # an orphan is kept that long, at least
+
+    def admit(self, job: JobEntry, now: float) -> None:
+        """Place or queue a new job (may raise OVERLOADED); a deadline arms its timer."""
+        self._placement.place(job, now)
+        if job.deadline is not None:
+            self._timers.at(job.deadline, self._expire, job)
+
+    def send_jobs(self) -> None:
+        """Send the jobs placed this turn; a worker they cannot reach is dropped, and
+        its jobs, placed again on others, leave in this same call."""
+        while lost := self._placement.flush():
+            for worker, handed_back in lost:
+                self.drop_worker(worker, "unreachable", handed_back)
+
+    def send_jobs_of(self, worker: Worker) -> None:
+        """:meth:`send_jobs` for one worker, now (see :meth:`Placement.flush_worker`)."""
+        lost = self._placement.flush_worker(worker)
+        if lost is not None:
+            self.drop_worker(worker, "unreachable", lost[1])
+
+    # ------------------------------------------------------------ losing workers
+
+    def drop_worker(self, worker: Worker, reason: str, handed_back: tuple[bytes, ...] = ()) -> None:
+        """Forget a worker; its live jobs go back to the front of their queues."""
+        if worker.identity not in self._registry.workers:
+            return
+        orphaned = self._registry.orphaned
+        for model in self._registry.remove(worker):  # its last worker: arm the orphan timer
+            self._timers.at(orphaned[model] + self._orphan_s, self._orphan_due, model)
+        self._metrics.workers_lost.inc(reason=reason)
+        log.log(
+            logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
+            "worker %s dropped (%s); re-queueing the %d job(s) it did not answer "
+            "(%d of them handed back by the worker)",
+            worker.worker_id,
+            reason,
+            len(worker.in_flight),
+            len(handed_back),
+        )
+        returned = set(handed_back)
+        for job in reversed(list(worker.in_flight.values())):
+            if job.state is State.RUNNING and job.worker is worker:
+                self._requeue(job, counts=job.job_id not in returned)
+        worker.in_flight.clear()
+        for model in worker.models:
+            for other in list(self._registry.serving.get(model, ())):
+                self._placement.pump(other)
+
+    def _requeue(self, job: JobEntry, counts: bool) -> None:
+        if not counts:
+            job.attempts -= 1
+        if job.attempts >= self._max_attempts:
+            self._answers.reject(
+                job,
+                WorkerFailedError(
+                    f"{job.attempts} workers serving model {job.model!r} failed while holding "
+                    "this request"
+                ),
+            )
+            return
+        job.enqueued_at = time.monotonic()
+        self._dispatcher.requeue(job)
+        self._metrics.requeued.inc()
+
+    # ------------------------------------------------------------ timers
+
+    def _expire(self, job: JobEntry, now: float) -> None:
+        """A job's deadline passed (armed by :meth:`admit`): answer DEADLINE_EXCEEDED
+        unless it was answered since."""
+        if job.state is State.DONE:
+            return
+        where = "in the queue" if job.state is State.QUEUED else "at a worker"
+        why = ""
+        if job.state is State.QUEUED and not self._registry.serving.get(job.model):
+            why = f"; no worker serves model {job.model!r} now (it waits for one to join)"
+        self._answers.reject(
+            job,
+            DeadlineExceeded(
+                f"no result within the request's timeout of {job.timeout_ms:g} ms "
+                f"(waited {(now - job.received) * 1e3:.0f} ms {where}){why}"
+            ),
+        )
+
+    def orphan_error(self, model: str, now: float) -> UnavailableError | None:
+        """UNAVAILABLE for ``model`` once its last worker left longer than ``orphan_ms``
+        ago (nobody is coming back, most likely), else None: requests may wait."""
+        since = self._registry.orphaned.get(model)
+        if since is None or now - since < self._orphan_s:
+            return None
+        return UnavailableError(
+            f"no worker has served model {model!r} for {now - since:.0f} s (its last one "
+            "left); start one, or wait for it to rejoin"
+        )
+
+    def _orphan_due(self, model: str, now: float) -> None:
+        """``orphan_ms`` after a model's last worker left (armed by :meth:`drop_worker`):
+        refuse what is queued for it, unless a worker joined since (or it was orphaned
+        again later: that has a timer of its own)."""
+        queue = self._dispatcher.queues.get(model)
+        error = self.orphan_error(model, now) if queue else None
+        if queue and error is not None:
+            for job in queue.live_jobs():
+                self._answers.reject(job, error)
+
+    def abandon_client(self, client: bytes) -> None:
+        """Drop the queued jobs of a client a reply could not reach for a liveness window
+        (killed, most likely; the outbox's timer says when): nobody would read their
+        results, and other clients' requests queue behind them. Jobs already at a worker
+        run on; their replies are dropped as they come."""
+        dropped = 0
+        for queue in self._dispatcher.queues.values():
+            for job in queue.live_jobs():
+                if job.client == client:
+                    self._answers.retire(job)
+                    self._metrics.abandoned.inc(len(job.request_ids), model=job.model)
+                    dropped += len(job.request_ids)
+        if dropped:
+            log.info("dropped %d queued request(s) of a disconnected client", dropped)
+
+    # ------------------------------------------------------------ models
+
+    def model_registered(self, spec: wire.ModelSpec) -> None:
+        """A model nobody served before: check what was queued for it during the grace
+        (its inputs, and a group's size, as admission would have) and count the samples
+        of what passes (unknown until now)."""
+        queue = self._dispatcher.queues.get(spec.name)
+        for job in queue.live_jobs() if queue is not None else ():
+            try:
+                wire.check_inputs(spec, job.tensors.specs)
+                member_samples = spec.samples(t.shape for t in job.tensors.specs)
+                problem = group_problem(spec, len(job.request_ids), member_samples)
+                if problem is not None:
+                    raise InvalidInputError(problem)
+            except IpuserveError as exc:
+                self._answers.reject(job, exc)
+                continue
+            job.samples = len(job.request_ids) * member_samples
+
+    def end_grace(self) -> None:
+        """The start-up grace is over: requests for models still unknown get UNKNOWN_MODEL."""
+        for model, queue in list(self._dispatcher.queues.items()):
+            if model not in self._registry.specs:
+                for job in queue.live_jobs():
+                    self._answers.reject(job, self._registry.unknown(model))
+                del self._dispatcher.queues[model]
+
+    def shutdown(self, error: IpuserveError) -> int:
+        """Answer every live job with ``error``; how many requests that answered."""
+        answered = 0
+        for job in self._jobs.live():
+            answered += len(job.request_ids)
+            self._answers.reject(job, error)
+        return answered
