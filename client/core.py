@@ -35,8 +35,11 @@ What it does (docs/protocol.md, "A client with several brokers"):
   deadline still holds. A link that comes back gets new requests again.
 * **UNKNOWN_MODEL** from one broker sends the request to a broker that has not said
   so yet, before it fails.
-* **Backend port.** A link pointed at a broker's backend (worker) port is unusable;
-  its requests fail at once (UnavailableError) when no other link is usable.
+* **Dead ends.** A link pointed at a broker's backend (worker) port, or whose broker
+  refused the handshake (CURVE keys; its connection monitor says so), is unusable;
+  its requests fail at once (UnavailableError; HandshakeRefusedError, saying why and
+  what to check) when no other link is usable, and those for its broker only at once
+  in any case. The other links serve on.
 * **Deadlines.** A request past its deadline fails with DeadlineExceeded, after
   ``deadline_grace_s`` more when a broker answers (its own DEADLINE_EXCEEDED, which
   says where the request waited, is then on its way).
@@ -50,7 +53,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -307,10 +310,10 @@ class Core:
 
     def _pick(self, now: float) -> Link | None:
         """The usable link with the fewest pending; a lone link even if not usable
-        (unless it is a backend port); None: park."""
+        (unless it is a dead end); None: park."""
         if len(self.links) == 1:  # one broker: the lone link, whatever its state
             (link,) = self.links.values()
-            return None if link.liveness.backend_port else link
+            return None if link.liveness.dead_end() else link
         usable = [link for link in self.links.values() if link.usable(now)]
         if usable:
             self._turns += 1
@@ -345,15 +348,19 @@ class Core:
                 return
         if not any(link.usable(now) for link in self.links.values()):
             for link in self.links.values():
-                if link.ids and link.liveness.backend_port:
-                    self._fail_backend_port(link)
+                dead_end = link.liveness.dead_end() if link.ids else None
+                if dead_end is not None:
+                    self._fail_on(link, link.ids, dead_end)
                 elif link.ids and link.liveness.silence(now, len(link.ids)):
                     link.resend_all()  # as with one broker: re-send once per silence
-            if self._parked and all(k.liveness.backend_port for k in self.links.values()):
+            if self._parked and all(k.liveness.dead_end() for k in self.links.values()):
                 self._fail_parked()
             return
         for link in list(self.links.values()):
             if link.ids and not link.usable(now):
+                dead_end = link.liveness.dead_end()
+                if dead_end is not None:  # what only its broker may serve fails now
+                    self._fail_on(link, [r for r in link.ids if r in self._targets], dead_end)
                 self._move_from(link, now)
         for request_id in list(self._parked):
             pending = self.table.get(request_id)
@@ -362,20 +369,22 @@ class Core:
             elif not self._assign(pending, now):
                 return
 
-    def _fail_backend_port(self, link: Link) -> None:
-        """Nothing sent there will ever be answered, and no other broker is usable."""
-        error = UnavailableError(link.liveness.silence_hint().removeprefix(": "))
-        for request_id in list(link.ids):
+    def _fail_on(self, link: Link, request_ids: Iterable[bytes], error: IpuserveError) -> None:
+        """``link`` is a dead end and no other broker may take these requests."""
+        for request_id in list(request_ids):
             link.replies.finish(request_id, _failing(error))
 
     def _fail_parked(self) -> None:
+        """Every link is a dead end: the parked requests fail with the first's reason."""
+        errors = (link.liveness.dead_end() for link in self.links.values())
+        error = next((e for e in errors if e is not None), None)
         hint = self.silence_hint().removeprefix(": ") or "no broker is usable"
         for request_id in list(self._parked):
             pending = self.table.pop(request_id)
             self._forget(request_id)
             if pending is not None:
                 self.shared.replies += 1
-                self.due.append((pending, _failing(UnavailableError(hint))))
+                self.due.append((pending, _failing(error or UnavailableError(hint))))
 
     def _elsewhere(self, link: Link, request_id: bytes) -> bool:
         """``link``'s broker does not serve the request's model: give it to a usable

@@ -155,6 +155,8 @@ class Link:
             return "a backend (worker) port"
         if live.broker_shut_down:
             return "shutting down"
+        if live.refused is not None and not live.connected:
+            return "refusing the handshake"
         if not live.connected:
             return "disconnected"
         return f"silent for {now - live.last_heard:.1f} s"
