@@ -34,7 +34,9 @@ What it does (docs/protocol.md, "A client with several brokers"):
   re-sending it on reconnection, a new epoch, and once per silence; each request's
   deadline still holds. A link that comes back gets new requests again.
 * **UNKNOWN_MODEL** from one broker sends the request to a broker that has not said
-  so yet, before it fails.
+  so yet, before it fails; that broker is then left out of the model's placement
+  until its MODELS_REPLY lists the model or ``lacking.FORGET_AFTER_S`` passed
+  (:mod:`ipuserve.client.lacking`), unless every usable broker is.
 * **Dead ends.** A link pointed at a broker's backend (worker) port, or whose broker
   refused the handshake (CURVE keys; its connection monitor says so), is unusable;
   its requests fail at once (UnavailableError; HandshakeRefusedError, saying why and
@@ -60,6 +62,7 @@ from functools import partial
 import zmq
 
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.lacking import Lacking
 from ipuserve.client.link import Due, Link, Port
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.errors import DeadlineExceeded, IpuserveError, UnavailableError
@@ -118,6 +121,8 @@ class Core:
         self._targets: dict[bytes, str] = {}
         #: the brokers that answered a request UNKNOWN_MODEL: id -> their endpoints
         self._refused: dict[bytes, set[str]] = {}
+        #: which broker lacks which model (their UNKNOWN_MODEL), for a while
+        self._lacking = Lacking()
         self._assigned: dict[str, int] = {}
         self._turns = 0
         #: a connection was lost or a broker's requests moved: the names may stand for
@@ -136,6 +141,7 @@ class Core:
             self.due,
             self._forget,
             self._elsewhere,
+            self._lacking,
         )
         self.links[endpoint] = link
         return link
@@ -144,6 +150,7 @@ class Core:
         """The endpoint is gone: its requests go to the others (this turn's
         :meth:`tick`), those for its broker only fail. The driver closes its socket."""
         link = self.links.pop(endpoint)
+        self._lacking.forget(endpoint)
         gone = _failing(UnavailableError(f"the broker at {endpoint} is gone"))
         for request_id in list(link.ids):
             if request_id in self._targets:
@@ -181,7 +188,7 @@ class Core:
         on whose port the driver sends it (``link.send(pending)``); None: submit it."""
         if self._parked:
             return None
-        link = self._pick(now)
+        link = self._pick(now, pending.model)
         if link is None or link.unsent or link.outbox or not link.sendable(pending):
             return None
         self.table.add(pending)
@@ -308,13 +315,16 @@ class Core:
             link.ids.pop(request_id, None)
             link.held.pop(request_id, None)
 
-    def _pick(self, now: float) -> Link | None:
-        """The usable link with the fewest pending; a lone link even if not usable
-        (unless it is a dead end); None: park."""
+    def _pick(self, now: float, model: str | None) -> Link | None:
+        """The usable link with the fewest pending, among those not known to lack
+        ``model`` if any; a lone link even if not usable (unless it is a dead end);
+        None: park."""
         if len(self.links) == 1:  # one broker: the lone link, whatever its state
             (link,) = self.links.values()
             return None if link.liveness.dead_end() else link
         usable = [link for link in self.links.values() if link.usable(now)]
+        if usable and model is not None and self._lacking:
+            usable = self._serving(usable, model, now) or usable
         if usable:
             self._turns += 1
             return usable[least_loaded([len(k.ids) for k in usable], self._turns)]
@@ -322,7 +332,7 @@ class Core:
 
     def _assign(self, pending: Pending, now: float) -> bool:
         """To the usable link with the fewest pending; parked when none is usable."""
-        link = self._pick(now)
+        link = self._pick(now, pending.model)
         if link is None:
             self._parked[pending.request_id] = None
             return False
@@ -387,15 +397,19 @@ class Core:
                 self.due.append((pending, _failing(error or UnavailableError(hint))))
 
     def _elsewhere(self, link: Link, request_id: bytes) -> bool:
-        """``link``'s broker does not serve the request's model: give it to a usable
-        link whose broker has not said so yet; False when none is left (it fails)."""
+        """``link``'s broker does not serve the request's model: remember that, and
+        give the request to a usable link whose broker has not said so (for it, or
+        lately for its model); False when none is left (it fails)."""
         pending = self.table.get(request_id)
-        if pending is None or request_id in self._targets:
+        now = link.liveness.last_heard  # when the answer came
+        if pending is not None and pending.model is not None:
+            self._lacking.refused(link.endpoint, pending.model, now)
+        if pending is None or pending.model is None or request_id in self._targets:
             return False
         refused = self._refused.setdefault(request_id, set())
         refused.add(link.endpoint)
-        now = link.liveness.last_heard
         others = [k for k in self.links.values() if k.endpoint not in refused and k.usable(now)]
+        others = self._serving(others, pending.model, now)
         if not others:
             return False
         self._unassign(request_id)
@@ -403,6 +417,10 @@ class Core:
         self._give(others[least_loaded([len(k.ids) for k in others], self._turns)], pending)
         self.shared.unknown_model_retries += 1
         return True
+
+    def _serving(self, links: list[Link], model: str, now: float) -> list[Link]:
+        """Those of ``links`` not known to lack ``model``."""
+        return [k for k in links if not self._lacking.lacks(k.endpoint, model, now)]
 
     def _move_from(self, link: Link, now: float) -> None:
         movable = [rid for rid in link.ids if rid not in self._targets]

@@ -27,6 +27,7 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.lacking import Lacking
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.outbox import Outbox
 from ipuserve.client.pending import Pending, PendingTable
@@ -59,7 +60,8 @@ class LinkReplies(Replies):
     UNKNOWN_MODEL from one broker is not the fleet's answer: a broker just restarted
     (its workers not back yet) or one the model's workers never joined says it while
     another serves the model, so the request tries the brokers it has not tried
-    (``elsewhere``) before it fails.
+    (``elsewhere``) before it fails. The models a MODELS_REPLY lists are the broker's
+    now (``serves``: the core asks it for them again).
     """
 
     def __init__(
@@ -70,16 +72,23 @@ class LinkReplies(Replies):
         on_pong: Callable[[wire.Pong], None],
         forget: Callable[[bytes], None],
         elsewhere: Callable[[bytes], bool],
+        serves: Callable[[list[str]], None],
     ) -> None:
         super().__init__(table, stats, liveness, on_pong)
         self._forget = forget
         self._elsewhere = elsewhere
+        self._serves = serves
 
     def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
         request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
         if error.code == UnknownModelError.code and self._elsewhere(request_id):
             return
         super()._on_error(error)
+
+    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
+        if isinstance(message, wire.ModelsReply):
+            self._serves([info.spec.name for info in message.models])
+        super()._on_answer(message)
 
     def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
         super().finish(request_id, settle)
@@ -104,13 +113,14 @@ class Link:
         due: Due,
         forget: Callable[[bytes], None],
         elsewhere: Callable[[Link, bytes], bool],
+        lacking: Lacking,
     ) -> None:
         """``shared``: the client's counters (sent, replies, re-sent...); this link's
         own (its broker's epoch and payload limit, reconnects, batches) are
         :attr:`stats`. ``due``: where settled requests wait for the driver.
         ``forget`` drops a settled request from the core's books; ``elsewhere`` gives
         a request this broker does not serve to another broker (False: there is none
-        left to try)."""
+        left to try); ``lacking`` is told the models this broker lists."""
         self.endpoint = endpoint
         self.port = port
         self.config = config
@@ -126,7 +136,13 @@ class Link:
         self.unsent: dict[bytes, None] = {}
         self.outbox = Outbox(config, self.stats, self, self._current)
         self.replies = LinkReplies(
-            table, shared, self.liveness, self._on_pong, forget, lambda rid: elsewhere(self, rid)
+            table,
+            shared,
+            self.liveness,
+            self._on_pong,
+            forget,
+            lambda rid: elsewhere(self, rid),
+            lambda models: lacking.serves(endpoint, models),
         )
         self.replies.due = due
 

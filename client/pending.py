@@ -138,6 +138,12 @@ class Pending:
     def request_id(self) -> bytes:
         return self.message.request_id
 
+    @property
+    def model(self) -> str | None:
+        """The model an inference request is for (None: a models() query)."""
+        message = self.message
+        return message.model if isinstance(message, wire.Request) else None
+
     def frames(self, now_ns: int) -> list[wire.Frame]:
         """The message to (re)send now, encoded."""
         return self.message_at(now_ns).encode()
