@@ -195,7 +195,7 @@ class Liveness:
                 return
         problem = handshake_problem(event, value)
         if problem is not None and self.refused is None:
-            log.error("%s refused the connection: %s", self._endpoint, problem)
+            log.warning("%s refused the connection: %s", self._endpoint, problem)
         self.refused = problem or self.refused
 
     def silence(self, now: float, pending: int) -> bool:
