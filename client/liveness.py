@@ -243,10 +243,10 @@ class Liveness:
         a backend port, or the broker refused the handshake. The link's requests fail at
         once with it when no other link can take them; ZeroMQ goes on trying, and a
         handshake that passes later (the broker's allow-list reloaded) clears it."""
-        where = self._endpoint or "the endpoint"
         if self.backend_port:
             return UnavailableError(self.silence_hint().removeprefix(": "))
         if self.refused is not None and not self.connected:
+            where = self._endpoint or "the endpoint"
             return HandshakeRefusedError(f"{where} refused the connection: {self.refused}")
         return None
 
