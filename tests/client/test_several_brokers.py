@@ -456,7 +456,9 @@ def test_a_broker_shutting_down_hands_its_requests_to_the_other() -> None:
             refused = {r.request_id for r in stopping.requests}
             assert refused and refused <= {r.request_id for r in b.requests}
             assert client.stats.held_over_shutdown == len(refused)
-            assert client.stats.failovers == len(refused)
+            # every refused request moved; so may one given to the stopping broker in the
+            # turn its BROKER_SHUTDOWN arrived, before it left (it never reached it)
+            assert len(refused) <= client.stats.failovers <= len(futures)
     finally:
         stopping.stop()
         b.stop()

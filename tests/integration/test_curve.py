@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -200,11 +201,13 @@ def test_allow_listed_peers_are_served_and_others_refused_and_counted(
                                                 *keys.peer_options("client")))  # fmt: skip
         thief_proc = processes.start("thief", thief(broker.backend))
         wait_until(lambda: refused(broker, "backend") >= 1, timeout=60)
+        thief_proc.wait_for(r"refused this worker's connection: ZAP status 400: its key")
         for name in ("admin", "client"):  # MODELS is open to clients and admins
             (info,) = models_cli(broker, keys, name)
             assert [w["worker_id"] for w in info["workers"]] == ["good"]
         assert_served(good, seed=2)
-    assert "joined the broker" not in thief_proc.output()
+    # (its "has not joined the broker" warning may come too, on a slow machine)
+    assert not re.search(r"worker \S+ joined the broker", thief_proc.output())
     bench = subprocess.run(
         [sys.executable, "-m", "ipuserve", "bench", "--broker", broker.frontend, "--model",
          "noop", "--concurrency", "4", "--requests", "40", "--warmup-s", "0", "--json",
