@@ -63,7 +63,14 @@ from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import FleetModel, merge_models
-from ipuserve.client.pending import Arrays, InferFuture, Pending, parse_models, parse_reply
+from ipuserve.client.pending import (
+    Arrays,
+    InferFuture,
+    Pending,
+    Waiter,
+    parse_models,
+    parse_reply,
+)
 from ipuserve.client.sockets import LinkSocket, open_socket
 from ipuserve.client.thread_loop import ThreadLoop
 from ipuserve.discovery import EndpointSet, expand
@@ -198,8 +205,10 @@ class Client:
         inputs are sent without a copy: they must not change while this runs."""
         timeout = self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
-        future = self._request(model, inputs, timeout, copy=False, direct=True)
-        return _wait(future, timeout, self._io)
+        message = build_request(next(self._ids), model, inputs, timeout, copy=False)
+        waiter: Waiter[Arrays] = Waiter()  # lighter than the InferFuture nobody sees
+        self._io.submit(Pending(message, waiter, timeout, parse_reply), direct=True)
+        return _wait(waiter, timeout, self._io)
 
     def models(self, *, timeout: float | None = CLIENT_TIMEOUT) -> list[wire.ModelInfo]:
         """The broker's models: their specs, queue depth, and each worker's credit/in-flight.
@@ -362,7 +371,7 @@ def _check_endpoints(endpoints: list[Any], address: Any) -> None:
             raise ConfigError(problem)
 
 
-def _wait(future: Future[T], timeout: float | None, io: ThreadLoop) -> T:
+def _wait(future: Future[T] | Waiter[T], timeout: float | None, io: ThreadLoop) -> T:
     """The future's result; the I/O thread fails it at its deadline, the grace is a backstop."""
     try:
         return future.result(None if timeout is None else timeout + _RESULT_GRACE_S)

@@ -34,9 +34,14 @@ What it does (docs/protocol.md, "A client with several brokers"):
   re-sending it on reconnection, a new epoch, and once per silence; each request's
   deadline still holds. A link that comes back gets new requests again.
 * **UNKNOWN_MODEL** from one broker sends the request to a broker that has not said
-  so yet, before it fails.
-* **Backend port.** A link pointed at a broker's backend (worker) port is unusable;
-  its requests fail at once (UnavailableError) when no other link is usable.
+  so yet, before it fails; that broker is then left out of the model's placement
+  until its MODELS_REPLY lists the model or ``lacking.FORGET_AFTER_S`` passed
+  (:mod:`ipuserve.client.lacking`), unless every usable broker is.
+* **Dead ends.** A link pointed at a broker's backend (worker) port, or whose broker
+  refused the handshake (CURVE keys; its connection monitor says so), is unusable;
+  its requests fail at once (UnavailableError; HandshakeRefusedError, saying why and
+  what to check) when no other link is usable, and those for its broker only at once
+  in any case. The other links serve on.
 * **Deadlines.** A request past its deadline fails with DeadlineExceeded, after
   ``deadline_grace_s`` more when a broker answers (its own DEADLINE_EXCEEDED, which
   says where the request waited, is then on its way).
@@ -50,13 +55,14 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import zmq
 
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.lacking import Lacking
 from ipuserve.client.link import Due, Link, Port
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.errors import DeadlineExceeded, IpuserveError, UnavailableError
@@ -115,6 +121,8 @@ class Core:
         self._targets: dict[bytes, str] = {}
         #: the brokers that answered a request UNKNOWN_MODEL: id -> their endpoints
         self._refused: dict[bytes, set[str]] = {}
+        #: which broker lacks which model (their UNKNOWN_MODEL), for a while
+        self._lacking = Lacking()
         self._assigned: dict[str, int] = {}
         self._turns = 0
         #: a connection was lost or a broker's requests moved: the names may stand for
@@ -133,6 +141,7 @@ class Core:
             self.due,
             self._forget,
             self._elsewhere,
+            self._lacking,
         )
         self.links[endpoint] = link
         return link
@@ -141,6 +150,7 @@ class Core:
         """The endpoint is gone: its requests go to the others (this turn's
         :meth:`tick`), those for its broker only fail. The driver closes its socket."""
         link = self.links.pop(endpoint)
+        self._lacking.forget(endpoint)
         gone = _failing(UnavailableError(f"the broker at {endpoint} is gone"))
         for request_id in list(link.ids):
             if request_id in self._targets:
@@ -178,7 +188,7 @@ class Core:
         on whose port the driver sends it (``link.send(pending)``); None: submit it."""
         if self._parked:
             return None
-        link = self._pick(now)
+        link = self._pick(now, pending.model)
         if link is None or link.unsent or link.outbox or not link.sendable(pending):
             return None
         self.table.add(pending)
@@ -305,13 +315,16 @@ class Core:
             link.ids.pop(request_id, None)
             link.held.pop(request_id, None)
 
-    def _pick(self, now: float) -> Link | None:
-        """The usable link with the fewest pending; a lone link even if not usable
-        (unless it is a backend port); None: park."""
+    def _pick(self, now: float, model: str | None) -> Link | None:
+        """The usable link with the fewest pending, among those not known to lack
+        ``model`` if any; a lone link even if not usable (unless it is a dead end);
+        None: park."""
         if len(self.links) == 1:  # one broker: the lone link, whatever its state
             (link,) = self.links.values()
-            return None if link.liveness.backend_port else link
+            return None if link.liveness.dead_end() else link
         usable = [link for link in self.links.values() if link.usable(now)]
+        if usable and model is not None and self._lacking:
+            usable = self._serving(usable, model, now) or usable
         if usable:
             self._turns += 1
             return usable[least_loaded([len(k.ids) for k in usable], self._turns)]
@@ -319,7 +332,7 @@ class Core:
 
     def _assign(self, pending: Pending, now: float) -> bool:
         """To the usable link with the fewest pending; parked when none is usable."""
-        link = self._pick(now)
+        link = self._pick(now, pending.model)
         if link is None:
             self._parked[pending.request_id] = None
             return False
@@ -345,15 +358,19 @@ class Core:
                 return
         if not any(link.usable(now) for link in self.links.values()):
             for link in self.links.values():
-                if link.ids and link.liveness.backend_port:
-                    self._fail_backend_port(link)
+                dead_end = link.liveness.dead_end() if link.ids else None
+                if dead_end is not None:
+                    self._fail_on(link, link.ids, dead_end)
                 elif link.ids and link.liveness.silence(now, len(link.ids)):
                     link.resend_all()  # as with one broker: re-send once per silence
-            if self._parked and all(k.liveness.backend_port for k in self.links.values()):
+            if self._parked and all(k.liveness.dead_end() for k in self.links.values()):
                 self._fail_parked()
             return
         for link in list(self.links.values()):
             if link.ids and not link.usable(now):
+                dead_end = link.liveness.dead_end()
+                if dead_end is not None:  # what only its broker may serve fails now
+                    self._fail_on(link, [r for r in link.ids if r in self._targets], dead_end)
                 self._move_from(link, now)
         for request_id in list(self._parked):
             pending = self.table.get(request_id)
@@ -362,31 +379,37 @@ class Core:
             elif not self._assign(pending, now):
                 return
 
-    def _fail_backend_port(self, link: Link) -> None:
-        """Nothing sent there will ever be answered, and no other broker is usable."""
-        error = UnavailableError(link.liveness.silence_hint().removeprefix(": "))
-        for request_id in list(link.ids):
+    def _fail_on(self, link: Link, request_ids: Iterable[bytes], error: IpuserveError) -> None:
+        """``link`` is a dead end and no other broker may take these requests."""
+        for request_id in list(request_ids):
             link.replies.finish(request_id, _failing(error))
 
     def _fail_parked(self) -> None:
+        """Every link is a dead end: the parked requests fail with the first's reason."""
+        errors = (link.liveness.dead_end() for link in self.links.values())
+        error = next((e for e in errors if e is not None), None)
         hint = self.silence_hint().removeprefix(": ") or "no broker is usable"
         for request_id in list(self._parked):
             pending = self.table.pop(request_id)
             self._forget(request_id)
             if pending is not None:
                 self.shared.replies += 1
-                self.due.append((pending, _failing(UnavailableError(hint))))
+                self.due.append((pending, _failing(error or UnavailableError(hint))))
 
     def _elsewhere(self, link: Link, request_id: bytes) -> bool:
-        """``link``'s broker does not serve the request's model: give it to a usable
-        link whose broker has not said so yet; False when none is left (it fails)."""
+        """``link``'s broker does not serve the request's model: remember that, and
+        give the request to a usable link whose broker has not said so (for it, or
+        lately for its model); False when none is left (it fails)."""
         pending = self.table.get(request_id)
-        if pending is None or request_id in self._targets:
+        now = link.liveness.last_heard  # when the answer came
+        if pending is not None and pending.model is not None:
+            self._lacking.refused(link.endpoint, pending.model, now)
+        if pending is None or pending.model is None or request_id in self._targets:
             return False
         refused = self._refused.setdefault(request_id, set())
         refused.add(link.endpoint)
-        now = link.liveness.last_heard
         others = [k for k in self.links.values() if k.endpoint not in refused and k.usable(now)]
+        others = self._serving(others, pending.model, now)
         if not others:
             return False
         self._unassign(request_id)
@@ -394,6 +417,10 @@ class Core:
         self._give(others[least_loaded([len(k.ids) for k in others], self._turns)], pending)
         self.shared.unknown_model_retries += 1
         return True
+
+    def _serving(self, links: list[Link], model: str, now: float) -> list[Link]:
+        """Those of ``links`` not known to lack ``model``."""
+        return [k for k in links if not self._lacking.lacks(k.endpoint, model, now)]
 
     def _move_from(self, link: Link, now: float) -> None:
         movable = [rid for rid in link.ids if rid not in self._targets]

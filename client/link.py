@@ -28,6 +28,7 @@ import zmq
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.groups import MODELS_PROBE, GroupRules
+from ipuserve.client.lacking import Lacking
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.pending import Pending, PendingTable
 from ipuserve.client.reply_router import ReplyRouter
@@ -60,7 +61,8 @@ class LinkReplyRouter(ReplyRouter):
     UNKNOWN_MODEL from one broker is not the fleet's answer: a broker just restarted
     (its workers not back yet) or one the model's workers never joined says it while
     another serves the model, so the request tries the brokers it has not tried
-    (``elsewhere``) before it fails.
+    (``elsewhere``) before it fails. The models a MODELS_REPLY lists are the broker's
+    now (``serves``: the core asks it for them again).
     """
 
     def __init__(
@@ -72,25 +74,29 @@ class LinkReplyRouter(ReplyRouter):
         forget: Callable[[bytes], None],
         elsewhere: Callable[[bytes], bool],
         groups: GroupRules,
+        serves: Callable[[list[str]], None],
     ) -> None:
         super().__init__(table, stats, liveness, on_pong)
         self._forget = forget
         self._elsewhere = elsewhere
         self._groups = groups
-
-    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
-        """A MODELS_REPLY, the link's own or a user's, also says how to group."""
-        if type(message) is wire.ModelsReply:
-            self._groups.learn(message.models)
-            if message.request_id == MODELS_PROBE:
-                return
-        super()._on_answer(message)
+        self._serves = serves
 
     def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
         request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
         if error.code == UnknownModelError.code and self._elsewhere(request_id):
             return
         super()._on_error(error)
+
+    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
+        """A MODELS_REPLY, the link's own probe or a user's, also says which models the
+        broker serves now and how to group their requests."""
+        if type(message) is wire.ModelsReply:
+            self._serves([info.spec.name for info in message.models])
+            self._groups.learn(message.models)
+            if message.request_id == MODELS_PROBE:
+                return
+        super()._on_answer(message)
 
     def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
         super().finish(request_id, settle)
@@ -115,13 +121,14 @@ class Link:
         due: Due,
         forget: Callable[[bytes], None],
         elsewhere: Callable[[Link, bytes], bool],
+        lacking: Lacking,
     ) -> None:
         """``shared``: the client's counters (sent, replies, re-sent...); this link's
         own (its broker's epoch and payload limit, reconnects, batches) are
         :attr:`stats`. ``due``: where settled requests wait for the driver.
         ``forget`` drops a settled request from the core's books; ``elsewhere`` gives
         a request this broker does not serve to another broker (False: there is none
-        left to try)."""
+        left to try); ``lacking`` is told the models this broker lists."""
         self.endpoint = endpoint
         self.port = port
         self.config = config
@@ -146,6 +153,7 @@ class Link:
             forget,
             lambda rid: elsewhere(self, rid),
             self.groups,
+            lambda models: lacking.serves(endpoint, models),
         )
         self.replies.due = due
 
@@ -174,6 +182,8 @@ class Link:
             return "a backend (worker) port"
         if live.broker_shut_down:
             return "shutting down"
+        if live.refused is not None and not live.connected:
+            return "refusing the handshake"
         if not live.connected:
             return "disconnected"
         return f"silent for {now - live.last_heard:.1f} s"

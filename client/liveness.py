@@ -30,12 +30,23 @@ import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.errors import HandshakeRefusedError, UnavailableError
 
 log = logging.getLogger(__name__)
 
 
-#: handshakes the broker refused: said in the timeout's hint, as nothing else is
-HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+#: handshakes the broker refused: the link's requests fail at once, saying why
+HANDSHAKE_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+#: handshakes cut without a word, in a row, that make a refusal: a CURVE broker that
+#: cannot decrypt the client's HELLO (the client has the wrong ``broker_public_key``)
+#: just drops the connection, which the client sees as EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+#: a broker killed mid-handshake does so once, not again at the reconnection
+SILENT_DROPS_REFUSE = 2
 
 
 def connection_monitor(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
@@ -48,6 +59,14 @@ def connection_monitor(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
 def handshake_problem(event: int, value: int) -> str | None:
     """Why the broker refused a handshake, in the client's words (None: not a refusal
     a client can act on). A refused peer gets no answer at all, so this is all it learns."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return (  # which side lacks what, the event does not say: name each case
+            "the broker dropped the connection during the handshake: with keys, "
+            "broker_public_key (--broker-public-key) is not the broker's public key (compare "
+            "it with `ipuserve keys show FILE` on the broker's public key file); without "
+            "keys, the broker has keys (give curve_secret_key and broker_public_key, "
+            "--curve-secret-key and --broker-public-key), or this is no broker's frontend port"
+        )
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return (  # the event does not say which mechanism was refused: name both causes
             f"the broker refused this client (ZAP status {value}): with keys, its public "
@@ -93,6 +112,8 @@ class Liveness:
         self.broker_shut_down = False
         #: why the broker refused the last handshake (None: none refused since one passed)
         self.refused: str | None = None
+        #: handshakes dropped without a word since the last that passed
+        self._silent_drops = 0
         self._next_ping = 0.0
         self._born = time.monotonic()
 
@@ -146,10 +167,11 @@ class Liveness:
             self.connected = False
             return False
         if event & HANDSHAKE_REFUSED:  # no connection: ZeroMQ tries again by itself
-            self.refused = handshake_problem(event, value) or self.refused
+            self._on_refused(event, value)
             return False
         self.connected = True  # EVENT_HANDSHAKE_SUCCEEDED
         self.refused = None
+        self._silent_drops = 0
         if not self._ever_connected:
             self._ever_connected = True
             return False
@@ -163,6 +185,18 @@ class Liveness:
             log.info("reconnected to the broker; re-sending %d", pending)
             self._resent_on_reconnect = True
         return True
+
+    def _on_refused(self, event: int, value: int) -> None:
+        """A handshake failed; :attr:`refused` says why once it is a refusal (every
+        failure but a lone silent drop), and the link's requests then fail at once."""
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self._silent_drops += 1
+            if self._silent_drops < SILENT_DROPS_REFUSE:
+                return
+        problem = handshake_problem(event, value)
+        if problem is not None and self.refused is None:
+            log.warning("%s refused the connection: %s", self._endpoint, problem)
+        self.refused = problem or self.refused
 
     def silence(self, now: float, pending: int) -> bool:
         """Called each turn while requests are pending; True: re-send them all.
@@ -203,6 +237,18 @@ class Liveness:
             and not self.backend_port
             and time.monotonic() - self.last_heard < self._config.liveness_s
         )
+
+    def dead_end(self) -> UnavailableError | None:
+        """Why nothing sent here can be answered now (None: it may be): the endpoint is
+        a backend port, or the broker refused the handshake. The link's requests fail at
+        once with it when no other link can take them; ZeroMQ goes on trying, and a
+        handshake that passes later (the broker's allow-list reloaded) clears it."""
+        if self.backend_port:
+            return UnavailableError(self.silence_hint().removeprefix(": "))
+        if self.refused is not None and not self.connected:
+            where = self._endpoint or "the endpoint"
+            return HandshakeRefusedError(f"{where} refused the connection: {self.refused}")
+        return None
 
     def silence_hint(self) -> str:
         """``": nothing has answered at ENDPOINT ..."`` while nothing ever has (and what is

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ipuserve.client.timing import Timing
 from ipuserve.errors import RuntimeUsageError
 
 Arrays = dict[str, np.ndarray[Any, Any]]
+T = TypeVar("T")
 
 
 class InferFuture(Future[Arrays]):
@@ -68,6 +69,52 @@ class InferFuture(Future[Arrays]):
                 "the client's I/O thread, which completes the futures; give that future a "
                 "callback of its own instead (add_done_callback)"
             )
+
+
+class Waiter(Generic[T]):
+    """The blocking :meth:`Client.infer`'s future: a result, and one lock its caller
+    blocks on, taken at birth and let go when the request is settled.
+
+    A ``concurrent.futures.Future`` is more than a caller that waits at once needs:
+    a Condition (an RLock and a list of waiters, a new lock for each wait), done-
+    callbacks, cancellation, and the Client kept alive through it (here the caller
+    holds the Client while it waits). This one costs two plain locks: ``_claim``
+    makes the first settle the only one (the I/O thread's reply and ``close()``
+    failing what is outstanding may race), ``_done`` wakes the caller.
+    """
+
+    __slots__ = ("_claim", "_done", "_error", "_result")
+
+    def __init__(self) -> None:
+        self._claim = threading.Lock()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._result: T | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._claim.locked()
+
+    def set_result(self, result: T, /) -> None:
+        self._settle(result, None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._settle(None, exception)
+
+    def _settle(self, result: T | None, error: BaseException | None) -> None:
+        if not self._claim.acquire(blocking=False):
+            raise InvalidStateError("the request is settled already")
+        self._result, self._error = result, error
+        self._done.release()
+
+    def result(self, timeout: float | None = None) -> T:
+        """The result, or the error raised; TimeoutError when ``timeout`` runs out."""
+        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError
+        self._done.release()  # done for good: a second call returns at once
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
 
 
 def _release_owner(future: Future[Arrays]) -> None:
@@ -137,6 +184,12 @@ class Pending:
     @property
     def request_id(self) -> bytes:
         return self.message.request_id
+
+    @property
+    def model(self) -> str | None:
+        """The model an inference request is for (None: a models() query)."""
+        message = self.message
+        return message.model if isinstance(message, wire.Request) else None
 
     def frames(self, now_ns: int) -> list[wire.Frame]:
         """The message to (re)send now, encoded."""

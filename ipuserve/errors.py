@@ -20,7 +20,8 @@ same in-process and across the network::
     │   ├── WorkerFailedError        workers died holding the request too often  WORKER_FAILED
     │   ├── InferenceError           the model raised while running              INFERENCE_FAILED
     │   └── UnavailableError         broker unreachable / shutting down          UNAVAILABLE
-    │       └── BrokerShutdownError  a stopping broker let go; Client re-sends   BROKER_SHUTDOWN
+    │       ├── BrokerShutdownError  a stopping broker let go; Client re-sends   BROKER_SHUTDOWN
+    │       └── HandshakeRefusedError  the broker refused the connection (keys)  HANDSHAKE_REFUSED
     ├── ModelFileError               a model file is unreadable or corrupt
     │   └── PackageHashError         executable and metadata hashes disagree
     ├── DeviceError                  a simulated IPU failed or cannot be had
@@ -131,6 +132,15 @@ class BrokerShutdownError(UnavailableError):
     it only at its own deadline."""
 
     code = "BROKER_SHUTDOWN"
+
+
+class HandshakeRefusedError(UnavailableError):
+    """The broker refused the client's ZeroMQ handshake: a CURVE key it does not know or
+    a wrong ``broker_public_key``, a keyless client at a broker with keys, or another
+    host at a protected keyless broker. Raised by the client at once, never sent on the
+    wire (a refused peer gets no answer); the message says which, and what to check."""
+
+    code = "HANDSHAKE_REFUSED"
 
 
 class ModelFileError(IpuserveError):

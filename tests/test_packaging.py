@@ -4,6 +4,8 @@ present) works in an editable install and is silently absent from ``pip install 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -42,3 +44,37 @@ def test_every_package_under_a_listed_one_is_listed() -> None:
         for init in folder.glob("*/__init__.py"):
             sub = f"{package}.{init.parent.name}"
             assert sub in packages, f"{sub} ({init.parent}) is not in [tool.setuptools] packages"
+
+
+def _required_python() -> str:
+    """pyproject.toml's requires-python as "3.11" (it is a plain lower bound)."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        spec: str = tomllib.load(f)["project"]["requires-python"]
+    assert spec.startswith(">="), spec
+    return spec.removeprefix(">=")
+
+
+def test_setup_py_refuses_an_older_python_with_pyprojects_bound() -> None:
+    """setup.py runs before pip fetches any dependency (pip < 25.1 checks
+    requires-python only after downloading them all): its bound is pyproject's, and a
+    Python below it stops there, saying which it needs."""
+    required = _required_python()
+    major, minor = (int(part) for part in required.split("."))
+    setup_py = (ROOT / "setup.py").read_text()
+    assert f"REQUIRED = ({major}, {minor})" in setup_py
+    older = f"import runpy, sys; sys.version_info = ({major}, {minor - 1}, 0); "
+    done = subprocess.run(
+        [sys.executable, "-c", older + "runpy.run_path('setup.py', run_name='__main__')"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert f"ipuserve needs Python {required} or newer" in done.stderr
+
+
+def test_the_readme_names_the_python_version_next_to_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Two commands", 1)[1].split("```sh", 1)[0]
+    assert f"Python {_required_python()} or newer" in section

@@ -4,11 +4,14 @@ A worker (re)joins on a fresh DEALER each time: it sends HELLO (its models and c
 and waits for WELCOME, retrying with exponential backoff. While it waits it keeps
 taking its backend's outcomes (the ``idle`` callback), wakes at once for a stop
 request, and warns now and then that it has not joined -- naming what answered
-instead when that was no broker's backend (e.g. a frontend port).
+instead when that was no broker's backend (e.g. a frontend port). A handshake the
+broker refuses (its keys: the socket's monitor sees it) is logged at ERROR at once,
+with the reason, and retried like any other: a SIGHUP may admit the key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
@@ -28,6 +32,13 @@ log = logging.getLogger(__name__)
 #: says so at WARNING, then again every JOIN_WARNING_EVERY_S while it keeps retrying.
 JOIN_WARNING_AFTER_S = 3.0
 JOIN_WARNING_EVERY_S = 30.0
+
+#: the handshake outcomes the join watches: the broker refused this worker
+_REFUSALS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,10 @@ class Joiner:
         self._since = 0.0
         self._warning_at = 0.0
         self._answer: str | None = None
+        #: the last refusal logged since the last join (each new reason is logged), and
+        #: the handshakes dropped without a word: one is a broker that died mid-way
+        self._refusal: str | None = None
+        self._silent_drops = 0
 
     def retarget(self, config: WorkerConfig) -> None:
         """Join ``config.broker`` from the next attempt on (the same broker, renamed)."""
@@ -105,6 +120,19 @@ class Joiner:
 
     def _handshake(self) -> Joined | None:
         sock = self._new_socket()
+        monitor: zmq.Socket[Any] = sock.get_monitor_socket(_REFUSALS)  # before connect
+        try:
+            sock.connect(self._config.broker)
+            joined = self._await_welcome(sock, monitor)
+        finally:
+            with contextlib.suppress(zmq.ZMQError):  # (closed already when not joined)
+                sock.disable_monitor()
+            monitor.close(linger=0)
+        if joined is not None:
+            self._refusal, self._silent_drops = None, 0
+        return joined
+
+    def _await_welcome(self, sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> Joined | None:
         hello = self._hello
         if self._credit is not None:
             hello = dataclasses.replace(hello, credit=self._credit())
@@ -113,10 +141,13 @@ class Joiner:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         while not self._stopping() and (left := deadline - time.monotonic()) > 0:
             events = dict(poller.poll(self._poll_ms(left)))
             if self._wake_fd in events:
                 self._idle()
+            if monitor in events:
+                self._on_refused(monitor)
             if sock in events:
                 welcome = self._welcome(sock)
                 if welcome is not None:
@@ -134,8 +165,52 @@ class Joiner:
         sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self._config.max_payload_bytes))
         if self._config.keys is not None:  # before connect: libzmq reads it then
             self._config.keys.apply(sock)
-        sock.connect(self._config.broker)
         return sock
+
+    def _on_refused(self, monitor: zmq.Socket[Any]) -> None:
+        """ERROR, once per reason, that the broker refused the handshake: a refused
+        peer gets no answer, so this is all the operator learns on this side."""
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self._silent_drops += 1
+                if self._silent_drops < 2:
+                    continue
+            why = self._refusal_reason(int(event["event"]), int(event["value"]))
+            if why is not None and why != self._refusal:
+                self._refusal = why
+                log.error(
+                    "the broker at %s refused this worker's connection: %s; still retrying",
+                    self._config.broker,
+                    why,
+                )
+
+    def _refusal_reason(self, event: int, value: int) -> str | None:
+        """The worker's words for a failed handshake (None: not one to name)."""
+        keys = self._config.keys
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and keys is not None:
+            return (
+                f"ZAP status {value}: its key {keys.pair.fingerprint} is not in the broker's "
+                "--worker-keys (copy its public key file there, then SIGHUP the broker)"
+            )
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (
+                f"ZAP status {value}: a keyless broker in protected mode admits only peers "
+                "on its host (give both keys, or start the broker with --insecure)"
+            )
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH or (
+            event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and keys is None
+        ):
+            return (
+                "the broker speaks another security mechanism (a broker with keys needs "
+                "--curve-secret-key and --broker-public-key, one without neither)"
+            )
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or value in (
+            zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC,
+            zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE,
+        ):
+            return "the CURVE handshake failed: is --broker-public-key the broker's public key?"
+        return None
 
     def _poll_ms(self, left: float) -> int:
         """A poll timeout for ``left`` seconds that wakes in time for the next warning."""

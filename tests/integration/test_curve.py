@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import pytest
 
 from ipuserve import protocol as wire
 from ipuserve.client import AsyncClient, Client
-from ipuserve.errors import DeadlineExceeded
+from ipuserve.errors import HandshakeRefusedError
 from tests.helpers import (
     BrokerProc,
     Processes,
@@ -40,7 +41,8 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 
 REFUSED = "ipuserve_broker_refused_handshakes_total"
-#: a refused client's request waits this long for an answer that never comes
+#: a refused client's request fails at once (HandshakeRefusedError); this bounds a
+#: raw socket's wait for an answer that never comes
 REFUSED_TIMEOUT_S = 1.0
 
 
@@ -122,7 +124,7 @@ async def async_face(broker: BrokerProc, keys: KeyDirs) -> None:
         outputs = await good.infer("noop", {"input": given})
         np.testing.assert_array_equal(outputs["output"], given)
     async with AsyncClient(broker.frontend, timeout=3 * REFUSED_TIMEOUT_S) as keyless:
-        with pytest.raises(DeadlineExceeded, match="another security mechanism"):
+        with pytest.raises(HandshakeRefusedError, match="curve_secret_key and broker_public_key"):
             await keyless.infer("noop", {"input": np.zeros((1, 8), np.float32)})
 
 
@@ -179,7 +181,7 @@ def test_allow_listed_peers_are_served_and_others_refused_and_counted(
         # a Client without keys is told why it hears nothing
         with (
             Client(broker.frontend, timeout=REFUSED_TIMEOUT_S) as keyless,
-            pytest.raises(DeadlineExceeded, match="another security mechanism"),
+            pytest.raises(HandshakeRefusedError, match="curve_secret_key and broker_public_key"),
         ):
             keyless.infer("noop", {"input": np.zeros((1, 8), np.float32)})
         asyncio.run(async_face(broker, keys))  # the asyncio face: the same, told the same
@@ -187,7 +189,7 @@ def test_allow_listed_peers_are_served_and_others_refused_and_counted(
 
         # an unknown key: the handshake is refused, the request never answered
         with client(broker, keys, "stranger", timeout=REFUSED_TIMEOUT_S) as stranger:
-            with pytest.raises(DeadlineExceeded, match=r"refused this client .*allow-lists"):
+            with pytest.raises(HandshakeRefusedError, match=r"refused this client .*allow-lists"):
                 stranger.infer("noop", {"input": np.zeros((1, 8), np.float32)})
             assert_served(good, seed=1)  # meanwhile the allowed client is served
         wait_until(lambda: refused(broker, "frontend") > before, timeout=20)
@@ -199,11 +201,13 @@ def test_allow_listed_peers_are_served_and_others_refused_and_counted(
                                                 *keys.peer_options("client")))  # fmt: skip
         thief_proc = processes.start("thief", thief(broker.backend))
         wait_until(lambda: refused(broker, "backend") >= 1, timeout=60)
+        thief_proc.wait_for(r"refused this worker's connection: ZAP status 400: its key")
         for name in ("admin", "client"):  # MODELS is open to clients and admins
             (info,) = models_cli(broker, keys, name)
             assert [w["worker_id"] for w in info["workers"]] == ["good"]
         assert_served(good, seed=2)
-    assert "joined the broker" not in thief_proc.output()
+    # (its "has not joined the broker" warning may come too, on a slow machine)
+    assert not re.search(r"worker \S+ joined the broker", thief_proc.output())
     bench = subprocess.run(
         [sys.executable, "-m", "ipuserve", "bench", "--broker", broker.frontend, "--model",
          "noop", "--concurrency", "4", "--requests", "40", "--warmup-s", "0", "--json",
@@ -229,7 +233,7 @@ def test_a_key_added_to_the_allow_list_is_admitted_after_sighup_without_a_restar
         assert_served(old, seed=0)
         with (
             client(broker, keys, "newcomer", timeout=REFUSED_TIMEOUT_S) as early,
-            pytest.raises(DeadlineExceeded),
+            pytest.raises(HandshakeRefusedError),
         ):
             early.infer("noop", {"input": np.zeros((1, 8), np.float32)})
 
