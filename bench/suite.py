@@ -56,6 +56,7 @@ from ipuserve.bench.rawproto import protocol_closed_loop
 from ipuserve.bench.relay import raw_closed_loop
 from ipuserve.bench.stats import latency_us
 from ipuserve.client.client import Client
+from ipuserve.runtime.simulator.cost import time_scale_for
 
 Log = Callable[[str], None]
 SMALL_ELEMENTS = 16  # float32: 64-byte requests
@@ -103,7 +104,7 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="ipuserve-bench-") as tmp:
         workdir = config.workdir or Path(tmp)
         models = write_models(workdir, config)
-        scale = config.mlp_device_ms / 1e3 / models["mlp_seconds"]
+        scale = time_scale_for(config.mlp_device_ms / 1e3, models["mlp_seconds"])
         env = {
             **ONE_BLAS_THREAD,
             "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
@@ -115,7 +116,7 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
             log(f"fleet up (logs in {workdir}); {config.runs} run(s)")
             runs = [one_run(config, ends, meters, i, log) for i in range(config.runs)]
             fleet.check()
-    device_s = models["mlp_seconds"] * scale
+    device_s = config.mlp_device_ms / 1e3  # what the scale makes the MLP take
     return results(config, runs, device_s, int(models["mlp_batch"]))
 
 

@@ -102,6 +102,7 @@ class Replica:
         self._conditional = prefetchable(model, set(self.queues.inputs)) is None
         self._look_ahead = self._look_ahead_inputs(model)
         self.session.before_outputs = self.monitor.record_batch
+        self.session.inputs_ready_at = self._inputs_ready_at
         self._prefetcher = self._start_prefetcher()
         self._loop = device.thread.submit(self._run_forever)
 
@@ -263,12 +264,21 @@ class Replica:
             self.lock.release()
 
     def _ran(self) -> None:
-        """A run ended: its device time (from taking its inputs) is the policy's measure."""
+        """A run ended: its device time is the policy's measure: the simulated device's
+        own account where it keeps one, else from taking its inputs to now."""
         prefetcher = self._prefetcher
         started = prefetcher.taken_at if prefetcher is not None else self._inputs_read_at
-        if started:
+        device_s = self.session.last_run_device_seconds()
+        if device_s is not None:
+            self._policy.ran(device_s)
+        elif started:
             self._policy.ran(time.perf_counter() - started)
         self._run_end = time.monotonic()
+
+    def _inputs_ready_at(self) -> float | None:
+        """When the input set the device just took was ready (the look-ahead knows)."""
+        prefetcher = self._prefetcher
+        return prefetcher.ready_at if prefetcher is not None else None
 
     def computation_started(self) -> float:
         """When the device took the input set it is running now (0: unknown, no look-ahead)."""
