@@ -181,7 +181,9 @@ class Replica:
     def _run_forever(self) -> None:
         while not self._stopping:
             try:
+                cpu = time.thread_time()
                 self.session.runMainPrograms()
+                self._policy.hosted(time.thread_time() - cpu)
                 self._ran()
             except Exception as error:  # every failure fails the held requests
                 if self._stopping or not self._recover(error):
