@@ -14,6 +14,7 @@ from ipuserve.runtime.model_runner.batch_policy import BatchPolicy
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.simulator.cost import CostModel, ipu_spec, time_scale_for
 from ipuserve.runtime.simulator.engine import BACK_TO_BACK_S, DEVICE_LOOP_CATCH_UP_S, SimClock
+from tests.helpers import wait_until
 
 
 class FakeTime:
@@ -149,8 +150,12 @@ class RecordingPolicy(BatchPolicy):
         self.runs.append(seconds)
 
 
+@pytest.mark.parametrize(
+    ("look_ahead", "lone_samples"),
+    [("unlimited", 1), ("0", 1), ("0", 16)],  # the last: lone batches take the direct path
+)
 def test_a_scaled_run_takes_its_estimate_alone_and_back_to_back(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, look_ahead: str, lone_samples: int
 ) -> None:
     """The runtime's own account of each run's device time (what the batch policy is fed)
     is at least the estimate T, for lone runs on an idle device and for runs back to back;
@@ -168,10 +173,15 @@ def test_a_scaled_run_takes_its_estimate_alone_and_back_to_back(
     config.is_batch_size_timeout_enabled = True
     config.batch_size_timeout_ns = 0
     config.ring_buffer_size_multiplier = 4
+    config.max_look_ahead = look_ahead
+    config.flush_on_waiting_outputs = True
     batch = np.random.default_rng(0).random((16, 784), dtype=np.float32)
-    single = batch[:1]
+    single = batch[:lone_samples]
     with ModelRunner(model, config=config, batch_policy=lambda _index: policy) as runner:
+        replica = runner._replicas[0]
         for _ in range(3):  # lone requests: the device idles before each
+            if look_ahead == "0":
+                wait_until(lambda: replica.waiting_for() == "input", timeout=30.0)
             runner.execute({"input": single})
             request_s = runner.getTimeTrace({})["request_duration_us"] / 1e6
             assert target_s <= policy.runs[-1] <= request_s
@@ -181,3 +191,5 @@ def test_a_scaled_run_takes_its_estimate_alone_and_back_to_back(
             future.wait(30.0)
     assert len(policy.runs) >= lone + 6  # (and the run on zeros that shutdown finishes)
     assert min(policy.runs) >= target_s
+    if lone_samples == 16:
+        assert replica._direct is not None and replica._direct.runs >= 3
