@@ -33,6 +33,7 @@ from ipuserve.runtime.model_runner.config import (
 )
 from ipuserve.runtime.model_runner.direct import DirectJob, direct_path
 from ipuserve.runtime.model_runner.futures import OutputFuture, Request
+from ipuserve.runtime.model_runner.input_waits import InputWaits
 from ipuserve.runtime.model_runner.io_plan import IoPlan
 from ipuserve.runtime.model_runner.memory import InputMemoryView, OutputMemoryView
 from ipuserve.runtime.model_runner.monitoring import Monitor
@@ -74,14 +75,10 @@ class Replica:
         self._policy: BatchPolicy = policy or policy_from_spec(
             config.is_batch_size_timeout_enabled, partial_timeout_ns, NANOSECONDS_MAX
         )
-        self._inputs_read_at = 0.0  # perf_counter(): the device read its last input
-        self._ready_at = 0.0  # perf_counter() when that input was there; 0.0: before asked
-        self._waits_before = 0
         self._run_end = time.monotonic()  # when the device last finished a run
         self.lock = threading.Lock()
         self.monitor = Monitor(config.request_tracepoints_buffer_size)
         self._pending: set[Request] = set()
-        self._waiting_for: str | None = None
         self._error: BaseException | None = None
         self._stopping = False
         self.session = Session(model, SessionConfig(check_package_hash=False, device_loop=True))
@@ -104,13 +101,14 @@ class Replica:
         self._conditional = prefetchable(model, set(self.queues.inputs)) is None
         self._look_ahead_depth = look_ahead_value(config.max_look_ahead)
         ordered = prefetchable(model, set(self.queues.inputs))
-        self._first_read = ordered[0].name() if ordered else None
         usable = (
             self._look_ahead_depth == 0
             and config.flush_on_waiting_outputs
             and plan.batch_dim == 0
         )
         self._direct = direct_path(self.queues.inputs, ordered) if usable else None
+        first = ordered[0].name() if ordered else None
+        self._waits = InputWaits(self.queues.inputs, first, self._direct)
         self._fetchers = self._track_waits()
         self._look_ahead = self._look_ahead_inputs(model)
         self.session.before_outputs = self.monitor.record_batch
@@ -166,7 +164,7 @@ class Replica:
             and samples == self._batch
             and outputs is None
             and not self._pending
-            and direct.idle(self._waiting_for)
+            and direct.idle(self._waits.waiting_for)
             and not self._account.filled
             and direct.fits(inputs)
         )
@@ -205,7 +203,7 @@ class Replica:
             )
 
     def waiting_for(self) -> str | None:
-        return self._waiting_for
+        return self._waits.waiting_for
 
     def _check_usable(self) -> None:
         if self._stopping:
@@ -312,7 +310,7 @@ class Replica:
         if self._direct is not None:
             self._direct.job = None  # the run that served it has ended
         prefetcher = self._prefetcher
-        started = prefetcher.taken_at if prefetcher is not None else self._inputs_read_at
+        started = prefetcher.taken_at if prefetcher is not None else self._waits.read_at
         device_s = self.session.last_run_device_seconds()
         if device_s is not None:
             self._policy.ran(device_s)
@@ -324,7 +322,7 @@ class Replica:
         """When the input the device just took was ready: 0.0 if it was there when the
         device asked (the look-ahead knows for a set, the queues for an input)."""
         prefetcher = self._prefetcher
-        return prefetcher.ready_at if prefetcher is not None else self._ready_at
+        return prefetcher.ready_at if prefetcher is not None else self._waits.ready_at
 
     def computation_started(self) -> float:
         """When the device took the input set it is running now (0: unknown, no look-ahead)."""
@@ -422,9 +420,11 @@ class Replica:
         for name, queue in self.queues.inputs.items():
             handle = self._plan.handle(name)
             if self._direct is not None:
-                fetchers[handle] = self._direct.reader(name, queue.device_callback(), self._wait)
+                fetchers[handle] = self._direct.reader(
+                    name, queue.device_callback(), self._waits.wait
+                )
             else:
-                fetchers[handle] = self._tracked(name, queue.device_callback())
+                fetchers[handle] = self._waits.tracked(name, queue.device_callback())
             self.session.setCallbackForAnchor(handle, fetchers[handle])
         if self._direct is not None:
             for name, out in self.queues.outputs.items():
@@ -433,31 +433,6 @@ class Replica:
                     handle, self._direct.writer(name, out.device_callback())
                 )
         return fetchers
-
-    def _wait(self, name: str | None) -> None:
-        """The device starts (``name``) or ends (None) reading an input from its queue.
-
-        Whether it found the queue empty and waited is what the simulated device's
-        clock asks (:meth:`_inputs_ready_at`): a batch that was ready is not a stall,
-        however late the device thread took it."""
-        if name is not None:
-            self._waiting_for = name
-            self._waits_before = self.queues.inputs[name].readerWaits()
-            return
-        waited = self._waiting_for
-        self._waiting_for = None
-        self._inputs_read_at = time.perf_counter()
-        if waited is None:
-            return
-        queue = self.queues.inputs[waited]
-        if queue.readerWaits() != self._waits_before:
-            self._ready_at = self._inputs_read_at  # it waited: the input came just now
-        elif waited == self._first_read:  # it was there: when its last request came
-            job = self._direct.job if self._direct is not None else None
-            tags = queue.lastRunTags() if job is None else (job.request,)
-            self._ready_at = max(
-                (t.t_enqueued for t in tags if isinstance(t, Request)), default=0.0
-            )
 
     def _look_ahead_inputs(self, model: Model) -> list[PrefetchedInput]:
         depth = self._look_ahead_depth
@@ -488,17 +463,6 @@ class Replica:
             self.session.setCallbackForAnchor(spec.handle, prefetcher.device_callback(spec.handle))
         prefetcher.start()
         return prefetcher
-
-    def _tracked(
-        self, name: str, callback: Callable[[np.ndarray], Any]
-    ) -> Callable[[np.ndarray], Any]:
-        def read(buffer: np.ndarray) -> Any:
-            self._wait(name)
-            result = callback(buffer)
-            self._wait(None)
-            return result
-
-        return read
 
     # -- shutdown --------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
