@@ -98,9 +98,9 @@ class Replica:
         # Samples per run, as the queues count them (the batching dimension's extent).
         self._batch = min((q.batchSize() for q in self.queues.inputs.values()), default=1)
         self._account = BatchAccount(self._batch, self._policy.on_batch)
-        self._conditional = prefetchable(model, set(self.queues.inputs)) is None
+        ordered = prefetchable(model, set(self.queues.inputs))  # read order; None: conditional
+        self._conditional = ordered is None
         self._look_ahead_depth = look_ahead_value(config.max_look_ahead)
-        ordered = prefetchable(model, set(self.queues.inputs))
         usable = (
             self._look_ahead_depth == 0
             and config.flush_on_waiting_outputs
