@@ -4,6 +4,7 @@ not the host)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,8 +160,9 @@ def test_a_scaled_run_takes_its_estimate_alone_and_back_to_back(
 ) -> None:
     """The runtime's own account of each run's device time (what the batch policy is fed)
     is at least the estimate T, for lone runs on an idle device and for runs back to back;
-    a lone run's account also lies within its request's wall time (so it is not the
-    device's idle time counted in). Only lower bounds on time: the host may be slow."""
+    a lone run's account also lies within the span from its call to the account (so the
+    device's idle time before it is not counted in). Only lower bounds on time: the host
+    may be slow."""
     model = examples.build("mlp", batch_size=16)
     main = model.executable.program(model.metadata.programFlow().main()[0])
     target_s = 0.005
@@ -179,12 +181,17 @@ def test_a_scaled_run_takes_its_estimate_alone_and_back_to_back(
     single = batch[:lone_samples]
     with ModelRunner(model, config=config, batch_policy=lambda _index: policy) as runner:
         replica = runner._replicas[0]
-        for _ in range(3):  # lone requests: the device idles before each
+        for count in range(1, 4):  # lone requests: the device idles before each
             if look_ahead == "0":
                 wait_until(lambda: replica.waiting_for() == "input", timeout=30.0)
+            called = time.perf_counter()
             runner.execute({"input": single})
-            request_s = runner.getTimeTrace({})["request_duration_us"] / 1e6
-            assert target_s <= policy.runs[-1] <= request_s
+            # the device thread accounts for the run after handing its outputs over
+            wait_until(lambda n=count: len(policy.runs) >= n, timeout=30.0)
+            span_s = time.perf_counter() - called
+            # at least the estimate; at most the span that holds the run (an ordering of
+            # events, not a timing bound: the device's idle time before is not counted)
+            assert target_s <= policy.runs[count - 1] <= span_s
         lone = len(policy.runs)
         futures = [runner.executeAsync({"input": batch}) for _ in range(6)]
         for future in futures:
