@@ -56,7 +56,6 @@ from ipuserve.bench.rawproto import protocol_closed_loop
 from ipuserve.bench.relay import raw_closed_loop
 from ipuserve.bench.stats import latency_us
 from ipuserve.client.client import Client
-from ipuserve.runtime.simulator.cost import time_scale_for
 
 Log = Callable[[str], None]
 SMALL_ELEMENTS = 16  # float32: 64-byte requests
@@ -104,7 +103,7 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="ipuserve-bench-") as tmp:
         workdir = config.workdir or Path(tmp)
         models = write_models(workdir, config)
-        scale = time_scale_for(config.mlp_device_ms / 1e3, models["mlp_seconds"])
+        scale = time_scale_for(config.mlp_device_ms / 1e3, models)
         env = {
             **ONE_BLAS_THREAD,
             "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
@@ -123,6 +122,14 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
 # ---------------------------------------------------------------- setting up
 
 
+def time_scale_for(target_s: float, models: dict[str, Any]) -> float:
+    """The IPUSERVE_SIM_TIME_SCALE that makes an MLP run take ``target_s``: only its
+    steps scale, not its launch (runtime/simulator/cost.py's time_scale_for, from what
+    ``ipuserve model inspect --json`` says, as bench may not import the runtime)."""
+    launch = models["mlp_launch_seconds"]
+    return float((target_s - launch) / (models["mlp_seconds"] - launch))
+
+
 def write_models(workdir: Path, config: SuiteConfig) -> dict[str, Any]:
     """Write noop (small, large) and mlp model files; return paths and the MLP's cost."""
     paths = {name: workdir / f"{name}.popef" for name in ("noop_small", "noop_large", "mlp")}
@@ -135,6 +142,7 @@ def write_models(workdir: Path, config: SuiteConfig) -> dict[str, Any]:
     return {
         **paths,
         "mlp_seconds": float(main["estimated_seconds"]),
+        "mlp_launch_seconds": float(main["launch_seconds"]),
         "mlp_batch": int(inspected["batch_size"]),
     }
 
