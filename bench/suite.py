@@ -103,7 +103,7 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="ipuserve-bench-") as tmp:
         workdir = config.workdir or Path(tmp)
         models = write_models(workdir, config)
-        scale = config.mlp_device_ms / 1e3 / models["mlp_seconds"]
+        scale = time_scale_for(config.mlp_device_ms / 1e3, models)
         env = {
             **ONE_BLAS_THREAD,
             "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
@@ -112,14 +112,22 @@ def run_suite(config: SuiteConfig, log: Log = lambda _line: None) -> dict[str, A
         with ChildProcesses(workdir, env) as procs:
             ends = start_processes(procs, config, models, scale)
             meters = cpu_meters(procs)
-            log(f"procs up (logs in {workdir}); {config.runs} run(s)")
+            log(f"processes up (logs in {workdir}); {config.runs} run(s)")
             runs = [one_run(config, ends, meters, i, log) for i in range(config.runs)]
             procs.check()
-    device_s = models["mlp_seconds"] * scale
+    device_s = config.mlp_device_ms / 1e3  # what the scale makes the MLP take
     return results(config, runs, device_s, int(models["mlp_batch"]))
 
 
 # ---------------------------------------------------------------- setting up
+
+
+def time_scale_for(target_s: float, models: dict[str, Any]) -> float:
+    """The IPUSERVE_SIM_TIME_SCALE that makes an MLP run take ``target_s``: only its
+    steps scale, not its launch (runtime/simulator/cost.py's time_scale_for, from what
+    ``ipuserve model inspect --json`` says, as bench may not import the runtime)."""
+    launch = models["mlp_launch_seconds"]
+    return float((target_s - launch) / (models["mlp_seconds"] - launch))
 
 
 def write_models(workdir: Path, config: SuiteConfig) -> dict[str, Any]:
@@ -134,6 +142,7 @@ def write_models(workdir: Path, config: SuiteConfig) -> dict[str, Any]:
     return {
         **paths,
         "mlp_seconds": float(main["estimated_seconds"]),
+        "mlp_launch_seconds": float(main["launch_seconds"]),
         "mlp_batch": int(inspected["batch_size"]),
     }
 

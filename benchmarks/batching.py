@@ -39,7 +39,7 @@ from typing import Any
 from ipuserve.bench.bench import bench
 from ipuserve.bench.loadgen import LoadConfig
 from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint, wait_for_models
-from ipuserve.bench.suite import ONE_BLAS_THREAD, SuiteConfig, write_models
+from ipuserve.bench.suite import ONE_BLAS_THREAD, SuiteConfig, time_scale_for, write_models
 from ipuserve.client.client import Client, ClientConfig
 
 LEVELS = (1, 4, 16, 64)
@@ -223,7 +223,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ipuserve-batching-") as tmp:
         workdir = Path(tmp)
         models = write_models(workdir, SuiteConfig())
-        scale = args.device_ms / 1e3 / models["mlp_seconds"]
+        scale = time_scale_for(args.device_ms / 1e3, models)
         env = {**ONE_BLAS_THREAD, "IPUSERVE_SIM_LOCK_DIR": str(workdir / "locks"),
                "IPUSERVE_SIM_IPUS": "16"}  # fmt: skip
         with ChildProcesses(workdir, env) as procs:

@@ -35,6 +35,7 @@ from ipuserve.runtime.model_runner.batch_policy import BatchPolicy, make_policy 
 from ipuserve.runtime.popef import examples  # noqa: E402
 from ipuserve.runtime.popef.dump import describe  # noqa: E402
 from ipuserve.runtime.popef.types import Model  # noqa: E402
+from ipuserve.runtime.simulator.cost import time_scale_for  # noqa: E402
 
 LEVELS = (1, 4, 16, 64)
 SETTINGS = {
@@ -138,7 +139,7 @@ def main() -> int:
     args = parser.parse_args()
     model = examples.build("mlp")
     [main_row] = [p for p in describe(model)["programs"] if p["phase"] == "main"]
-    scale = args.device_ms / 1e3 / main_row["estimated_seconds"]
+    scale = time_scale_for(args.device_ms / 1e3, main_row["estimated_seconds"])
     os.environ["IPUSERVE_SIM_TIME_SCALE"] = str(scale)
     batch = model.metadata.batchSize()
     ideal = batch / (args.device_ms / 1e3)

@@ -52,6 +52,7 @@ from ipuserve.bench.processes import (
 )
 from ipuserve.client import AsyncClient, Client
 from ipuserve.protocol import ModelSpec
+from ipuserve.runtime.simulator.cost import time_scale_for
 
 PATHS = ("client", "async", "http", "grpc")
 GATEWAY_PATHS = ("http", "grpc")
@@ -222,7 +223,7 @@ def start(procs: ChildProcesses, work: Path, args: Any) -> tuple[str, str, str, 
         ).stdout
     )
     [main] = [p for p in inspected["programs"] if p["phase"] == "main"]
-    scale = args.mlp_device_ms / 1e3 / float(main["estimated_seconds"])
+    scale = time_scale_for(args.mlp_device_ms / 1e3, float(main["estimated_seconds"]))
     ideal = int(inspected["batch_size"]) / (args.mlp_device_ms / 1e3)
     front, back = endpoint(), endpoint()
     procs.start("broker", [*PYTHON, "ipuserve", "broker", "--frontend", front, "--backend", back])

@@ -49,12 +49,12 @@ def main() -> int:
     args = _parse()
     os.environ.setdefault("IPUSERVE_SIM_LOCK_DIR", tempfile.mkdtemp(prefix="bench-locks-"))
     from ipuserve.runtime.popef import examples
-    from ipuserve.runtime.simulator.cost import CostModel, ipu_spec
+    from ipuserve.runtime.simulator.cost import CostModel, ipu_spec, time_scale_for
 
     model = examples.build("mlp", batch_size=args.batch)
     main_program = model.executable.program(model.metadata.programFlow().main()[0])
     device_s_at_scale_1 = CostModel(ipu_spec(2), 1, 1.0).program_seconds(main_program)
-    scale = args.device_ms / 1e3 / device_s_at_scale_1
+    scale = time_scale_for(args.device_ms / 1e3, device_s_at_scale_1)
     os.environ["IPUSERVE_SIM_TIME_SCALE"] = repr(scale)
     print(
         f"MLP batch {args.batch}: {device_s_at_scale_1 * 1e6:.1f} us per batch on a Mk2; "

@@ -73,6 +73,9 @@ class SpscRingBuffer(Generic[T]):
         self._lock = threading.Lock()
         self._waiters: list[Any] = []
         self._sleepers = 0
+        #: readLock() calls that had to wait for a slot (ipuserve extension: the
+        #: simulated device asks whether it waited for the host, :meth:`readWaits`).
+        self._read_waits = 0
         self._reinitialise()
 
     def _reinitialise(self) -> None:
@@ -84,6 +87,7 @@ class SpscRingBuffer(Generic[T]):
         self._read_locked = 0
         self._write_locked = False
         self._valid = True
+        self._interrupted = False
 
     # -- producer ------------------------------------------------------------------
     def write(self, obj: T) -> None:
@@ -172,7 +176,9 @@ class SpscRingBuffer(Generic[T]):
         timeout = self._wait_seconds(timeout_ns)
         while True:
             with self._lock:
-                if self._can_read() or self._sleep_until(self._can_read, timeout):
+                if self._can_read() or self._waited_to_read(timeout):
+                    if self._interrupted:
+                        return self._slots[0]  # not locked: the reader asks takeInterrupt()
                     return self._lock_read_slot()
             if self._timeout_cb is not None:
                 self._timeout_cb(self)
@@ -201,7 +207,38 @@ class SpscRingBuffer(Generic[T]):
         return self._written - self._released > self._read_locked
 
     def _can_read(self) -> bool:
-        return not self._valid or self._written - self._released > self._read_locked
+        return (
+            not self._valid
+            or self._interrupted
+            or self._written - self._released > self._read_locked
+        )
+
+    def _waited_to_read(self, timeout: float | None) -> bool:
+        self._read_waits += 1
+        return self._sleep_until(self._can_read, timeout)
+
+    def readWaits(self) -> int:
+        """How many readLock() calls so far found nothing to read and waited."""
+        return self._read_waits
+
+    def interrupt(self) -> None:
+        """ipuserve extension: the reader's current (or next) readLock() returns at once
+        with a slot that must not be used, and :meth:`takeInterrupt` then says True once.
+
+        The ModelRunner hands a lone job to a device blocked on its empty input queue
+        this way, without the queue machinery (docs/architecture.md §2.1).
+        """
+        with self._lock:
+            self._interrupted = True
+            self._wake()
+
+    def takeInterrupt(self) -> bool:
+        """True (once) if the last readLock() returned because of :meth:`interrupt`."""
+        if not self._interrupted:  # the hot path: no lock
+            return False
+        with self._lock:
+            interrupted, self._interrupted = self._interrupted, False
+            return interrupted
 
     def _lock_read_slot(self) -> T:
         """Hold the lock and be able to read. On an invalid ring: the slot, unlocked."""

@@ -102,6 +102,11 @@ class Session:
         #: computed and before its outputs reach the host (the ModelRunner counts
         #: device batches with it, so counts never lag behind results).
         self.before_outputs: Callable[[], None] | None = None
+        #: ipuserve extension: after an input callback, when the host had that input
+        #: ready (perf_counter; None: when the callback returned). The ModelRunner's
+        #: look-ahead knows, so the simulated device is not charged for a device
+        #: thread that is late to take a ready batch (docs/runtime.md).
+        self.inputs_ready_at: Callable[[], float | None] | None = None
         self._bind_tensor_data(self.config.pred_tensor_data)
         if self.config.policy is LaunchPolicy.Immediate:
             device = DeviceManager().getDevice(self.model, wait_config=self.config.wait_config)
@@ -186,7 +191,16 @@ class Session:
             if index not in self._checked_programs:
                 self.errorIfAnchorsAreNotConnectedToCallbacks([index])
                 self._checked_programs.add(index)
-            engine.run(index, self._callbacks, before_outputs)
+            engine.run(index, self._callbacks, before_outputs, self.inputs_ready_at)
+
+    def last_run_device_seconds(self) -> float | None:
+        """ipuserve extension: how long the last run held the simulated device (from its
+        simulated start, back to back or from its inputs' arrival, to its end); None
+        when the device simulates no time (time scale 0) or nothing ran yet."""
+        engine = self._engine
+        if engine is None or not engine.simulates_time or not engine.last_run_seconds:
+            return None
+        return engine.last_run_seconds
 
     # -- callbacks --------------------------------------------------------------
     def setCallbackForAnchor(self, anchor_handle: str, callback: CallbackHandle) -> None:

@@ -307,6 +307,18 @@ def write_example(path: Path, name: str, *options: str) -> str:
     return str(path)
 
 
+def time_scale_for_run(model_path: str, seconds: float) -> str:
+    """The ``IPUSERVE_SIM_TIME_SCALE`` that makes one main-program run of the model at
+    ``model_path`` take ``seconds`` (only the steps scale, not the 10 us launch)."""
+    from ipuserve.runtime.popef.reader import load_model
+    from ipuserve.runtime.simulator.cost import CostModel, ipu_spec, time_scale_for
+
+    model = load_model([model_path])
+    main = model.executable.program(model.metadata.programFlow().main()[0])
+    cost = CostModel(ipu_spec(model.metadata.ipuVersion())).program_seconds(main)
+    return repr(time_scale_for(seconds, cost))
+
+
 _REGISTERED = r"worker (\S+) registered with \S+ \(epoch "
 _worker_names = itertools.count(1)
 

@@ -14,8 +14,8 @@ assembling a batch is about to wait, or the device finds no batch ready:
 ``None`` (no limit of the policy's own: wait while the device is busy), ``0``
 (run it now) or a number of seconds. :class:`AdaptivePolicy` answers from what it
 measures (docs/architecture.md §1.5): samples handed back whose senders may send
-again (``owed``), how long after their answer such samples came back, and the
-device time of a run; it needs no tuning.
+again (``owed``), how long after their answer such samples came back, the
+device time of a run and what a run costs the host; it needs no tuning.
 
 ``ModelRunner(model, config, batch_policy=factory)`` (the factory is called once
 per replica) plugs a policy in, leaving ModelRunnerConfig as the spec has it;
@@ -79,6 +79,10 @@ class BatchPolicy:
     def ran(self, seconds: float) -> None:
         """The device computed one batch in ``seconds``."""
 
+    def hosted(self, seconds: float) -> None:
+        """One run cost the host ``seconds`` of CPU (the device thread's: the program's
+        interpretation, the callbacks, and in the simulation the numpy work)."""
+
     def _within_limit(self, hold: float, first_time: float, now: float) -> float:
         if self.limit_s is None:
             return hold
@@ -121,13 +125,21 @@ class AdaptivePolicy(BatchPolicy):
     how long after its answer a sample returns (``return_s``, a mean plus two mean
     deviations, as TCP estimates its retransmission timeout). The batch waits until
     the owed sample that would complete it (or the last owed one) is due back -- if
-    that is less than one device run away; a sample overdue is not waited for, and
-    nothing owed means nothing is coming: the batch runs at once.
+    that is sooner than what a run costs (:attr:`cost_s`); a sample overdue is not
+    waited for, and nothing owed means nothing is coming: the batch runs at once.
+
+    What a run costs is its device time plus its host time: running now leaves the
+    missing samples to a run of their own, which takes the device ``run_s`` and the
+    host ``host_s`` (the device thread's CPU per run, measured); waiting idles the
+    device for the wait. Weighing the device alone, the policy ran half batches at
+    16 in flight on a two-core host whose answers came back in two runs' time, and
+    reached 0.85 of a fixed 4 ms window there (docs/benchmarks.md): the host, not the
+    device, was the limit, and each extra run cost it a millisecond of CPU.
 
     In a closed loop of N one-sample clients this fills the batch with the N (up to
     the batch size) instead of splitting them between runs; a lone client is owed
     nothing when its request arrives and never waits. The wait never exceeds one
-    device run from when the batch could have started, nor ``limit_s``.
+    run's cost from when the batch could have started, nor ``limit_s``.
     """
 
     name = "adaptive"
@@ -141,11 +153,23 @@ class AdaptivePolicy(BatchPolicy):
         self._return_mean: float | None = None
         self._return_dev = 0.0
         self._run_s: float | None = None
+        self._host_s = 0.0
 
     @property
     def run_s(self) -> float | None:
         """Device time per batch, as measured (None before the first run)."""
         return self._run_s
+
+    @property
+    def host_s(self) -> float:
+        """Host CPU per run, as measured (0 before the first run, or if nobody says)."""
+        return self._host_s
+
+    @property
+    def cost_s(self) -> float | None:
+        """What a run costs: its device time and its host time (None before a run)."""
+        run = self._run_s
+        return None if run is None else run + self._host_s
 
     @property
     def return_s(self) -> float | None:
@@ -158,6 +182,11 @@ class AdaptivePolicy(BatchPolicy):
         with self._lock:
             run = self._run_s
             self._run_s = seconds if run is None else run + _EWMA * (seconds - run)
+
+    def hosted(self, seconds: float) -> None:
+        with self._lock:
+            host = self._host_s
+            self._host_s = host + _EWMA * (seconds - host) if host else seconds
 
     def completed(self, samples: int, now: float) -> None:
         with self._lock:
@@ -185,20 +214,20 @@ class AdaptivePolicy(BatchPolicy):
         if idle_since is None:
             return None  # filling costs nothing while the device works
         with self._lock:
-            run_s = self._run_s
-            due = self._due(batch - filled, now, run_s)
-        if run_s is None or due is None:
+            cost_s = self.cost_s
+            due = self._due(batch - filled, now, cost_s)
+        if cost_s is None or due is None:
             return 0.0
-        hold = min(due - now, run_s - (now - max(first_time, idle_since)))
+        hold = min(due - now, cost_s - (now - max(first_time, idle_since)))
         return max(0.0, self._within_limit(hold, first_time, now))
 
-    def _due(self, missing: int, now: float, run_s: float | None) -> float | None:
+    def _due(self, missing: int, now: float, cost_s: float | None) -> float | None:
         """When the owed sample that would complete the batch is due back; None if none
-        is owed, or it is overdue, or it is more than a device run away."""
-        if run_s is None:
+        is owed, or it is overdue, or it is further away than a run costs."""
+        if cost_s is None:
             return None
         returns = self.return_s
-        expected = run_s if returns is None else returns
+        expected = cost_s if returns is None else returns
         while self._owed and self._owed[0][0] + expected < now:
             self._owed_samples -= int(self._owed.popleft()[1])  # overdue: not coming
         if not self._owed:
@@ -209,7 +238,7 @@ class AdaptivePolicy(BatchPolicy):
             due = answered_at + expected
             if counted >= missing:
                 break
-        return due if due - now <= run_s else None
+        return due if due - now <= cost_s else None
 
     def _observe_return(self, seconds: float) -> None:
         mean = self._return_mean

@@ -91,6 +91,9 @@ class Prefetcher:
         self.idle_since = 0.0
         #: perf_counter() when the device took its current input set (computation starts).
         self.taken_at = 0.0
+        #: perf_counter() when the set the device took became ready: 0.0 when it was
+        #: ready before the device asked (the simulated device's clock reads it).
+        self.ready_at = 0.0
         self._first = inputs[0].handle
         # Two C-implemented queues instead of one bounded queue.Queue (whose Condition
         # costs several microseconds per hand-over): ready input sets, and tokens for
@@ -159,9 +162,11 @@ class Prefetcher:
     def _next_set(self) -> dict[str, np.ndarray]:
         try:
             fetched = self._ready.get_nowait()
+            self.ready_at = 0.0
         except queue.Empty:
             fetched = self._wait_for_set()
-        self.taken_at = time.perf_counter()
+            self.ready_at = time.perf_counter()
+        self.taken_at = self.ready_at or time.perf_counter()
         self._room.put(None)
         if isinstance(fetched, _Failed):
             raise fetched.error

@@ -31,7 +31,9 @@ from ipuserve.runtime.model_runner.config import (
     ModelRunnerConfig,
     look_ahead_value,
 )
+from ipuserve.runtime.model_runner.direct import DirectJob, direct_path
 from ipuserve.runtime.model_runner.futures import OutputFuture, Request
+from ipuserve.runtime.model_runner.input_waits import InputWaits
 from ipuserve.runtime.model_runner.io_plan import IoPlan
 from ipuserve.runtime.model_runner.memory import InputMemoryView, OutputMemoryView
 from ipuserve.runtime.model_runner.monitoring import Monitor
@@ -73,12 +75,10 @@ class Replica:
         self._policy: BatchPolicy = policy or policy_from_spec(
             config.is_batch_size_timeout_enabled, partial_timeout_ns, NANOSECONDS_MAX
         )
-        self._inputs_read_at = 0.0  # perf_counter(): the device read its last input
         self._run_end = time.monotonic()  # when the device last finished a run
         self.lock = threading.Lock()
         self.monitor = Monitor(config.request_tracepoints_buffer_size)
         self._pending: set[Request] = set()
-        self._waiting_for: str | None = None
         self._error: BaseException | None = None
         self._stopping = False
         self.session = Session(model, SessionConfig(check_package_hash=False, device_loop=True))
@@ -98,10 +98,21 @@ class Replica:
         # Samples per run, as the queues count them (the batching dimension's extent).
         self._batch = min((q.batchSize() for q in self.queues.inputs.values()), default=1)
         self._account = BatchAccount(self._batch, self._policy.on_batch)
+        ordered = prefetchable(model, set(self.queues.inputs))  # read order; None: conditional
+        self._conditional = ordered is None
+        self._look_ahead_depth = look_ahead_value(config.max_look_ahead)
+        usable = (
+            self._look_ahead_depth == 0
+            and config.flush_on_waiting_outputs
+            and plan.batch_dim == 0
+        )
+        self._direct = direct_path(self.queues.inputs, ordered) if usable else None
+        first = ordered[0].name() if ordered else None
+        self._waits = InputWaits(self.queues.inputs, first, self._direct)
         self._fetchers = self._track_waits()
-        self._conditional = prefetchable(model, set(self.queues.inputs)) is None
         self._look_ahead = self._look_ahead_inputs(model)
         self.session.before_outputs = self.monitor.record_batch
+        self.session.inputs_ready_at = self._inputs_ready_at
         self._prefetcher = self._start_prefetcher()
         self._loop = device.thread.submit(self._run_forever)
 
@@ -132,6 +143,9 @@ class Replica:
             now = time.monotonic()
             # Before the reader can see the samples: it asks the policy about them at once.
             self._policy.arrived(samples, now)
+            if self._lone(inputs, outputs, samples):
+                self._run_direct(request, inputs, output_names, now)
+                return future
             try:
                 self._enqueue(request, inputs, outputs, output_names, samples)
             except ClosedError:
@@ -140,6 +154,30 @@ class Replica:
             self._pending.add(request)
             self._account.add(samples, now)
         return future
+
+    def _lone(self, inputs: dict[str, np.ndarray], outputs: object, samples: int) -> bool:
+        """Whether this request may skip the queues (:mod:`.direct`): one whole batch,
+        nothing else held, the device waiting for the first input of its next run."""
+        direct = self._direct
+        return (
+            direct is not None
+            and samples == self._batch
+            and outputs is None
+            and not self._pending
+            and direct.idle(self._waits.waiting_for)
+            and not self._account.filled
+            and direct.fits(inputs)
+        )
+
+    def _run_direct(
+        self, request: Request, inputs: dict[str, np.ndarray], names: list[str], now: float
+    ) -> None:
+        direct = self._direct
+        assert direct is not None
+        self._pending.add(request)
+        self._account.add(request.samples, now)
+        direct.job = DirectJob(request, inputs, frozenset(names))
+        self.queues.inputs[direct.first].interrupt()
 
     def _finished(self, request: Request) -> None:
         self._pending.discard(request)
@@ -165,7 +203,7 @@ class Replica:
             )
 
     def waiting_for(self) -> str | None:
-        return self._waiting_for
+        return self._waits.waiting_for
 
     def _check_usable(self) -> None:
         if self._stopping:
@@ -180,7 +218,9 @@ class Replica:
     def _run_forever(self) -> None:
         while not self._stopping:
             try:
+                cpu = time.thread_time()
                 self.session.runMainPrograms()
+                self._policy.hosted(time.thread_time() - cpu)
                 self._ran()
             except Exception as error:  # every failure fails the held requests
                 if self._stopping or not self._recover(error):
@@ -193,6 +233,8 @@ class Replica:
         if self._prefetcher is not None:
             self._prefetcher.stop()  # its fetched sets belong to the failed requests
         with self.lock:
+            if self._direct is not None:
+                self._direct.job = None
             failed = error if isinstance(error, IpuserveError) else _wrapped(error)
             for request in list(self._pending):
                 request.future._fail(failed)
@@ -263,12 +305,24 @@ class Replica:
             self.lock.release()
 
     def _ran(self) -> None:
-        """A run ended: its device time (from taking its inputs) is the policy's measure."""
+        """A run ended: its device time is the policy's measure: the simulated device's
+        own account where it keeps one, else from taking its inputs to now."""
+        if self._direct is not None:
+            self._direct.job = None  # the run that served it has ended
         prefetcher = self._prefetcher
-        started = prefetcher.taken_at if prefetcher is not None else self._inputs_read_at
-        if started:
+        started = prefetcher.taken_at if prefetcher is not None else self._waits.read_at
+        device_s = self.session.last_run_device_seconds()
+        if device_s is not None:
+            self._policy.ran(device_s)
+        elif started:
             self._policy.ran(time.perf_counter() - started)
         self._run_end = time.monotonic()
+
+    def _inputs_ready_at(self) -> float | None:
+        """When the input the device just took was ready: 0.0 if it was there when the
+        device asked (the look-ahead knows for a set, the queues for an input)."""
+        prefetcher = self._prefetcher
+        return prefetcher.ready_at if prefetcher is not None else self._waits.ready_at
 
     def computation_started(self) -> float:
         """When the device took the input set it is running now (0: unknown, no look-ahead)."""
@@ -360,16 +414,28 @@ class Replica:
             )
 
     def _track_waits(self) -> dict[str, Callable[[np.ndarray], Any]]:
-        """Remember which input the device is blocked on, for timeout messages."""
+        """Remember which input the device is blocked on, for timeout messages; with the
+        direct path, serve a parked lone job's inputs and outputs."""
         fetchers = {}
         for name, queue in self.queues.inputs.items():
             handle = self._plan.handle(name)
-            fetchers[handle] = self._tracked(name, queue.device_callback())
+            if self._direct is not None:
+                fetchers[handle] = self._direct.reader(
+                    name, queue.device_callback(), self._waits.wait
+                )
+            else:
+                fetchers[handle] = self._waits.tracked(name, queue.device_callback())
             self.session.setCallbackForAnchor(handle, fetchers[handle])
+        if self._direct is not None:
+            for name, out in self.queues.outputs.items():
+                handle = self._plan.handle(name)
+                self.session.setCallbackForAnchor(
+                    handle, self._direct.writer(name, out.device_callback())
+                )
         return fetchers
 
     def _look_ahead_inputs(self, model: Model) -> list[PrefetchedInput]:
-        depth = look_ahead_value(self._config.max_look_ahead)
+        depth = self._look_ahead_depth
         anchors = prefetchable(model, set(self.queues.inputs)) if depth != 0 else None
         if not anchors:
             return []
@@ -397,18 +463,6 @@ class Replica:
             self.session.setCallbackForAnchor(spec.handle, prefetcher.device_callback(spec.handle))
         prefetcher.start()
         return prefetcher
-
-    def _tracked(
-        self, name: str, callback: Callable[[np.ndarray], Any]
-    ) -> Callable[[np.ndarray], Any]:
-        def read(buffer: np.ndarray) -> Any:
-            self._waiting_for = name
-            result = callback(buffer)
-            self._waiting_for = None
-            self._inputs_read_at = time.perf_counter()
-            return result
-
-        return read
 
     # -- shutdown --------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ipuserve.errors import DeviceRequestError
 from ipuserve.runtime.popef.types import Model, Program, Step
-from ipuserve.runtime.simulator.cost import CostModel, IpuSpec, ipu_spec
+from ipuserve.runtime.simulator.cost import LAUNCH_SECONDS, CostModel, IpuSpec, ipu_spec
 
 
 def describe(model: Model) -> dict[str, Any]:
@@ -98,6 +98,8 @@ def _program_row(model: Model, program: Program, spec: IpuSpec | None) -> dict[s
         "flops": _worst(program.steps, "flops"),
         "host_bytes": _worst(program.steps, "host_bytes"),
         "estimated_seconds": seconds,
+        # the part no time scale changes (IPUSERVE_SIM_TIME_SCALE slows the steps only)
+        "launch_seconds": LAUNCH_SECONDS if seconds else seconds,
     }
 
 

@@ -199,7 +199,7 @@ class BaseQueue(IQueue, Generic[SlotT]):
         """The item the batch's next samples belong to; None once the ring is invalid."""
         if self._head is None:
             item = self._ring.readLock(self._read_timeout(filled))
-            if not self._ring.isValid():
+            if not self._ring.isValid() or self._ring.takeInterrupt():
                 return None
             self._head, self._head_offset = item, 0
         if filled == 0:

@@ -106,6 +106,17 @@ class InputQueue(BaseQueue[InputData]):
         self._publish(slot)
         return count
 
+    def readerWaits(self) -> int:
+        """How many times the device found this queue empty and waited (ipuserve
+        extension: the simulated device's clock asks whether its inputs were late)."""
+        return self._ring.readWaits()
+
+    def interrupt(self) -> None:
+        """Make the device's wait for this input return without an item (ipuserve
+        extension): its callback returns None having read nothing, for a caller that
+        hands the run its data another way. Only between batches (nothing filled)."""
+        self._ring.interrupt()
+
     # -- consumer (device thread) ----------------------------------------------------
     def device_callback(self) -> StreamCallback:
         """The stream callback for this input anchor (docs/architecture.md §1.1).
@@ -123,6 +134,8 @@ class InputQueue(BaseQueue[InputData]):
         while filled < self._layout.batch:
             item = self._next_item(filled) if self._ring.isValid() else None
             if item is None:
+                if self._ring.isValid():  # interrupted: the caller has the run's data
+                    return None
                 rows[filled:] = 0  # disconnected: zeros, so the running program finishes
                 return None
             if filled == 0 and (whole := self._whole_batch(item)) is not None:

@@ -8,7 +8,8 @@ as a library, exactly like the real library reads its ``POPLAR_*`` variables):
     ``COUNT`` or ``COUNT:VERSION`` -- e.g. ``4`` (default: 4 Mk2 IPUs), ``8:21``
     (8 C600s). ``0`` is a host without IPUs.
 ``IPUSERVE_SIM_TIME_SCALE``
-    Multiplier on every simulated duration (default 1; 0 = as fast as the host can).
+    Multiplier on every step's simulated duration, not the launch (a host sync):
+    it slows the model, not the host (default 1; 0 = as fast as the host can).
 ``IPUSERVE_SIM_LOCK_DIR``
     Directory holding one lock file per IPU; processes sharing it share the IPUs
     (default: a per-user directory under the system temp dir).

@@ -20,8 +20,10 @@ Sources
 * ``LAUNCH_SECONDS`` (10 us): estimate of one host sync (a PCIe / RoCE round trip
   plus Poplar's stream handshake); no public figure exists.
 
-``IPUSERVE_SIM_TIME_SCALE`` multiplies every simulated duration (0 = no simulated
-time at all: runs take only as long as the numpy work does).
+``IPUSERVE_SIM_TIME_SCALE`` multiplies every step's duration: it makes the model
+slower, not the host, so the launch stays 10 us at any scale (0 = no simulated
+time at all: runs take only as long as the numpy work does). :func:`time_scale_for`
+picks the scale that makes a program take a given time.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class CostModel:
     time_scale: float = 1.0
 
     def launch_seconds(self) -> float:
-        return LAUNCH_SECONDS * self.time_scale
+        """The host sync: the host's cost, not the model's, so not scaled (0 without time)."""
+        return LAUNCH_SECONDS if self.time_scale else 0.0
 
     def step_seconds(self, step: Step) -> float:
         if self.time_scale == 0:
@@ -99,6 +102,21 @@ class CostModel:
     def program_seconds(self, program: Program) -> float:
         """Estimated duration of one run; a switch counts its most expensive branch."""
         return self.launch_seconds() + _steps_seconds(self, program.steps)
+
+
+def time_scale_for(target_seconds: float, estimated_seconds: float) -> float:
+    """The time scale that makes a program estimated at ``estimated_seconds`` (scale 1,
+    launch included, as ``ipuserve model inspect`` prints it) take ``target_seconds``.
+
+    Only the steps scale; the launch does not (benchmarks pick their device time with it).
+    """
+    steps = estimated_seconds - LAUNCH_SECONDS
+    if steps <= 0 or target_seconds <= LAUNCH_SECONDS:
+        raise DeviceRequestError(
+            f"no time scale makes a program estimated at {estimated_seconds * 1e6:.1f} us "
+            f"take {target_seconds * 1e6:.1f} us (the launch alone is {LAUNCH_SECONDS * 1e6:g} us)"
+        )
+    return (target_seconds - LAUNCH_SECONDS) / steps
 
 
 def _steps_seconds(model: CostModel, steps: tuple[Step, ...]) -> float:

@@ -7,7 +7,9 @@ stream steps. Time: a run costs the launch plus each step's cost (see
 :mod:`~ipuserve.runtime.simulator.cost`); the engine keeps a simulated deadline
 and sleeps off whatever the numpy work and host waits did not use. The device
 waits for the host like a real IPU does: time spent blocked in an input callback
-pushes the deadline back instead of overlapping with it.
+pushes the deadline back instead of overlapping with it, and a run whose inputs
+were not ready is launched when they are (the launch is a host sync: it follows
+the data), so a run estimated at T takes T whether the device was idle or busy.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ DEVICE_LOOP_CATCH_UP_S = 0.05
 class SimClock:
     """The simulated device's notion of "when this run may finish"."""
 
-    __slots__ = ("_now", "catch_up_s", "deadline")
+    __slots__ = ("_awaits_inputs", "_now", "catch_up_s", "deadline", "started")
 
     def __init__(
         self, now: Callable[[], float] = time.perf_counter, catch_up_s: float = BACK_TO_BACK_S
@@ -47,6 +49,9 @@ class SimClock:
         self._now = now
         self.catch_up_s = catch_up_s
         self.deadline = 0.0
+        #: When the current run started on the simulated device (its launch began).
+        self.started = 0.0
+        self._awaits_inputs = False
 
     def start(self, launch_seconds: float) -> None:
         """A run starts: at the previous run's end if it follows it back to back, else now.
@@ -63,16 +68,34 @@ class SimClock:
         """
         now = self._now()
         back_to_back = 0.0 <= now - self.deadline < self.catch_up_s
-        self.deadline = (self.deadline if back_to_back else now) + launch_seconds
+        self.started = self.deadline if back_to_back else now
+        self.deadline = self.started + launch_seconds
+        self._awaits_inputs = True
 
     def advance(self, seconds: float) -> None:
         self.deadline += seconds
 
-    def waited_for_host(self) -> None:
-        """The device stalled on the host: nothing it had computed can overlap that wait."""
-        now = self._now()
-        if now > self.deadline:
-            self.deadline = now
+    def waited_for_host(self, ready_at: float | None = None) -> None:
+        """The device stalled on the host: nothing it had computed can overlap that wait.
+
+        ``ready_at`` is when the host had the inputs ready, where the host knows it
+        (the ModelRunner's look-ahead does: 0.0 if they were ready before the device
+        asked); else the wait ended now. A run whose first inputs came late starts
+        when they come, launch included: the launch is the host sync that hands them
+        over, so it cannot overlap the wait (it once did, and a lone run of the MLP
+        scaled to 2 ms took 0.8-0.96 ms). Knowing when the data was ready also keeps
+        a device thread that is merely late to take a ready set (the host's
+        scheduler) from being charged as a device stall.
+        """
+        ready = self._now() if ready_at is None else ready_at
+        if self._awaits_inputs:  # the run's first inputs: everything so far follows them
+            self._awaits_inputs = False
+            charged = self.deadline - self.started
+            if ready + charged > self.deadline:
+                self.started = ready
+                self.deadline = ready + charged
+        elif ready > self.deadline:
+            self.deadline = ready
 
     def sleep_until_deadline(self) -> None:
         remaining = self.deadline - self._now()
@@ -110,18 +133,31 @@ class Engine:
         self._launch = 0.0 if self._zero_time else cost.launch_seconds()
         self._step_seconds = {} if self._zero_time else _step_costs(executable, cost)
         self._clock = SimClock(catch_up_s=DEVICE_LOOP_CATCH_UP_S if device_loop else BACK_TO_BACK_S)
+        #: Wall seconds the last run held the device: from its simulated start (the
+        #: previous run's simulated end when back to back, else its launch or the
+        #: arrival of its inputs) to its end. At least the program's estimate when
+        #: time is simulated; the batch policy's measure of device time.
+        self.last_run_seconds = 0.0
+
+    @property
+    def simulates_time(self) -> bool:
+        """False when runs take only as long as the numpy work (time scale 0, IPU Model)."""
+        return not self._zero_time
 
     def run(
         self,
         program_index: int,
         callbacks: Mapping[str, AnchorCallback],
         fault_check: Callable[[], None] | None = None,
+        inputs_ready_at: Callable[[], float | None] | None = None,
     ) -> None:
         """Run one program to completion on the calling (device) thread.
 
         ``fault_check`` is called once per run, before the first output reaches
         the host (or at the end of a run without outputs): a device fault must
-        fail the run before any caller sees a result from it.
+        fail the run before any caller sees a result from it. ``inputs_ready_at``
+        says, after an input callback, when the host had that input ready
+        (None: when the callback returned); see :meth:`SimClock.waited_for_host`.
         """
         program = self.executable.program(program_index)
         clock = self._clock
@@ -135,7 +171,7 @@ class Engine:
             handle, shape, dtype = geometry[step.anchor or ""]
             offered = np.empty(shape, dtype=dtype)
             given = callbacks[handle](offered)
-            clock.waited_for_host()
+            clock.waited_for_host(None if inputs_ready_at is None else inputs_ready_at())
             clock.advance(step_seconds.get(id(step), 0.0))
             if given is None:
                 return offered
@@ -165,6 +201,7 @@ class Engine:
         if pending_check:
             pending_check.pop()()
         clock.sleep_until_deadline()
+        self.last_run_seconds = time.perf_counter() - clock.started
 
 
 def _checked(given: Any, anchor: Anchor) -> np.ndarray:

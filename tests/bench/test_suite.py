@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from ipuserve.bench.suite import SuiteConfig, time_scale_for, write_models
 from ipuserve.face.cli import main
+from ipuserve.runtime.popef.reader import load_model
+from ipuserve.runtime.simulator import cost
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +49,16 @@ def test_a_quick_suite_run_reports_every_comparison_with_same_run_ratios() -> No
             assert all(value > 0 for value in cpu.values()), (stage["name"], case, cpu)
     for case in ("latency", "throughput"):  # the runtime-free echo worker answered
         assert detail[f"echo_{case}"]["requests"] > 0
+
+
+def test_the_suites_time_scale_makes_the_mlp_take_its_device_time(tmp_path: Path) -> None:
+    """bench may not import the runtime: it scales from `model inspect --json`, which must
+    give the runtime's own answer (only the steps scale, not the launch)."""
+    models = write_models(tmp_path, SuiteConfig())
+    scale = time_scale_for(5e-3, models)
+    assert scale == pytest.approx(cost.time_scale_for(5e-3, models["mlp_seconds"]))
+    model = load_model([str(models["mlp"])])
+    main = model.executable.program(model.metadata.programFlow().main()[0])
+    assert cost.CostModel(cost.ipu_spec(2), time_scale=scale).program_seconds(main) == (
+        pytest.approx(5e-3)
+    )

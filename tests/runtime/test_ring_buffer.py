@@ -307,3 +307,34 @@ def test_a_wake_cut_short_by_ctrl_c_does_not_break_the_next_one() -> None:
     rb.reset()
     rb.write(7)
     assert rb.readLock() == 7
+
+
+def test_interrupt_releases_a_reader_blocked_on_empty_once() -> None:
+    """The ModelRunner's lone-job path: the reader returns, knows why, and reads on."""
+    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "interrupted")
+    reader = Background(lambda: (rb.readLock(), rb.takeInterrupt()))
+    wait_until(waiting(rb))
+    rb.interrupt()
+    _, interrupted = reader.result()
+    assert interrupted is True and rb.takeInterrupt() is False
+    assert rb.readWaits() == 1
+    rb.write(5)  # nothing was read-locked: the next item is read as usual
+    assert rb.readLock() == 5 and rb.takeInterrupt() is False
+    assert rb.readWaits() == 1  # it was there: no wait
+
+
+def test_an_interrupt_before_the_read_returns_before_a_published_item() -> None:
+    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "early")
+    rb.interrupt()
+    rb.write(9)
+    rb.readLock()
+    assert rb.takeInterrupt() is True
+    assert rb.readLock() == 9
+
+
+def test_reset_forgets_an_interrupt() -> None:
+    rb: SpscRingBuffer[int] = SpscRingBuffer(2, "forgotten")
+    rb.interrupt()
+    rb.reset()
+    rb.write(3)
+    assert rb.readLock() == 3 and rb.takeInterrupt() is False

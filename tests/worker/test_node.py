@@ -15,7 +15,7 @@ from ipuserve import protocol as wire
 from ipuserve.worker.backend import Backend, FunctionBackend
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.node import WorkerNode
-from tests.helpers import wait_until, write_example
+from tests.helpers import time_scale_for_run, wait_until, write_example
 from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add, add_inputs
 
 
@@ -396,7 +396,8 @@ def test_jobs_waiting_for_room_are_answered_at_their_deadline(
 ) -> None:
     """Not when the device next finishes a batch: the broker has answered their clients,
     and until then they held the worker's credit."""
-    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "50000")  # a batch: about 0.5 s
+    model = write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", time_scale_for_run(model, 0.5))  # a batch
     start_node(_runner_backend(tmp_path))
     identity, _hello = broker.expect(wire.Hello)
     broker.send(identity, wire.Welcome("epoch1", 50, 60_000))

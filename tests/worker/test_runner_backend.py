@@ -15,7 +15,7 @@ from ipuserve.runtime.popef import examples
 from ipuserve.worker import runner_backend
 from ipuserve.worker.backend import WorkItem, WorkResult
 from ipuserve.worker.runner_backend import RunnerBackend
-from tests.helpers import write_example
+from tests.helpers import time_scale_for_run, write_example
 
 Array = np.ndarray[Any, Any]
 
@@ -147,8 +147,8 @@ def test_a_busy_runner_takes_only_a_few_jobs_ahead_so_the_rest_can_expire_in_the
     expired job is answered DEADLINE_EXCEEDED. The runner once took its whole credit (63
     jobs of a whole batch each): 295 of 300 requests expired at the client while the
     worker ran every one of them and counted it 'ok'."""
-    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "200000")  # a batch of 4: about 2 s
     path = write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", time_scale_for_run(path, 2.0))  # a batch
     backend = RunnerBackend([path])
     jobs = jobs_of([4] * 8 + [1], 0)
     done = Outcomes(runner_backend.AHEAD_JOBS)

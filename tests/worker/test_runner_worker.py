@@ -17,6 +17,7 @@ from tests.helpers import (
     scrape,
     start_broker,
     start_worker,
+    time_scale_for_run,
     wait_until,
     write_example,
 )
@@ -66,8 +67,8 @@ def test_requests_expiring_behind_a_busy_device_are_answered_and_never_run(
     runtime's queues: every request ran, however late, while its client had long been
     told DEADLINE_EXCEEDED. Now the worker keeps what the device will not reach soon,
     and answers what expires there."""
-    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "20000")  # a batch of 4: about 0.2 s
     model = write_example(tmp_path / "simple.popef", "simple", "--batch-size", "4")
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", time_scale_for_run(model, 0.2))  # a batch
     broker = start_broker(processes)
     argv = runner_worker_argv(model, args=("--metrics-port", "0", "--metrics-host", "127.0.0.1"))
     worker = start_worker(processes, broker, argv)

@@ -103,6 +103,66 @@ def test_returns_slower_than_a_run_are_not_waited_for() -> None:
     assert policy.hold_s(8, BATCH, t, t, idle_since=t) == 0.0
 
 
+def test_returns_slower_than_a_run_but_sooner_than_its_host_cost_are_waited_for() -> None:
+    """A run costs the host too: with 1.5 ms of host CPU per 2 ms run, samples due back
+    in 3 ms are worth waiting for -- running now would make a second run for them, 3.5
+    ms of device and host time -- and the same samples are not waited for when the
+    runs cost the host nothing."""
+    t = 1.0
+    weighed = closed_loop_policy(return_s=3 * MS)
+    for _ in range(5):
+        weighed.hosted(1.5 * MS)
+    assert weighed.cost_s == pytest.approx(RUN + 1.5 * MS)
+    weighed.completed(8, t)
+    assert weighed.hold_s(8, BATCH, t, t, idle_since=t) == pytest.approx(3 * MS)
+    device_only = closed_loop_policy(return_s=3 * MS)
+    device_only.completed(8, t)
+    assert device_only.hold_s(8, BATCH, t, t, idle_since=t) == 0.0
+
+
+def test_returns_slower_than_a_run_and_its_host_cost_are_not_waited_for() -> None:
+    policy = closed_loop_policy(return_s=5 * MS)
+    policy.hosted(1.5 * MS)
+    t = 1.0
+    policy.completed(8, t)
+    assert policy.hold_s(8, BATCH, t, t, idle_since=t) == 0.0
+
+
+def test_the_wait_is_bounded_by_a_runs_cost_from_when_the_batch_could_start() -> None:
+    policy = closed_loop_policy(return_s=3 * MS)
+    policy.hosted(1.5 * MS)
+    t = 1.0
+    policy.completed(8, t)
+    # idle for 1 ms already: 2.5 ms of the run's cost (2 + 1.5 ms) is left, not 3
+    hold = policy.hold_s(8, BATCH, t - 3 * MS, t, idle_since=t - 1 * MS)
+    assert hold == pytest.approx(2.5 * MS)
+
+
+def test_the_host_cost_is_a_moving_average_from_its_first_measure() -> None:
+    policy = AdaptivePolicy()
+    assert policy.host_s == 0.0 and policy.cost_s is None
+    policy.hosted(1 * MS)
+    policy.hosted(2 * MS)
+    policy.ran(2 * MS)
+    assert policy.host_s == pytest.approx(1.2 * MS)
+    assert policy.cost_s == pytest.approx(3.2 * MS)
+
+
+def test_a_runner_tells_its_policy_what_each_run_cost_the_host(mlp: Model) -> None:
+    """The device thread's CPU per run reaches the policy: the MLP's numpy work costs it."""
+    policy = AdaptivePolicy()
+    config = model_runtime.ModelRunnerConfig()
+    config.batching_dim = 0
+    runner = model_runtime.ModelRunner(mlp, config=config, batch_policy=lambda _i: policy)
+    try:
+        inputs = {"input": rows(16, 32, 7)}
+        for _ in range(3):
+            assert_matches(runner.execute(inputs), reference("mlp", mlp, inputs))
+    finally:
+        runner.close()
+    assert policy.host_s > 0.0
+
+
 def test_overdue_samples_are_written_off() -> None:
     """Clients that left (or an open loop): what is long overdue is not waited for."""
     policy = closed_loop_policy(return_s=1 * MS)

@@ -138,7 +138,7 @@ def test_eager_batching_fills_batches_while_the_device_is_busy(
 ) -> None:
     """While the device runs a batch, new requests pile into the next one instead of
     being flushed one by one: eager flushing happens only when the device would idle."""
-    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "50000")  # ~0.9 s per MLP batch
+    monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", "50000")  # ~0.4 s per MLP batch
     runner = make_runner(
         mlp,
         batching_dim=0,

@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 
 from ipuserve.face.cli import main
 from ipuserve.runtime.popef import examples, load_model, write_container
-from ipuserve.runtime.simulator.cost import CostModel, ipu_spec
+from ipuserve.runtime.simulator.cost import LAUNCH_SECONDS, CostModel, ipu_spec
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -152,6 +152,7 @@ def test_inspect_json(branches_file: Path) -> None:
     assert main["host_bytes"] == main_program.steps[0].host_bytes + max(branch_bytes)
     expected_seconds = CostModel(ipu_spec(2), 1, 1.0).program_seconds(main_program)
     assert main["estimated_seconds"] == pytest.approx(expected_seconds)
+    assert main["launch_seconds"] == LAUNCH_SECONDS  # the part no time scale changes
     assert described["batch_size"] == 2 and described["ipus"] == 1
     assert described["executable"]["hash_matches"] is True
     assert {a["name"]: a["tensor_data"] for a in described["anchors"]}["b_weight"] is True
@@ -166,6 +167,7 @@ def test_inspect_zero_time_model(tmp_path: Path) -> None:
     described = json.loads(invoke("inspect", str(path), "--json").output)
     assert described["executable"]["zero_time"] is True
     assert {p["estimated_seconds"] for p in described["programs"]} == {0.0}
+    assert {p["launch_seconds"] for p in described["programs"]} == {0.0}
 
 
 def test_inspect_flags_a_hash_mismatch_without_failing(tmp_path: Path) -> None:
