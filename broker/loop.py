@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from ipuserve import probes
+from ipuserve import probes, transport
 from ipuserve import protocol as wire
 from ipuserve.broker.clients import ClientHandlers
 from ipuserve.broker.config import BrokerConfig
@@ -153,7 +153,7 @@ class Broker:
         sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
         sock.setsockopt(zmq.SNDHWM, sndhwm)
         sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self.config.max_payload_bytes))
+        sock.setsockopt(zmq.MAXMSGSIZE, transport.max_frame_bytes(self.config.max_payload_bytes))
         try:
             if self.zap is not None:
                 server_socket(sock, domain, self._server_key)
@@ -260,13 +260,13 @@ class Broker:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
         they placed: one JOBS message per worker for all of them."""
         scheduler = self.scheduler
-        handle(wire.recv(sock))
+        handle(transport.recv(sock))
         for _ in range(BATCH - 1):
             if scheduler.unsent >= FLUSH_ROWS:
                 scheduler.flush()
-            if not wire.readable(sock):
+            if not transport.readable(sock):
                 break
-            handle(wire.recv(sock))
+            handle(transport.recv(sock))
         scheduler.flush()
 
     def _on_client(self, frames: list[Any]) -> None:

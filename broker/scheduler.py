@@ -180,6 +180,7 @@ class Scheduler:
                     j.model,
                     j.tensors,
                     None if j.deadline is None else (j.deadline - now) * 1000,
+                    j.samples,
                 )
                 for j in jobs
             )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
+
+import msgspec
 
 from ipuserve import protocol as wire
 from ipuserve.broker.registry import Worker
@@ -60,7 +61,7 @@ class WorkerHandlers:
                 self._scheduler.model_registered(spec)
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
-            welcome = dataclasses.replace(self._welcome, refused=refused).encode()
+            welcome = msgspec.structs.replace(self._welcome, refused=refused).encode()
         if not self._outbox.to_worker(identity, welcome):
             self._scheduler.drop_worker(worker, "unreachable")
             return

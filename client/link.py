@@ -26,6 +26,7 @@ from typing import Protocol
 import zmq
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.outbox import Outbox
@@ -164,7 +165,9 @@ class Link:
         size, limit = pending.payload_bytes, self.stats.max_payload_bytes
         if limit is not None and size > limit:
             return False
-        return size <= wire.FRAME_SLACK_BYTES or (limit is not None and self.liveness.connected)
+        return size <= transport.FRAME_SLACK_BYTES or (
+            limit is not None and self.liveness.connected
+        )
 
     # ------------------------------------------------------------ sending
 

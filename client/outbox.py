@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.pending import Pending
 
@@ -96,7 +97,7 @@ class Outbox:
     def _send_batch(self, batch: list[Pending]) -> None:
         now = time.perf_counter_ns()
         requests = [m for p in batch if isinstance(m := p.message_at(now), wire.Request)]
-        limit = self._stats.max_payload_bytes or wire.FRAME_SLACK_BYTES
+        limit = self._stats.max_payload_bytes or transport.FRAME_SLACK_BYTES
         message = wire.Requests(tuple(grouped(requests, limit)))
         self._stats.grouped += sum(len(row.group) for row in message.requests)
         for frames in wire.encode_batch(message):  # the broker decodes with the defaults

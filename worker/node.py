@@ -40,6 +40,7 @@ from typing import Any
 import zmq
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.backend import Backend, Job, Mailbox, Outcome, Result
 from ipuserve.worker.config import WorkerConfig
@@ -287,7 +288,7 @@ class WorkerNode:
             try:
                 while not self._stopping:
                     woken = False
-                    if not self._mailbox.ready and not wire.readable(sock):
+                    if not self._mailbox.ready and not transport.readable(sock):
                         woken = self._wait_unlocked(poller, self._timeout_ms(session))
                     if (why := self._read(session)) is not None:
                         return why
@@ -328,7 +329,7 @@ class WorkerNode:
             self._flush()
             self._report()
             session = self._session
-            if session is not None and wire.readable(session.socket):
+            if session is not None and transport.readable(session.socket):
                 self._mailbox.wake()  # our use of the socket may have eaten the loop's edge
         finally:
             self._lock.release()
@@ -343,7 +344,7 @@ class WorkerNode:
 
     def _read(self, session: Session) -> Exit | None:
         """Handle every message waiting on the socket."""
-        while (frames := wire.try_recv(session.socket)) is not None:
+        while (frames := transport.try_recv(session.socket)) is not None:
             session.last_heard = time.monotonic()
             why = self._on_message(session, frames)
             if why is not None:
@@ -428,7 +429,7 @@ class WorkerNode:
         if self._session is None:
             return
         try:
-            wire.send(self._session.socket, frames, nonblock=True)
+            transport.send(self._session.socket, frames, nonblock=True)
         except zmq.Again:
             log.warning("broker not accepting messages; dropped %s", what)
 

@@ -1,49 +1,37 @@
 """The messages between a client and the broker: a request and its reply or error,
-the models listing, and PING/PONG. Each message's decoder (a :class:`_Decoder`:
-its header's fields and how the message is built from them) sits right below it.
+the models listing, and PING/PONG. Each message's header is declared beside it (a
+:class:`Header`), with its one encoder (``encode``) and one decoder (``from_wire``,
+given the header msgspec decoded and validated).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import msgspec
+
 from ipuserve.errors import IpuserveError, error_for_code
-from ipuserve.protocol.checks import (
-    _ONE,
-    _TENSORS,
-    _as_object,
-    _check_fields,
-    _code,
-    _count,
-    _Decoder,
-    _duration,
-    _Field,
-    _items,
-    _model_spec,
-    _name,
-    _positive,
-    _tensors,
-    _text,
-    _timing,
-)
-from ipuserve.protocol.envelope import (
-    DEFAULT_LIMITS,
-    Command,
-    Limits,
-    _bounded,
-    _frames,
-    _json,
-    _specs_json,
-)
+from ipuserve.protocol.envelope import DEFAULT_LIMITS, Carries, Command, Limits, bounded, frames
+from ipuserve.protocol.fields import Code, Count, Duration, Header, Name, Positive, Timing
 from ipuserve.protocol.schema import ModelSpec
-from ipuserve.protocol.tensors import Frame, Tensors
+from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+
+_encode = msgspec.json.encode
+
+
+class RequestHeader(Header, frozen=True):
+    model: Name
+    tensors: tuple[TensorSpec, ...]
+    timeout_ms: Duration | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     COMMAND: ClassVar[Command] = Command.REQUEST
+    HEADER: ClassVar[type[Header]] = RequestHeader
+    CARRIES: ClassVar[Carries] = Carries.ONE
     request_id: bytes
     model: str
     tensors: Tensors
@@ -75,40 +63,33 @@ class Request:
         return parts
 
     def encode(self) -> list[Frame]:
-        timeout = "" if self.timeout_ms is None else f',"timeout_ms":{_json(self.timeout_ms)}'
-        body = f'{{"model":{_json(self.model)},"tensors":{_specs_json(self.tensors)}{timeout}}}'
-        return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
+        header = RequestHeader(self.model, self.tensors.specs, self.timeout_ms)
+        return frames(self.COMMAND, self.request_id, _encode(header), self.tensors.frames)
+
+    @classmethod
+    def from_wire(
+        cls, ident: bytes, header: RequestHeader, tensors: Sequence[Frame], limits: Limits
+    ) -> Request:
+        specs = checked_specs(header.tensors, limits, "REQUEST header field 'tensors'")
+        found = received(specs, tensors, "REQUEST header", limits)
+        return cls(ident, header.model, found, header.timeout_ms)
 
 
-def _request(i: bytes, f: dict[str, Any], t: Sequence[Frame], lim: Limits) -> Request:
-    return Request(
-        i, f["model"], _tensors(f["tensors"], t, "REQUEST header", lim), f.get("timeout_ms")
-    )
-
-
-_REQUEST = _Decoder(
-    Command.REQUEST,
-    {
-        "model": _Field(_name),
-        "tensors": _TENSORS,
-        "timeout_ms": _Field(_duration, required=False),
-    },
-    _request,
-    tensors=_ONE,
-    cacheable=True,
-)
+class ReplyHeader(Header, frozen=True):
+    tensors: tuple[TensorSpec, ...]
+    timing: Timing
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     COMMAND: ClassVar[Command] = Command.REPLY
+    HEADER: ClassVar[type[Header]] = ReplyHeader
+    CARRIES: ClassVar[Carries] = Carries.ONE
     request_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
     #: a group (REPLIES only): the ids of the requests it answers, one member each
     group: tuple[bytes, ...] = ()
-    #: ``timing`` as JSON text, when it is known already (Result.reply): sent as it is
-    timing_json: str | None = field(default=None, compare=False, repr=False)
 
     def members(self) -> list[Reply]:
         """The group as single replies (a single reply: itself)."""
@@ -120,20 +101,20 @@ class Reply:
         ]
 
     def encode(self) -> list[Frame]:
-        timing = self.timing_json
-        if timing is None:
-            timing = _json(dict(self.timing))
-        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{timing}}}'
-        return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
+        header = ReplyHeader(self.tensors.specs, dict(self.timing))
+        return frames(self.COMMAND, self.request_id, _encode(header), self.tensors.frames)
+
+    @classmethod
+    def from_wire(
+        cls, ident: bytes, header: ReplyHeader, tensors: Sequence[Frame], limits: Limits
+    ) -> Reply:
+        specs = checked_specs(header.tensors, limits, "REPLY header field 'tensors'")
+        return cls(ident, received(specs, tensors, "REPLY header", limits), header.timing)
 
 
-def _reply(i: bytes, f: dict[str, Any], t: Sequence[Frame], lim: Limits) -> Reply:
-    return Reply(i, _tensors(f["tensors"], t, "REPLY header", lim), f["timing"])
-
-
-_REPLY = _Decoder(
-    Command.REPLY, {"tensors": _TENSORS, "timing": _Field(_timing)}, _reply, tensors=_ONE
-)
+class ErrorHeader(Header, frozen=True):
+    code: Code
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,137 +122,109 @@ class ErrorReply:
     """An error for one request: a wire code from ipuserve.errors and a message."""
 
     COMMAND: ClassVar[Command] = Command.ERROR
+    HEADER: ClassVar[type[Header]] = ErrorHeader
+    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes
     code: str
     message: str
 
     @classmethod
     def of(cls, request_id: bytes, error: IpuserveError) -> ErrorReply:
-        return cls(request_id, error.code, _bounded(str(error)))
+        return cls(request_id, error.code, bounded(str(error)))
 
     def exception(self) -> IpuserveError:
         return error_for_code(self.code, self.message)
 
     def encode(self) -> list[Frame]:
-        header = {"code": self.code, "message": _bounded(self.message)}
-        return _frames(self.COMMAND, self.request_id, header)
+        header = ErrorHeader(self.code, bounded(self.message))
+        return frames(self.COMMAND, self.request_id, _encode(header))
+
+    @classmethod
+    def from_wire(cls, ident: bytes, header: ErrorHeader, _t: Any, _l: Limits) -> ErrorReply:
+        return cls(ident, header.code, header.message)
 
 
-_ERROR = _Decoder(
-    Command.ERROR,
-    {"code": _Field(_code), "message": _Field(_text)},
-    lambda i, f, t, lim: ErrorReply(i, f["code"], f["message"]),
-)
+class Empty(Header, frozen=True):
+    """The header of a message that says everything with its command: ``{}``."""
 
 
 @dataclass(frozen=True, slots=True)
 class ListModels:
     COMMAND: ClassVar[Command] = Command.MODELS
+    HEADER: ClassVar[type[Header]] = Empty
+    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes = b""
 
     def encode(self) -> list[Frame]:
-        return _frames(self.COMMAND, self.request_id, {})
+        return frames(self.COMMAND, self.request_id, b"{}")
+
+    @classmethod
+    def from_wire(cls, ident: bytes, _h: Empty, _t: Any, _l: Limits) -> ListModels:
+        return cls(ident)
 
 
-_MODELS = _Decoder(Command.MODELS, {}, lambda i, f, t, lim: ListModels(i))
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
+class WorkerLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One worker of a model: ``credit`` and ``in_flight`` count jobs (a group is one),
     ``requests`` the clients' requests those jobs hold."""
 
-    worker_id: str
-    credit: int
-    in_flight: int
-    requests: int = 0
+    worker_id: Name
+    credit: Count
+    in_flight: Count
+    requests: Count = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "worker_id": self.worker_id,
-            "credit": self.credit,
-            "in_flight": self.in_flight,
-            "requests": self.requests,
-        }
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
-_LOAD_SCHEMA = {
-    "worker_id": _Field(_name),
-    "credit": _Field(_count),
-    "in_flight": _Field(_count),
-    "requests": _Field(_count, required=False),  # older brokers of v3 leave it out
-}
-
-
-def _worker_load(value: Any, limits: Limits) -> WorkerLoad:
-    fields = _check_fields(_as_object(value), _LOAD_SCHEMA, "worker", limits)
-    in_flight = fields["in_flight"]
-    return WorkerLoad(
-        fields["worker_id"], fields["credit"], in_flight, fields.get("requests", in_flight)
-    )
-
-
-def _worker_loads(value: Any, limits: Limits) -> tuple[WorkerLoad, ...]:
-    return _items(value, 100_000, _worker_load, limits)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
+class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A model as the broker lists it; ``queued`` counts requests."""
 
     spec: ModelSpec
-    queued: int
+    queued: Count
     workers: tuple[WorkerLoad, ...]
 
     def to_json(self) -> dict[str, Any]:
-        workers = [w.to_json() for w in self.workers]
-        return {"spec": self.spec.to_json(), "queued": self.queued, "workers": workers}
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
-_INFO_SCHEMA = {
-    "spec": _Field(_model_spec),
-    "queued": _Field(_count),
-    "workers": _Field(_worker_loads),
-}
-
-
-def _model_info(value: Any, limits: Limits) -> ModelInfo:
-    fields = _check_fields(_as_object(value), _INFO_SCHEMA, "model", limits)
-    return ModelInfo(fields["spec"], fields["queued"], fields["workers"])
-
-
-def _model_infos(value: Any, limits: Limits) -> tuple[ModelInfo, ...]:
-    return _items(value, 100_000, _model_info, limits)
+class ModelsHeader(Header, frozen=True):
+    models: tuple[ModelInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ModelsReply:
     COMMAND: ClassVar[Command] = Command.MODELS_REPLY
+    HEADER: ClassVar[type[Header]] = ModelsHeader
+    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes
     models: tuple[ModelInfo, ...]
 
     def encode(self) -> list[Frame]:
-        header = {"models": [m.to_json() for m in self.models]}
-        return _frames(self.COMMAND, self.request_id, header)
+        return frames(self.COMMAND, self.request_id, _encode(ModelsHeader(self.models)))
 
-
-_MODELS_REPLY = _Decoder(
-    Command.MODELS_REPLY,
-    {"models": _Field(_model_infos)},
-    lambda i, f, t, lim: ModelsReply(i, f["models"]),
-)
+    @classmethod
+    def from_wire(cls, ident: bytes, header: ModelsHeader, _t: Any, limits: Limits) -> ModelsReply:
+        return cls(ident, tuple(m for m in header.models if m.spec.checked(limits)))
 
 
 @dataclass(frozen=True, slots=True)
 class Ping:
     COMMAND: ClassVar[Command] = Command.PING
+    HEADER: ClassVar[type[Header]] = Empty
+    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes = b""
 
     def encode(self) -> list[Frame]:
-        return _frames(self.COMMAND, self.request_id, {})
+        return frames(self.COMMAND, self.request_id, b"{}")
+
+    @classmethod
+    def from_wire(cls, ident: bytes, _h: Empty, _t: Any, _l: Limits) -> Ping:
+        return cls(ident)
 
 
-_PING = _Decoder(Command.PING, {}, lambda i, f, t, lim: Ping(i))
+class PongHeader(Header, frozen=True):
+    epoch: Name
+    max_payload_bytes: Positive
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,20 +234,20 @@ class Pong:
     the connection of a peer that sends one frame far beyond it, and nobody could answer."""
 
     COMMAND: ClassVar[Command] = Command.PONG
+    HEADER: ClassVar[type[Header]] = PongHeader
+    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes
     epoch: str
     max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
 
     def encode(self) -> list[Frame]:
-        header = {"epoch": self.epoch, "max_payload_bytes": self.max_payload_bytes}
-        return _frames(self.COMMAND, self.request_id, header)
+        header = PongHeader(self.epoch, self.max_payload_bytes)
+        return frames(self.COMMAND, self.request_id, _encode(header))
+
+    @classmethod
+    def from_wire(cls, ident: bytes, header: PongHeader, _t: Any, _l: Limits) -> Pong:
+        return cls(ident, header.epoch, header.max_payload_bytes)
 
 
-_PONG = _Decoder(
-    Command.PONG,
-    {"epoch": _Field(_name), "max_payload_bytes": _Field(_positive)},
-    lambda i, f, t, lim: Pong(i, f["epoch"], f["max_payload_bytes"]),
-)
-
-#: This module's decoders, for ipuserve.protocol.codec.
-_DECODERS = (_REQUEST, _REPLY, _ERROR, _MODELS, _MODELS_REPLY, _PING, _PONG)
+#: This module's messages, for ipuserve.protocol.codec.
+MESSAGES = (Request, Reply, ErrorReply, ListModels, ModelsReply, Ping, Pong)

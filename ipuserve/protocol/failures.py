@@ -6,7 +6,6 @@ make a client wait for ever (BROKER_SHUTDOWN) or blame its valid request.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ipuserve.errors import (
     DeadlineExceeded,
@@ -21,8 +20,8 @@ from ipuserve.errors import (
     WorkerFailedError,
     error_for_code,
 )
-from ipuserve.protocol.checks import _code, _job_id, _show, _text
-from ipuserve.protocol.envelope import Limits, _bounded
+from ipuserve.protocol.envelope import bounded
+from ipuserve.protocol.fields import Code, HexId, Row, hex_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +34,7 @@ class Fail:
 
     @classmethod
     def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
-        return cls(job_id, error.code, _bounded(str(error)))
+        return cls(job_id, error.code, bounded(str(error)))
 
     def exception(self) -> IpuserveError:
         return error_for_code(self.code, self.message)
@@ -71,7 +70,16 @@ WORKER_CODES = frozenset(
 )
 
 
-def _failure_row(item: Any, limits: Limits) -> Fail:
-    if type(item) is not list or len(item) != 3:
-        raise ProtocolError(f"must be [job id, code, message]; got {_show(item)}")
-    return Fail(_job_id(item[0], limits), _code(item[1], limits), _text(item[2], limits))
+class FailRow(Row, frozen=True):
+    """A failure as RESULTS and REPLIES list it: ``[job id hex, code, message]``."""
+
+    job_id: HexId
+    code: Code
+    message: str
+
+    @classmethod
+    def of(cls, fail: Fail) -> FailRow:
+        return cls(fail.job_id.hex(), fail.code, bounded(fail.message))
+
+    def fail(self, where: str) -> Fail:
+        return Fail(hex_id(self.job_id, where), self.code, self.message)

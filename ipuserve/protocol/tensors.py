@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
+import msgspec
 import numpy as np
+from msgspec import Meta
 
-from ipuserve.errors import InvalidInputError
+from ipuserve.errors import InvalidInputError, PayloadTooLargeError, ProtocolError
+from ipuserve.protocol.envelope import Limits, nbytes
+from ipuserve.protocol.fields import Name, at_most
 
 if TYPE_CHECKING:
     import zmq
@@ -44,20 +48,26 @@ DTYPES: dict[str, np.dtype[Any]] = {
 Frame: TypeAlias = "bytes | zmq.Frame | np.ndarray[Any, Any] | memoryview"
 
 
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """A tensor's name, dtype name (from :data:`DTYPES`) and shape."""
+if TYPE_CHECKING:
+    DType = str
+else:  # declared for msgspec: a dtype off the allow-list is refused, its value named
+    DType = Literal[tuple(DTYPES)]
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    #: prod(shape) * itemsize, computed once: every message checks every frame against it.
-    nbytes: int = field(init=False, repr=False, compare=False, hash=False)
 
-    def __post_init__(self) -> None:
-        wire = DTYPES.get(self.dtype)
-        itemsize = wire.itemsize if wire is not None else np.dtype(self.dtype).itemsize
-        object.__setattr__(self, "nbytes", math.prod(self.shape) * itemsize)
+class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A tensor's name, dtype name (from :data:`DTYPES`) and shape: as it travels.
+
+    The shape's bounds that depend on the receiver (rank, elements) are checked by
+    :func:`checked_specs`."""
+
+    name: Name
+    dtype: DType
+    shape: tuple[Annotated[int, Meta(ge=0)], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """prod(shape) * itemsize."""
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
@@ -65,6 +75,61 @@ class TensorSpec:
     def __str__(self) -> str:
         """``x:float32[4, 8]``, as listings and messages show a tensor."""
         return f"{self.name}:{self.dtype}{list(self.shape)}"
+
+
+def checked_specs(
+    specs: tuple[TensorSpec, ...], limits: Limits, where: str
+) -> tuple[TensorSpec, ...]:
+    """``specs`` within a receiver's limits: count, unique names, rank, elements."""
+    at_most(len(specs), limits.max_tensors, where)
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"a tensor is named twice: {names}")
+    for spec in specs:
+        shape = list(spec.shape)
+        if len(shape) > limits.max_rank:
+            raise InvalidInputError(
+                f"tensor {spec.name!r} shape must be a list of at most "
+                f"{limits.max_rank} integers; got {shape}"[:200]
+            )
+        if any(dim > limits.max_elements for dim in shape):  # numpy cannot view it
+            raise InvalidInputError(
+                f"tensor {spec.name!r} shape {shape} has a dimension above {limits.max_elements}"
+            )
+        if math.prod(shape) > limits.max_elements:
+            raise InvalidInputError(
+                f"tensor {spec.name!r} shape {shape} has more than {limits.max_elements} elements"
+            )
+    return specs
+
+
+def received(
+    specs: tuple[TensorSpec, ...],
+    frames: Sequence[Frame],
+    where: str,
+    limits: Limits,
+    members: int = 1,
+) -> Tensors:
+    """The tensors of one request or job as received (a group's: each frame holds every
+    member's): as many frames as specs, each of the right size; the payload limit holds
+    per member."""
+    if len(frames) != len(specs):
+        raise ProtocolError(
+            f"{where} lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) follow"
+        )
+    sizes = [spec.nbytes for spec in specs]
+    if sum(sizes) > limits.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"the tensors take {sum(sizes)} bytes; the limit is {limits.max_payload_bytes}"
+        )
+    for spec, size, frame in zip(specs, sizes, frames, strict=True):
+        if nbytes(frame) != size * members:
+            each = f" for each of {members} members" if members > 1 else ""
+            raise InvalidInputError(
+                f"tensor {spec.name!r} ({spec.dtype}{list(spec.shape)}) needs {size} "
+                f"bytes{each}; its frame has {nbytes(frame)}"
+            )
+    return Tensors(specs, tuple(frames), members)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,22 +272,8 @@ def _wire_array(name: str, value: Any) -> tuple[np.ndarray[Any, Any], str]:
     return np.ascontiguousarray(array, dtype=wire), array.dtype.name
 
 
-#: (name, dtype, shape) -> the one TensorSpec for it: a sender (a worker's outputs, a
-#: client's inputs) repeats the same specs, so equal specs are the same objects and
-#: their JSON is found in _SPECS_JSON without building anything.
-_SPECS: dict[tuple[str, str, tuple[int, ...]], TensorSpec] = {}
-_SPECS_SIZE = 4096
-
-
-def _intern(spec: TensorSpec) -> TensorSpec:
-    if len(_SPECS) >= _SPECS_SIZE:
-        _SPECS.clear()
-    return _SPECS.setdefault((spec.name, spec.dtype, spec.shape), spec)
-
-
 def _spec_of(name: str, dtype: str, shape: tuple[int, ...]) -> TensorSpec:
-    spec = _SPECS.get((name, dtype, shape))
-    return spec if spec is not None else _intern(TensorSpec(name, dtype, tuple(shape)))
+    return TensorSpec(name, dtype, tuple(shape))
 
 
 def _view(spec: TensorSpec, frame: Frame, members: int = 1) -> np.ndarray[Any, Any]:
