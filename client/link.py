@@ -174,7 +174,7 @@ class Link:
     def send(self, pending: Pending) -> None:
         """Send one request under the per-request rules (limit, hold, HWM).
 
-        Held until the first PONG: a request beyond ``protocol.FRAME_SLACK_BYTES``
+        Held until the first PONG: a request beyond ``transport.FRAME_SLACK_BYTES``
         while the broker's limit is unknown (its ZeroMQ would drop the connection, and
         nobody could answer), and while disconnected too: the broker back may have a
         smaller limit, and a frame waiting in ZeroMQ's pipe could not be taken back."""
