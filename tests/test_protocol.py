@@ -105,7 +105,7 @@ def _same(a: Any, b: Any) -> bool:
         np.array_equal(arrays_a[k], arrays_b[k]) and arrays_a[k].dtype == arrays_b[k].dtype
         for k in arrays_a
     )
-    # fields outside equality (a Result's timing_json: how the timing was received) too
+    # the other fields that take part in equality
     others = [f.name for f in dataclasses.fields(a) if f.compare and f.name != "tensors"]
     same_others = all(getattr(a, f) == getattr(b, f) for f in others)
     return same_arrays and tensors_a.specs == b.tensors.specs and same_others

@@ -12,19 +12,10 @@ identity in front; strip it before :func:`decode`)::
                          C-ordered little-endian, exactly prod(shape) * itemsize bytes
 
 The header is declared per command as a ``msgspec.Struct`` whose fields carry
-their limits (``msgspec.Meta``), so msgspec validates it while parsing.
-
-The broker and a worker exchange batches: one JOBS message carries every job the
-broker hands a worker in one turn of its loop, one RESULTS message every outcome
-the worker has ready. Their headers list each job (id, tensor specs, budget or
-timing) and their tensor frames follow job by job; a single job is a batch of one.
-A client may batch too: REQUESTS carries the requests it has ready at once (laid
-out as JOBS), and the broker then answers those requests' results in REPLIES
-(laid out as RESULTS); a client that sends single REQUESTs gets single REPLYs.
-A row of REQUESTS may be a *group*: several requests of one model and tensor layout
-whose tensors share one frame each (members one after another); the broker and
-worker carry it as one job (a JOBS/RESULTS row with a member count) and the broker
-answers it in one REPLIES row (docs/protocol.md §2.3).
+their limits (``msgspec.Meta``), so msgspec validates it while parsing. The batches
+(JOBS and RESULTS between broker and worker, REQUESTS and REPLIES from and to a
+client) carry many jobs, and a row may be a *group* of requests sharing its frames
+(docs/protocol.md §2).
 
 :func:`decode` validates all of it before anything uses it and raises
 :class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
@@ -121,60 +112,14 @@ from ipuserve.protocol.worker_messages import (
     Welcome,
 )
 
-__all__ = [
-    "DEFAULT_LIMITS",
-    "DTYPES",
-    "ENVELOPE_BYTES",
-    "HEADER_FRAMES",
-    "MAX_COUNT",
-    "MAX_DURATION_MS",
-    "MAX_ID_BYTES",
-    "MAX_MESSAGE_CHARS",
-    "MAX_NAME_CHARS",
-    "MAX_TIMING_KEYS",
-    "MAX_TIMING_VALUE",
-    "PROTOCOL_TAG",
-    "PROTOCOL_VERSION",
-    "TAG",
-    "WORKER_CODES",
-    "Bye",
-    "Command",
-    "ErrorReply",
-    "Fail",
-    "Frame",
-    "Heartbeat",
-    "Hello",
-    "Job",
-    "Jobs",
-    "Limits",
-    "ListModels",
-    "Message",
-    "ModelInfo",
-    "ModelSpec",
-    "ModelsReply",
-    "Ping",
-    "Pong",
-    "Reconnect",
-    "Refusals",
-    "Replies",
-    "Reply",
-    "Request",
-    "Requests",
-    "Result",
-    "Results",
-    "TensorSpec",
-    "Tensors",
-    "Welcome",
-    "WorkerLoad",
-    "batch_problem",
-    "check_inputs",
-    "decode",
-    "encode_batch",
-    "envelope",
-    "error_frames",
-    "name_problem",
-    "outputs_problem",
-    "peek_id",
-    "peek_ids",
-    "split_batch",
-]
+#: The public API, by kind: constants, messages and types, functions.
+__all__ = ["DEFAULT_LIMITS", "DTYPES", "ENVELOPE_BYTES", "HEADER_FRAMES", "MAX_COUNT"]
+__all__ += ["MAX_DURATION_MS", "MAX_ID_BYTES", "MAX_MESSAGE_CHARS", "MAX_NAME_CHARS"]
+__all__ += ["MAX_TIMING_KEYS", "MAX_TIMING_VALUE", "PROTOCOL_TAG", "PROTOCOL_VERSION", "TAG"]
+__all__ += ["WORKER_CODES"]
+__all__ += ["Bye", "Command", "ErrorReply", "Fail", "Frame", "Heartbeat", "Hello", "Job", "Jobs"]
+__all__ += ["Limits", "ListModels", "Message", "ModelInfo", "ModelSpec", "ModelsReply", "Ping"]
+__all__ += ["Pong", "Reconnect", "Refusals", "Replies", "Reply", "Request", "Requests", "Result"]
+__all__ += ["Results", "TensorSpec", "Tensors", "Welcome", "WorkerLoad"]
+__all__ += ["batch_problem", "check_inputs", "decode", "encode_batch", "envelope", "error_frames"]
+__all__ += ["name_problem", "outputs_problem", "peek_id", "peek_ids", "split_batch"]

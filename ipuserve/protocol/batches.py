@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeAlias, TypeVar
 
 import msgspec
 
@@ -31,6 +31,7 @@ from ipuserve.protocol.envelope import (
     Carries,
     Command,
     Limits,
+    Wire,
     frames,
     nbytes,
 )
@@ -77,6 +78,54 @@ class JobsHeader(Header, frozen=True):
     jobs: tuple[JobRow, ...]
 
 
+class _Batch(Wire):
+    """What every batch does with its two tuples of rows (``_ROWS`` names them): count
+    them, halve them (:func:`split_batch`), send the first's tensors after a header."""
+
+    __slots__ = ()
+    _ROWS: ClassVar[tuple[str, str]]
+
+    @property
+    def rows(self) -> int:
+        first, second = self._ROWS
+        return len(getattr(self, first)) + len(getattr(self, second))
+
+    def halves(self) -> tuple[Self, Self]:
+        """The rows in two halves, the first tuple's rows first."""
+        rows, others = (getattr(self, name) for name in self._ROWS)
+        middle = (len(rows) + len(others)) // 2
+        cut = max(0, middle - len(rows))
+        first = type(self)(rows[:middle], others[:cut])  # type: ignore[call-arg]
+        return first, type(self)(rows[middle:], others[cut:])  # type: ignore[call-arg]
+
+    def _frames(self, header: Header) -> list[Frame]:
+        items = getattr(self, self._ROWS[0])
+        tensors = [frame for item in items for frame in item.tensors.frames]
+        return frames(self.COMMAND, b"", _encode(header), tensors)
+
+
+class _Outputs(_Batch):
+    """RESULTS and REPLIES, laid out alike: outputs (tensors and timing) and failures.
+    One encoder and one decoder for both; each class says how it writes a row of an
+    output (``_row``) and makes an output of a good row (``_output``)."""
+
+    __slots__ = ()
+    _row: ClassVar[Callable[[Any, int], Row]]
+    _output: ClassVar[Callable[..., Any]]
+
+    def encode(self) -> list[Frame]:
+        outputs, failures = (getattr(self, name) for name in self._ROWS)
+        specs, at = _tabled(outputs, lambda output: output.tensors.specs)
+        rows = tuple(type(self)._row(output, n) for output, n in at)
+        return self._frames(self.HEADER(specs, rows, _fails(failures)))
+
+    @classmethod
+    def from_wire(cls, _i: bytes, h: Any, tensors: Sequence[Frame], lim: Limits) -> Self:
+        outputs, listed = (getattr(h, name) for name in cls._ROWS)
+        good, failed = _outputs(h.specs, outputs, listed, tensors, cls.COMMAND, lim)
+        return cls(tuple(cls._output(*row) for row in good), failed)  # type: ignore[call-arg]
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A request forwarded to a worker; ``budget_ms`` is the time left before its deadline,
@@ -90,49 +139,26 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
-class Jobs:
-    """Jobs for one worker, sent together: rows ``[id hex, spec index, budget_ms or null,
-    members, samples]``. ``rejected`` is filled by :func:`decode` only: jobs whose
-    tensor frames do not match their specs, as the FAIL their sender should get."""
+class Jobs(_Batch, command=Command.JOBS, header=JobsHeader, carries=Carries.BATCH):
+    """Jobs for one worker, sent together. ``rejected`` is filled by :func:`decode`
+    only: jobs whose tensor frames do not match their specs, as the FAIL to send."""
 
-    COMMAND: ClassVar[Command] = Command.JOBS
-    HEADER: ClassVar[type[Header]] = JobsHeader
-    CARRIES: ClassVar[Carries] = Carries.BATCH
+    _ROWS = ("jobs", "rejected")
     jobs: tuple[Job, ...]
     rejected: tuple[Fail, ...] = ()
 
-    @property
-    def rows(self) -> int:
-        return len(self.jobs)
-
-    def halves(self) -> tuple[Jobs, Jobs]:
-        middle = len(self.jobs) // 2
-        return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
-
     def encode(self) -> list[Frame]:
-        table: dict[tuple[str, Specs], int] = {}
-        rows = [
-            JobRow(
-                j.job_id.hex(),
-                _index(table, (j.model, j.tensors.specs)),
-                j.budget_ms,
-                j.tensors.members,
-                j.samples,
-            )
-            for j in self.jobs
-        ]
-        header = JobsHeader(tuple(JobSpec(*key) for key in table), tuple(rows))
-        return frames(self.COMMAND, b"", _encode(header), _frames_of(self.jobs))
+        keys, at = _tabled(self.jobs, lambda j: (j.model, j.tensors.specs))
+        rows = tuple(
+            JobRow(j.job_id.hex(), n, j.budget_ms, j.tensors.members, j.samples) for j, n in at
+        )
+        return self._frames(JobsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
     @classmethod
     def from_wire(cls, _i: bytes, h: JobsHeader, tensors: Sequence[Frame], lim: Limits) -> Jobs:
-        jobs, rejected = [], []
-        for row, ident, _group, spec, found in _unpack(h.specs, h.jobs, tensors, "jobs", lim):
-            if isinstance(found, Tensors):
-                jobs.append(Job(ident, spec.model, found, row.budget_ms, row.samples))
-            else:
-                rejected.append(Fail.of(ident, found))
-        return cls(tuple(jobs), tuple(rejected))
+        good, bad = _unpack(h.specs, h.jobs, tensors, cls.COMMAND, lim)
+        jobs = (Job(i, spec.model, t, row.budget_ms, row.samples) for row, i, _g, spec, t in good)
+        return cls(tuple(jobs), bad)
 
 
 class RequestRow(Row, frozen=True):
@@ -147,48 +173,27 @@ class RequestsHeader(Header, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
-class Requests:
-    """Requests of one client, sent together: what its I/O thread had ready at once.
-    Laid out as JOBS, rows ``[request id hex or [ids of a group], spec index,
-    timeout_ms or null]``. ``rejected`` is filled by :func:`decode` only: requests
-    whose tensor frames do not match their specs, as the error to answer them with."""
+class Requests(_Batch, command=Command.REQUESTS, header=RequestsHeader, carries=Carries.BATCH):
+    """Requests of one client, sent together: what its I/O thread had ready at once,
+    laid out as JOBS. ``rejected`` is filled by :func:`decode` only: requests whose
+    tensor frames do not match their specs, as the error to answer them with."""
 
-    COMMAND: ClassVar[Command] = Command.REQUESTS
-    HEADER: ClassVar[type[Header]] = RequestsHeader
-    CARRIES: ClassVar[Carries] = Carries.BATCH
+    _ROWS = ("requests", "rejected")
     requests: tuple[Request, ...]
     rejected: tuple[Fail, ...] = ()
 
-    @property
-    def rows(self) -> int:
-        return len(self.requests)
-
-    def halves(self) -> tuple[Requests, Requests]:
-        middle = len(self.requests) // 2
-        return Requests(self.requests[:middle]), Requests(self.requests[middle:])
-
     def encode(self) -> list[Frame]:
-        table: dict[tuple[str, Specs], int] = {}
-        rows = [
-            RequestRow(_row_id(r), _index(table, (r.model, r.tensors.specs)), r.timeout_ms)
-            for r in self.requests
-        ]
-        header = RequestsHeader(tuple(JobSpec(*key) for key in table), tuple(rows))
-        return frames(self.COMMAND, b"", _encode(header), _frames_of(self.requests))
+        keys, at = _tabled(self.requests, lambda r: (r.model, r.tensors.specs))
+        rows = tuple(RequestRow(_row_id(r), n, r.timeout_ms) for r, n in at)
+        return self._frames(RequestsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
     @classmethod
     def from_wire(
         cls, _i: bytes, h: RequestsHeader, tensors: Sequence[Frame], lim: Limits
     ) -> Requests:
-        requests, rejected = [], []
-        for row, ident, group, spec, found in _unpack(
-            h.specs, h.requests, tensors, "requests", lim
-        ):
-            if isinstance(found, Tensors):
-                requests.append(Request(ident, spec.model, found, row.timeout_ms, group))
-            else:
-                rejected += [Fail.of(member, found) for member in group or (ident,)]
-        return cls(tuple(requests), tuple(rejected))
+        good, bad = _unpack(h.specs, h.requests, tensors, cls.COMMAND, lim)
+        rows = (Request(i, s.model, t, row.timeout_ms, g) for row, i, g, s, t in good)
+        return cls(tuple(rows), bad)
 
 
 class ResultRow(Row, frozen=True):
@@ -226,50 +231,16 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
-class Results:
-    """Outcomes of jobs, sent together: results (rows ``[id hex, spec index, timing,
-    members]``), and failures (``[id hex, code, message]``, which may be left out).
-    :func:`decode` turns a result whose tensor frames do not match its specs into a
-    failure with the error found."""
+class Results(_Outputs, command=Command.RESULTS, header=ResultsHeader, carries=Carries.BATCH):
+    """Outcomes of jobs, sent together: results, and failures. :func:`decode` turns a
+    result whose tensor frames do not match its specs into a failure (WORKER_FAILED:
+    never the client's fault)."""
 
-    COMMAND: ClassVar[Command] = Command.RESULTS
-    HEADER: ClassVar[type[Header]] = ResultsHeader
-    CARRIES: ClassVar[Carries] = Carries.BATCH
+    _ROWS = ("results", "failures")
+    _row = lambda r, n: ResultRow(r.job_id.hex(), n, dict(r.timing), r.tensors.members)  # noqa: E731
+    _output = lambda row, i, _g, _s, t: Result(i, t, row.timing)  # noqa: E731
     results: tuple[Result, ...] = ()
     failures: tuple[Fail, ...] = ()
-
-    @property
-    def rows(self) -> int:
-        return len(self.results) + len(self.failures)
-
-    def halves(self) -> tuple[Results, Results]:
-        first, second = _halve(self.results, self.failures)
-        return Results(*first), Results(*second)
-
-    def encode(self) -> list[Frame]:
-        table: dict[Specs, int] = {}
-        rows = [
-            ResultRow(
-                r.job_id.hex(), _index(table, r.tensors.specs), dict(r.timing), r.tensors.members
-            )
-            for r in self.results
-        ]
-        failures = tuple(map(FailRow.of, self.failures))
-        header = ResultsHeader(tuple(table), tuple(rows), failures)
-        return frames(self.COMMAND, b"", _encode(header), _frames_of(self.results))
-
-    @classmethod
-    def from_wire(
-        cls, _i: bytes, h: ResultsHeader, tensors: Sequence[Frame], lim: Limits
-    ) -> Results:
-        results, failures = [], _failures(h.failures, "failures", lim)
-        for row, ident, _g, _s, found in _unpack(h.specs, h.results, tensors, "results", lim):
-            if isinstance(found, Tensors):
-                results.append(Result(ident, found, row.timing))
-            else:  # the worker's outputs: never the client's fault
-                why = f"the worker sent outputs the protocol refuses: {found}"
-                failures.append(Fail.of(ident, WorkerFailedError(why)))
-        return cls(tuple(results), tuple(failures))
 
 
 class ReplyRow(Row, frozen=True):
@@ -285,79 +256,45 @@ class RepliesHeader(Header, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
-class Replies:
-    """Replies to REQUESTS rows of one client, sent together: laid out as RESULTS, rows
-    ``[request id hex or [ids of a group], spec index, timing]`` under ``"replies"``
-    and failures under ``"errors"``. :func:`decode` turns a reply whose tensor frames
-    do not match its specs into an error."""
+class Replies(_Outputs, command=Command.REPLIES, header=RepliesHeader, carries=Carries.BATCH):
+    """Replies to REQUESTS rows of one client, sent together: laid out as RESULTS, with
+    ``replies`` and ``errors``. :func:`decode` turns a reply whose tensor frames do not
+    match its specs into an error."""
 
-    COMMAND: ClassVar[Command] = Command.REPLIES
-    HEADER: ClassVar[type[Header]] = RepliesHeader
-    CARRIES: ClassVar[Carries] = Carries.BATCH
+    _ROWS = ("replies", "errors")
+    _row = lambda r, n: ReplyRow(_row_id(r), n, dict(r.timing))  # noqa: E731
+    _output = lambda row, i, g, _s, t: Reply(i, t, row.timing, g)  # noqa: E731
     replies: tuple[Reply, ...] = ()
     errors: tuple[Fail, ...] = ()
-
-    @property
-    def rows(self) -> int:
-        return len(self.replies) + len(self.errors)
-
-    def halves(self) -> tuple[Replies, Replies]:
-        first, second = _halve(self.replies, self.errors)
-        return Replies(*first), Replies(*second)
-
-    def encode(self) -> list[Frame]:
-        table: dict[Specs, int] = {}
-        rows = [
-            ReplyRow(_row_id(r), _index(table, r.tensors.specs), dict(r.timing))
-            for r in self.replies
-        ]
-        header = RepliesHeader(tuple(table), tuple(rows), tuple(map(FailRow.of, self.errors)))
-        return frames(self.COMMAND, b"", _encode(header), _frames_of(self.replies))
-
-    @classmethod
-    def from_wire(
-        cls, _i: bytes, h: RepliesHeader, tensors: Sequence[Frame], lim: Limits
-    ) -> Replies:
-        replies, errors = [], _failures(h.errors, "errors", lim)
-        for row, ident, group, _s, found in _unpack(h.specs, h.replies, tensors, "replies", lim):
-            if isinstance(found, Tensors):
-                replies.append(Reply(ident, found, row.timing, group))
-            else:
-                errors += [Fail.of(member, found) for member in group or (ident,)]
-        return cls(tuple(replies), tuple(errors))
 
 
 #: This module's messages, for ipuserve.protocol.codec.
 MESSAGES = (Jobs, Requests, Results, Replies)
+Batch: TypeAlias = Jobs | Requests | Results | Replies
 #: Each batch key's row fields, in order: how error messages name a row's entries.
-ROW_FIELDS = {
-    key: row.__struct_fields__
-    for key, row in (
-        ("jobs", JobRow),
-        ("requests", RequestRow),
-        ("results", ResultRow),
-        ("replies", ReplyRow),
-        ("failures", FailRow),
-        ("errors", FailRow),
-    )
-}
+_KEYS = ("jobs", "requests", "results", "replies", "failures", "errors")
+_ROW_TYPES: tuple[type[Row], ...] = (JobRow, RequestRow, ResultRow, ReplyRow, FailRow, FailRow)
+ROW_FIELDS = {key: row.__struct_fields__ for key, row in zip(_KEYS, _ROW_TYPES, strict=True)}
 
 
 # ---------------------------------------------------------------- encoding
 
+
 K = TypeVar("K", bound=Hashable)
+Item = TypeVar("Item")
 
 
-def _index(table: dict[K, int], key: K) -> int:
-    """``key``'s entry in a batch's spec table, added if new."""
-    found = table.get(key)
-    if found is None:
-        found = table[key] = len(table)
-    return found
+def _tabled(
+    items: Sequence[Item], key: Callable[[Item], K]
+) -> tuple[tuple[K, ...], list[tuple[Item, int]]]:
+    """A batch's spec table (each distinct ``key`` once) and each item with its index."""
+    table: dict[K, int] = {}
+    indexed = [(item, table.setdefault(key(item), len(table))) for item in items]
+    return tuple(table), indexed
 
 
-def _frames_of(items: Sequence[Job | Request | Result | Reply]) -> list[Frame]:
-    return [frame for item in items for frame in item.tensors.frames]
+def _fails(failures: tuple[Fail, ...]) -> tuple[FailRow, ...]:
+    return tuple(map(FailRow.of, failures))
 
 
 def _row_id(item: Request | Reply) -> Ids:
@@ -389,81 +326,56 @@ def split_batch(message: B, limits: Limits = DEFAULT_LIMITS) -> list[tuple[B, li
     return split_batch(first, limits) + split_batch(second, limits)
 
 
-T = TypeVar("T")
-
-
-def _halve(
-    outputs: tuple[T, ...], failures: tuple[Fail, ...]
-) -> tuple[tuple[tuple[T, ...], tuple[Fail, ...]], tuple[tuple[T, ...], tuple[Fail, ...]]]:
-    """Split the rows of a RESULTS or REPLIES in two halves, outputs first."""
-    middle = (len(outputs) + len(failures)) // 2
-    if middle <= len(outputs):
-        return (outputs[:middle], ()), (outputs[middle:], failures)
-    cut = middle - len(outputs)
-    return (outputs, failures[:cut]), ((), failures[cut:])
-
-
 # ---------------------------------------------------------------- decoding
 
-Found = Tensors | IpuserveError
 R = TypeVar("R", JobRow, RequestRow, ResultRow, ReplyRow)
+#: A good row: the row, its id, its group's ids, its spec table entry, its tensors.
+Good = tuple[R, bytes, tuple[bytes, ...], Any, Tensors]
 
 
 def _unpack(
-    table: Sequence[Any], rows: tuple[R, ...], tensors: Sequence[Frame], key: str, limits: Limits
-) -> list[tuple[R, bytes, tuple[bytes, ...], Any, Found]]:
-    """Each row with its id, its group's ids, its spec table entry and its tensors (or
-    why its frames do not fit it), the frames taken in order; a bad row id, spec index
-    or frame count refuses the whole message."""
-    where = f"{tables_name(key)} header field {key!r}"
-    at_most(len(rows), limits.max_batch, where)
-    specs = [_specs_of(entry) for entry in table]
+    table: Sequence[Any], rows: tuple[R, ...], tensors: Sequence[Frame], cmd: Command, lim: Limits
+) -> tuple[list[Good[R]], tuple[Fail, ...]]:
+    """A batch's rows whose frames fit their specs, and a failure for each member of
+    the others, the frames taken in order. A bad row id, spec index, member count or
+    frame count refuses the whole message."""
+    key = cmd.name.lower()
+    where = f"{cmd.name} header field {key!r}"
+    at_most(len(rows), lim.max_batch, where)
+    specs = [entry.tensors if isinstance(entry, JobSpec) else entry for entry in table]
     for n, entry in enumerate(specs):
-        checked_specs(entry, limits, f"{tables_name(key)} header field 'specs': [{n}]")
-    unpacked = []
+        checked_specs(entry, lim, f"{cmd.name} header field 'specs': [{n}]")
+    spans = []
     start = 0
     for n, row in enumerate(rows):
-        ident, group = _ids(getattr(row, row.__struct_fields__[0]), f"{where}: [{n}]", limits)
+        ident, group = _ids(getattr(row, row.__struct_fields__[0]), f"{where}: [{n}]", lim)
         if row.spec >= len(table):
             raise ProtocolError(
                 f"{key}[{n}] names spec {row.spec}; the header lists {len(table)} spec(s)"
             )
         members = len(group) or getattr(row, "members", 1)
-        if members > limits.max_batch:
+        if members > lim.max_batch:
             raise ProtocolError(
-                f"{where}: [{n}]: members must be an integer in 1..{limits.max_batch}; "
-                f"got {members}"
+                f"{where}: [{n}]: members must be an integer in 1..{lim.max_batch}; got {members}"
             )
-        end = start + len(specs[row.spec])
-        unpacked.append((row, ident, group, table[row.spec], (start, end, members)))
-        start = end
+        spans.append((start, start + len(specs[row.spec]), members, ident, group))
+        start = spans[-1][1]
     if start != len(tensors):
         raise ProtocolError(
-            f"{tables_name(key)} header lists {start} tensor(s) but "
-            f"{len(tensors)} tensor frame(s) follow"
+            f"{cmd.name} header lists {start} tensor(s) but {len(tensors)} tensor frame(s) follow"
         )
-    return [
-        (row, ident, group, entry, _received(_specs_of(entry), tensors, span, limits))
-        for row, ident, group, entry, span in unpacked
-    ]
-
-
-def _received(
-    specs: Specs, tensors: Sequence[Frame], span: tuple[int, int, int], limits: Limits
-) -> Found:
-    start, end, members = span
-    try:
-        return received(specs, tensors[start:end], "", limits, members)
-    except (InvalidInputError, PayloadTooLargeError) as exc:
-        return exc
-
-
-def _specs_of(entry: JobSpec | Specs) -> Specs:
-    return entry.tensors if isinstance(entry, JobSpec) else entry
-
-
-_COMMANDS = {"jobs": "JOBS", "requests": "REQUESTS", "results": "RESULTS", "replies": "REPLIES"}
-tables_name: Callable[[str], str] = _COMMANDS.__getitem__
+    good: list[Good[R]] = []
+    bad: list[Fail] = []
+    for row, (first, end, members, ident, group) in zip(rows, spans, strict=True):
+        try:
+            found = received(specs[row.spec], tensors[first:end], "", lim, members)
+            good.append((row, ident, group, table[row.spec], found))
+        except (InvalidInputError, PayloadTooLargeError) as exc:
+            error: IpuserveError = exc
+            if cmd is Command.RESULTS:  # the worker's outputs: never the client's fault
+                error = WorkerFailedError(f"the worker sent outputs the protocol refuses: {exc}")
+            bad += [Fail.of(member, error) for member in group or (ident,)]
+    return good, tuple(bad)
 
 
 def _ids(value: Ids, where: str, limits: Limits) -> tuple[bytes, tuple[bytes, ...]]:
@@ -479,7 +391,17 @@ def _ids(value: Ids, where: str, limits: Limits) -> tuple[bytes, tuple[bytes, ..
     return group[0], group
 
 
-def _failures(rows: tuple[FailRow, ...], key: str, limits: Limits) -> list[Fail]:
-    where = f"{'RESULTS' if key == 'failures' else 'REPLIES'} header field {key!r}"
-    at_most(len(rows), limits.max_batch, where)
-    return [row.fail(f"{where}: [{n}]") for n, row in enumerate(rows)]
+def _outputs(
+    table: Sequence[Specs],
+    rows: tuple[R, ...],
+    listed: tuple[FailRow, ...],
+    tensors: Sequence[Frame],
+    cmd: Command,
+    lim: Limits,
+) -> tuple[list[Good[R]], tuple[Fail, ...]]:
+    """A RESULTS' or REPLIES' good rows, and its failures: those listed, then the rows
+    whose frames do not fit their specs."""
+    where = f"{cmd.name} header field {'failures' if cmd is Command.RESULTS else 'errors'!r}"
+    at_most(len(listed), lim.max_batch, where)
+    good, bad = _unpack(table, rows, tensors, cmd, lim)
+    return good, tuple(row.fail(f"{where}: [{n}]") for n, row in enumerate(listed)) + bad

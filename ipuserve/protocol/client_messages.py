@@ -8,30 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, TypeAlias
 
 import msgspec
 
-from ipuserve.errors import IpuserveError, error_for_code
-from ipuserve.protocol.envelope import DEFAULT_LIMITS, Carries, Command, Limits, bounded, frames
+from ipuserve.protocol.envelope import Carries, Command, Limits, Wire, bounded, frames
+from ipuserve.protocol.failures import Coded
 from ipuserve.protocol.fields import Code, Count, Duration, Header, Name, Positive, Timing
 from ipuserve.protocol.schema import ModelSpec
 from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
 
 _encode = msgspec.json.encode
+Specs = tuple[TensorSpec, ...]
 
 
 class RequestHeader(Header, frozen=True):
     model: Name
-    tensors: tuple[TensorSpec, ...]
+    tensors: Specs
     timeout_ms: Duration | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
-    COMMAND: ClassVar[Command] = Command.REQUEST
-    HEADER: ClassVar[type[Header]] = RequestHeader
-    CARRIES: ClassVar[Carries] = Carries.ONE
+class Request(Wire, command=Command.REQUEST, header=RequestHeader, carries=Carries.ONE):
     request_id: bytes
     model: str
     tensors: Tensors
@@ -63,28 +61,20 @@ class Request:
         return parts
 
     def encode(self) -> list[Frame]:
-        header = RequestHeader(self.model, self.tensors.specs, self.timeout_ms)
-        return frames(self.COMMAND, self.request_id, _encode(header), self.tensors.frames)
+        return _with_tensors(self, RequestHeader(self.model, self.tensors.specs, self.timeout_ms))
 
     @classmethod
-    def from_wire(
-        cls, ident: bytes, header: RequestHeader, tensors: Sequence[Frame], limits: Limits
-    ) -> Request:
-        specs = checked_specs(header.tensors, limits, "REQUEST header field 'tensors'")
-        found = received(specs, tensors, "REQUEST header", limits)
-        return cls(ident, header.model, found, header.timeout_ms)
+    def from_wire(cls, i: bytes, h: RequestHeader, t: Sequence[Frame], lim: Limits) -> Request:
+        return cls(i, h.model, _tensors(cls.COMMAND, h.tensors, t, lim), h.timeout_ms)
 
 
 class ReplyHeader(Header, frozen=True):
-    tensors: tuple[TensorSpec, ...]
+    tensors: Specs
     timing: Timing
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
-    COMMAND: ClassVar[Command] = Command.REPLY
-    HEADER: ClassVar[type[Header]] = ReplyHeader
-    CARRIES: ClassVar[Carries] = Carries.ONE
+class Reply(Wire, command=Command.REPLY, header=ReplyHeader, carries=Carries.ONE):
     request_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
@@ -101,15 +91,22 @@ class Reply:
         ]
 
     def encode(self) -> list[Frame]:
-        header = ReplyHeader(self.tensors.specs, dict(self.timing))
-        return frames(self.COMMAND, self.request_id, _encode(header), self.tensors.frames)
+        return _with_tensors(self, ReplyHeader(self.tensors.specs, dict(self.timing)))
 
     @classmethod
-    def from_wire(
-        cls, ident: bytes, header: ReplyHeader, tensors: Sequence[Frame], limits: Limits
-    ) -> Reply:
-        specs = checked_specs(header.tensors, limits, "REPLY header field 'tensors'")
-        return cls(ident, received(specs, tensors, "REPLY header", limits), header.timing)
+    def from_wire(cls, i: bytes, h: ReplyHeader, t: Sequence[Frame], lim: Limits) -> Reply:
+        return cls(i, _tensors(cls.COMMAND, h.tensors, t, lim), h.timing)
+
+
+def _with_tensors(message: Request | Reply, header: Header) -> list[Frame]:
+    """A REQUEST's or REPLY's frames: its envelope, ``header``, its tensors."""
+    return frames(message.COMMAND, message.request_id, _encode(header), message.tensors.frames)
+
+
+def _tensors(command: Command, specs: Specs, tensors: Sequence[Frame], lim: Limits) -> Tensors:
+    """A REQUEST's or REPLY's tensors, checked against the receiver's limits."""
+    where = f"{command.name} header"
+    return received(checked_specs(specs, lim, f"{where} field 'tensors'"), tensors, where, lim)
 
 
 class ErrorHeader(Header, frozen=True):
@@ -118,22 +115,12 @@ class ErrorHeader(Header, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
-class ErrorReply:
-    """An error for one request: a wire code from ipuserve.errors and a message."""
+class ErrorReply(Coded, Wire, command=Command.ERROR, header=ErrorHeader):
+    """An error for one request."""
 
-    COMMAND: ClassVar[Command] = Command.ERROR
-    HEADER: ClassVar[type[Header]] = ErrorHeader
-    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes
     code: str
     message: str
-
-    @classmethod
-    def of(cls, request_id: bytes, error: IpuserveError) -> ErrorReply:
-        return cls(request_id, error.code, bounded(str(error)))
-
-    def exception(self) -> IpuserveError:
-        return error_for_code(self.code, self.message)
 
     def encode(self) -> list[Frame]:
         header = ErrorHeader(self.code, bounded(self.message))
@@ -149,18 +136,27 @@ class Empty(Header, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
-class ListModels:
-    COMMAND: ClassVar[Command] = Command.MODELS
-    HEADER: ClassVar[type[Header]] = Empty
-    CARRIES: ClassVar[Carries] = Carries.NOTHING
+class _Asking(Wire):
+    """A question that its command says all of: ``{}`` and the id to answer."""
+
     request_id: bytes = b""
 
     def encode(self) -> list[Frame]:
         return frames(self.COMMAND, self.request_id, b"{}")
 
     @classmethod
-    def from_wire(cls, ident: bytes, _h: Empty, _t: Any, _l: Limits) -> ListModels:
+    def from_wire(cls, ident: bytes, _h: Empty, _t: Any, _l: Limits) -> Any:
         return cls(ident)
+
+
+@dataclass(frozen=True, slots=True)
+class ListModels(_Asking, command=Command.MODELS, header=Empty):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(_Asking, command=Command.PING, header=Empty):
+    pass
 
 
 class WorkerLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -192,10 +188,7 @@ class ModelsHeader(Header, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
-class ModelsReply:
-    COMMAND: ClassVar[Command] = Command.MODELS_REPLY
-    HEADER: ClassVar[type[Header]] = ModelsHeader
-    CARRIES: ClassVar[Carries] = Carries.NOTHING
+class ModelsReply(Wire, command=Command.MODELS_REPLY, header=ModelsHeader):
     request_id: bytes
     models: tuple[ModelInfo, ...]
 
@@ -207,38 +200,20 @@ class ModelsReply:
         return cls(ident, tuple(m for m in header.models if m.spec.checked(limits)))
 
 
-@dataclass(frozen=True, slots=True)
-class Ping:
-    COMMAND: ClassVar[Command] = Command.PING
-    HEADER: ClassVar[type[Header]] = Empty
-    CARRIES: ClassVar[Carries] = Carries.NOTHING
-    request_id: bytes = b""
-
-    def encode(self) -> list[Frame]:
-        return frames(self.COMMAND, self.request_id, b"{}")
-
-    @classmethod
-    def from_wire(cls, ident: bytes, _h: Empty, _t: Any, _l: Limits) -> Ping:
-        return cls(ident)
-
-
 class PongHeader(Header, frozen=True):
     epoch: Name
     max_payload_bytes: Positive
 
 
 @dataclass(frozen=True, slots=True)
-class Pong:
+class Pong(Wire, command=Command.PONG, header=PongHeader):
     """Carries the broker's epoch (a random id chosen at start, so peers notice restarts)
     and its payload limit: a client refuses a bigger request itself, since ZeroMQ drops
     the connection of a peer that sends one frame far beyond it, and nobody could answer."""
 
-    COMMAND: ClassVar[Command] = Command.PONG
-    HEADER: ClassVar[type[Header]] = PongHeader
-    CARRIES: ClassVar[Carries] = Carries.NOTHING
     request_id: bytes
     epoch: str
-    max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
+    max_payload_bytes: int = Limits().max_payload_bytes
 
     def encode(self) -> list[Frame]:
         header = PongHeader(self.epoch, self.max_payload_bytes)
@@ -251,3 +226,4 @@ class Pong:
 
 #: This module's messages, for ipuserve.protocol.codec.
 MESSAGES = (Request, Reply, ErrorReply, ListModels, ModelsReply, Ping, Pong)
+ClientMessage: TypeAlias = Request | Reply | ErrorReply | ListModels | ModelsReply | Ping | Pong

@@ -12,16 +12,8 @@ import msgspec
 
 from ipuserve.errors import IpuserveError, ProtocolError, UnsupportedVersionError
 from ipuserve.protocol import batches, client_messages, worker_messages
-from ipuserve.protocol.batches import Jobs, Replies, Requests, Results
-from ipuserve.protocol.client_messages import (
-    ErrorReply,
-    ListModels,
-    ModelsReply,
-    Ping,
-    Pong,
-    Reply,
-    Request,
-)
+from ipuserve.protocol.batches import Batch
+from ipuserve.protocol.client_messages import ClientMessage, ErrorReply
 from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
     ENVELOPE_BYTES,
@@ -38,46 +30,16 @@ from ipuserve.protocol.envelope import (
 )
 from ipuserve.protocol.fields import peek_hex, refused
 from ipuserve.protocol.tensors import Frame
-from ipuserve.protocol.worker_messages import Bye, Heartbeat, Hello, Reconnect, Welcome
+from ipuserve.protocol.worker_messages import WorkerMessage
 
-Message: TypeAlias = (
-    Request
-    | Reply
-    | ErrorReply
-    | ListModels
-    | ModelsReply
-    | Ping
-    | Pong
-    | Hello
-    | Welcome
-    | Jobs
-    | Requests
-    | Results
-    | Replies
-    | Heartbeat
-    | Reconnect
-    | Bye
-)
+Message: TypeAlias = ClientMessage | WorkerMessage | Batch
 
 
-class _Kind:
-    """How one command is read: its message class and a decoder of its declared header."""
-
-    __slots__ = ("command", "header", "message", "where")
-
-    def __init__(self, message: Any) -> None:
-        self.message = message
-        self.command: Command = message.COMMAND
-        self.header = msgspec.json.Decoder(getattr(message, "HEADER", message))
-        self.where = f"{self.command.name} header"
-
-
-#: envelope prefix (tag, version, command) -> how to read it: one lookup checks all three.
-_KINDS: dict[bytes, _Kind] = {
-    ENVELOPES[kind.command]: kind
-    for kind in map(
-        _Kind, (*client_messages.MESSAGES, *worker_messages.MESSAGES, *batches.MESSAGES)
-    )
+#: envelope prefix (tag, version, command) -> the message class and a decoder of its
+#: declared header: one lookup checks all three.
+_KINDS: dict[bytes, tuple[Any, msgspec.json.Decoder[Any]]] = {
+    ENVELOPES[m.COMMAND]: (m, msgspec.json.Decoder(getattr(m, "HEADER", m)))
+    for m in (*client_messages.MESSAGES, *worker_messages.MESSAGES, *batches.MESSAGES)
 }
 
 
@@ -91,27 +53,28 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
         )
     size = nbytes(frames[0])
     head = as_bytes(frames[0]) if size <= ENVELOPE_BYTES + MAX_ID_BYTES else _prefix(frames[0])
-    kind = _KINDS.get(head[:ENVELOPE_BYTES])
-    if kind is None:
+    found = _KINDS.get(head[:ENVELOPE_BYTES])
+    if found is None:
         raise _envelope_error(head)
+    kind, header_decoder = found
     if size > ENVELOPE_BYTES + MAX_ID_BYTES:
         raise ProtocolError(f"the id is {size - ENVELOPE_BYTES} bytes; the limit is {MAX_ID_BYTES}")
     extra = len(frames) - HEADER_FRAMES
-    most = kind.message.CARRIES.max_frames(limits)
+    most = kind.CARRIES.max_frames(limits)
     if extra > most:
         raise ProtocolError(
-            f"{kind.command.name} carries at most {most} tensor frames; got {extra}"
+            f"{kind.COMMAND.name} carries at most {most} tensor frames; got {extra}"
         )
     raw = frames[1]
     size = nbytes(raw)
     if size > limits.max_header_bytes:
         raise ProtocolError(f"the header is {size} bytes; the limit is {limits.max_header_bytes}")
     try:
-        header = kind.header.decode(as_bytes(raw))
+        header = header_decoder.decode(as_bytes(raw))
     except (msgspec.MsgspecError, UnicodeDecodeError) as exc:  # msgspec's, and bad UTF-8
-        raise refused(exc, kind.where, batches.ROW_FIELDS) from None
-    found: Message = kind.message.from_wire(head[ENVELOPE_BYTES:], header, frames[2:], limits)
-    return found
+        raise refused(exc, f"{kind.COMMAND.name} header", batches.ROW_FIELDS) from None
+    message: Message = kind.from_wire(head[ENVELOPE_BYTES:], header, frames[2:], limits)
+    return message
 
 
 def _prefix(frame: Frame) -> bytes:

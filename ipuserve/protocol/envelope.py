@@ -1,16 +1,13 @@
-"""Frame 0 and the frame list: the protocol's constants, commands and limits, and the
-step every encoder shares that turns a header into a message's frames.
-
-Nothing here imports zmq: a received ``zmq.Frame`` is read through the buffer
-protocol (and its ``bytes``), so the wire can be used without ZeroMQ.
-"""
+"""Frame 0 and the frame list: the protocol's constants, commands and limits, the
+base of every message class (:class:`Wire`), and the step every encoder shares that
+turns a header into a message's frames. No zmq: a ``zmq.Frame`` is read as a buffer."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from ipuserve.protocol.tensors import Frame
@@ -127,3 +124,21 @@ class Carries(enum.IntEnum):
     def max_frames(self, limits: Limits) -> int:
         """Tensor frames a message of this kind may carry, checked before its header."""
         return (0, limits.max_tensors, limits.max_batch * limits.max_tensors)[self]
+
+
+class Wire:
+    """A message class: its command, its declared header type and the tensor frames it
+    carries, given as class arguments (``class Reply(Wire, command=..., header=...,
+    carries=...)``); ``decode`` finds the class by command."""
+
+    __slots__ = ()
+    COMMAND: ClassVar[Command]
+    HEADER: ClassVar[type[Any]]
+    CARRIES: ClassVar[Carries]
+
+    def __init_subclass__(
+        cls, command: Command | None = None, header: Any = None, carries: Carries = Carries.NOTHING
+    ) -> None:
+        super().__init_subclass__()
+        if command is not None:  # not again when @dataclass(slots=True) remakes the class
+            cls.COMMAND, cls.HEADER, cls.CARRIES = command, header, carries

@@ -1,11 +1,11 @@
 """A job's failure, as RESULTS, REPLIES, JOBS and REQUESTS carry it, and which codes
 a worker may send: the broker turns any other into WORKER_FAILED, so that no worker can
-make a client wait for ever (BROKER_SHUTDOWN) or blame its valid request.
-"""
+make a client wait for ever (BROKER_SHUTDOWN) or blame its valid request."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Self
 
 from ipuserve.errors import (
     DeadlineExceeded,
@@ -24,20 +24,33 @@ from ipuserve.protocol.envelope import bounded
 from ipuserve.protocol.fields import Code, HexId, Row, hex_id
 
 
+class Coded:
+    """An error as it travels: an id, a wire code from ipuserve.errors and a message
+    (a job's :class:`Fail`, a request's ERROR)."""
+
+    __slots__ = ()
+    code: str
+    message: str
+
+    if TYPE_CHECKING:  # the dataclasses below define it
+
+        def __init__(self, ident: bytes, code: str, message: str) -> None: ...
+
+    @classmethod
+    def of(cls, ident: bytes, error: IpuserveError) -> Self:
+        return cls(ident, error.code, bounded(str(error)))
+
+    def exception(self) -> IpuserveError:
+        return error_for_code(self.code, self.message)
+
+
 @dataclass(frozen=True, slots=True)
-class Fail:
-    """A job that failed: a wire code from ipuserve.errors and a message."""
+class Fail(Coded):
+    """A job that failed."""
 
     job_id: bytes
     code: str
     message: str
-
-    @classmethod
-    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
-        return cls(job_id, error.code, bounded(str(error)))
-
-    def exception(self) -> IpuserveError:
-        return error_for_code(self.code, self.message)
 
     def worker_exception(self) -> IpuserveError:
         """:meth:`exception` for a failure a worker sent: a code outside WORKER_CODES is

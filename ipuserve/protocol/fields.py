@@ -61,10 +61,10 @@ class Row(msgspec.Struct, frozen=True, array_like=True):
 
 #: Where an error is the sender's input, not its protocol: a tensor's dtype or shape.
 _INPUT_PATH = re.compile(r"\]\.(dtype|shape)\b")
-_ALLOWED = (
-    "; allowed: bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, "
-    "float16, float32, float64"
-)
+#: The dtypes a tensor may have (ipuserve.protocol.tensors.DTYPES: their numpy dtypes).
+DTYPE_NAMES: tuple[str, ...] = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16")
+DTYPE_NAMES += ("uint32", "uint64", "float16", "float32", "float64")
+_ALLOWED = f"; allowed: {', '.join(DTYPE_NAMES)}"
 
 
 _ROW_PATH = re.compile(r"\$\.(\w+)\[(\d+)\](?:\[(\d+)\])?")
@@ -96,10 +96,10 @@ def refused(
 
 def hex_id(value: str, where: str) -> bytes:
     """A declared HexId as bytes; ``where`` names it when it is no hex."""
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise ProtocolError(f"{where}: {bounded(repr(value[:80]))} is not a hex job id") from None
+    found = peek_hex(value)
+    if found is None:
+        raise ProtocolError(f"{where}: {bounded(repr(value[:80]))} is not a hex job id")
+    return found
 
 
 def at_most(count: int, limit: int, where: str) -> None:

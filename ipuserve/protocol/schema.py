@@ -71,11 +71,6 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return dim is not None and all(len(t.shape) > dim for t in (*self.inputs, *self.outputs))
 
 
-def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
-    """Raise InvalidInputError unless ``given`` matches the model's input specs."""
-    _check_inputs(model, given)
-
-
 def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None:
     """Why a worker's outputs do not fit ``model``'s schema (names, dtypes, and shapes
     but for the batching dimension), else None: the broker checks before forwarding."""
@@ -112,7 +107,8 @@ def batch_problem(model: ModelSpec, given: Sequence[TensorSpec], samples: int) -
     return None
 
 
-def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+    """Raise InvalidInputError unless ``given`` matches the model's input specs."""
     expected = {spec.name: spec for spec in model.inputs}
     names = [spec.name for spec in given]
     missing = [name for name in expected if name not in names]

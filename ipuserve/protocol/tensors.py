@@ -1,11 +1,7 @@
-"""The tensor model: the dtype allow-list, tensor specs with their byte counts, and
-:class:`Tensors`, named tensors held as the frames that carry them.
-
-Arrays travel without copies: :meth:`Tensors.of` keeps an array as its frame, and a
-received frame is read as a read-only ``np.frombuffer`` view. This module does not
-import zmq (a received ``zmq.Frame`` is read through its ``buffer``), so code that
-only handles tensors and specs needs no ZeroMQ.
-"""
+"""The tensor model: the dtype allow-list, tensor specs (declared, as they travel),
+the checks of received specs and frames, and :class:`Tensors`, named tensors held as
+the frames that carry them: arrays are sent without copies and received frames read
+as read-only ``np.frombuffer`` views. No zmq: a ``zmq.Frame`` is read as a buffer."""
 
 from __future__ import annotations
 
@@ -20,29 +16,13 @@ from msgspec import Meta
 
 from ipuserve.errors import InvalidInputError, PayloadTooLargeError, ProtocolError
 from ipuserve.protocol.envelope import Limits, nbytes
-from ipuserve.protocol.fields import Name, at_most
+from ipuserve.protocol.fields import DTYPE_NAMES, Name, at_most
 
 if TYPE_CHECKING:
     import zmq
 
 #: dtype name -> wire dtype (little-endian); the allow-list.
-DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(name).newbyteorder("<")
-    for name in (
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    )
-}
+DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES}
 
 #: Anything pyzmq can send: bytes, a received zmq.Frame, a numpy array, a memoryview.
 Frame: TypeAlias = "bytes | zmq.Frame | np.ndarray[Any, Any] | memoryview"
@@ -153,7 +133,7 @@ class Tensors:
         specs, frames = [], []
         for name, value in arrays.items():
             array, dtype = _wire_array(name, value)
-            specs.append(_spec_of(name, dtype, array.shape))
+            specs.append(TensorSpec(name, dtype, array.shape))
             frames.append(array)
         return cls(tuple(specs), tuple(frames))
 
@@ -191,7 +171,7 @@ class Tensors:
             if dim:  # members side by side inside each row: bring them to the front
                 split = array.reshape(*shape[:dim], members, *member[dim:])
                 array = np.ascontiguousarray(np.moveaxis(split, dim, 0))
-            specs.append(_spec_of(name, dtype, member))
+            specs.append(TensorSpec(name, dtype, member))
             frames.append(array)
         return cls(tuple(specs), tuple(frames), members)
 
@@ -270,10 +250,6 @@ def _wire_array(name: str, value: Any) -> tuple[np.ndarray[Any, Any], str]:
             f"tensor {name!r} has dtype {array.dtype}; allowed: {', '.join(DTYPES)}"
         )
     return np.ascontiguousarray(array, dtype=wire), array.dtype.name
-
-
-def _spec_of(name: str, dtype: str, shape: tuple[int, ...]) -> TensorSpec:
-    return TensorSpec(name, dtype, tuple(shape))
 
 
 def _view(spec: TensorSpec, frame: Frame, members: int = 1) -> np.ndarray[Any, Any]:

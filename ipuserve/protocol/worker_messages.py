@@ -1,14 +1,11 @@
-"""The messages between a worker and the broker besides the batches: joining (HELLO,
-WELCOME), liveness (HEARTBEAT), RECONNECT and leaving (BYE).
-
-These carry no id and no tensors, so each message is its own declared header: msgspec
-decodes and validates it straight into the class, and ``encode`` writes it back.
-"""
+"""The messages between a worker and the broker besides the batches: HELLO, WELCOME,
+HEARTBEAT, RECONNECT, BYE. They carry no id and no tensors, so each is its own declared
+header: msgspec decodes and validates it straight into the class."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import msgspec
 
@@ -99,3 +96,4 @@ class Bye(_Plain, frozen=True):
 
 #: This module's messages, for ipuserve.protocol.codec.
 MESSAGES = (Hello, Welcome, Heartbeat, Reconnect, Bye)
+WorkerMessage: TypeAlias = Hello | Welcome | Heartbeat | Reconnect | Bye
