@@ -1,12 +1,8 @@
 """The batches: JOBS (broker -> worker) and RESULTS (worker -> broker), and REQUESTS
-(client -> broker) and REPLIES (broker -> client), laid out as JOBS and RESULTS.
-
-A batch's header holds a table of the distinct tensor specs (with the model, for
-JOBS and REQUESTS) and one row per job, result or failure (a JSON array, declared as
-a :class:`Row`); the tensor frames follow job by job. A row whose frames do not
-match its specs is refused alone (the others go on); anything else wrong refuses
-the message.
-"""
+(client -> broker) and REPLIES (broker -> client), laid out as JOBS and RESULTS: a
+table of the distinct tensor specs, one declared :class:`Row` per job, result or
+failure, the tensor frames job by job. A row whose frames do not fit its specs is
+refused alone; anything else wrong refuses the message."""
 
 from __future__ import annotations
 
@@ -49,6 +45,7 @@ from ipuserve.protocol.fields import (
     Timing,
     at_most,
     hex_id,
+    peek_hex,
 )
 from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
 
@@ -121,7 +118,7 @@ class _Outputs(_Batch):
 
     @classmethod
     def from_wire(cls, _i: bytes, h: Any, tensors: Sequence[Frame], lim: Limits) -> Self:
-        outputs, listed = (getattr(h, name) for name in cls._ROWS)
+        outputs, listed = getattr(h, cls._ROWS[0]), getattr(h, cls._ROWS[1])
         good, failed = _outputs(h.specs, outputs, listed, tensors, cls.COMMAND, lim)
         return cls(tuple(cls._output(*row) for row in good), failed)  # type: ignore[call-arg]
 
@@ -338,51 +335,61 @@ def _unpack(
 ) -> tuple[list[Good[R]], tuple[Fail, ...]]:
     """A batch's rows whose frames fit their specs, and a failure for each member of
     the others, the frames taken in order. A bad row id, spec index, member count or
-    frame count refuses the whole message."""
-    key = cmd.name.lower()
-    where = f"{cmd.name} header field {key!r}"
-    at_most(len(rows), lim.max_batch, where)
+    frame count refuses the whole message (its message built only then)."""
+    key = _BATCH_KEYS[cmd]
+    if len(rows) > lim.max_batch:
+        at_most(len(rows), lim.max_batch, f"{cmd.name} header field {key!r}")
     specs = [entry.tensors if isinstance(entry, JobSpec) else entry for entry in table]
     for n, entry in enumerate(specs):
-        checked_specs(entry, lim, f"{cmd.name} header field 'specs': [{n}]")
-    spans = []
-    start = 0
+        checked_specs(entry, lim, cmd, "field 'specs'", n)
+    listed = 0
     for n, row in enumerate(rows):
-        ident, group = _ids(getattr(row, row.__struct_fields__[0]), f"{where}: [{n}]", lim)
         if row.spec >= len(table):
             raise ProtocolError(
                 f"{key}[{n}] names spec {row.spec}; the header lists {len(table)} spec(s)"
             )
-        members = len(group) or getattr(row, "members", 1)
-        if members > lim.max_batch:
-            raise ProtocolError(
-                f"{where}: [{n}]: members must be an integer in 1..{lim.max_batch}; got {members}"
-            )
-        spans.append((start, start + len(specs[row.spec]), members, ident, group))
-        start = spans[-1][1]
-    if start != len(tensors):
+        listed += len(specs[row.spec])
+    if listed != len(tensors):
         raise ProtocolError(
-            f"{cmd.name} header lists {start} tensor(s) but {len(tensors)} tensor frame(s) follow"
+            f"{cmd.name} header lists {listed} tensor(s) but {len(tensors)} tensor frame(s) follow"
         )
     good: list[Good[R]] = []
     bad: list[Fail] = []
-    for row, (first, end, members, ident, group) in zip(rows, spans, strict=True):
+    start = 0
+    for n, row in enumerate(rows):
+        ident, group = _ids(getattr(row, row.__struct_fields__[0]), cmd, n, lim)
+        members = len(group) or getattr(row, "members", 1)
+        if members > lim.max_batch:
+            raise ProtocolError(
+                f"{cmd.name} header field {key!r}: [{n}]: members must be an integer in "
+                f"1..{lim.max_batch}; got {members}"
+            )
+        end = start + len(specs[row.spec])
         try:
-            found = received(specs[row.spec], tensors[first:end], "", lim, members)
+            found = received(specs[row.spec], tensors[start:end], "", lim, members)
             good.append((row, ident, group, table[row.spec], found))
         except (InvalidInputError, PayloadTooLargeError) as exc:
             error: IpuserveError = exc
             if cmd is Command.RESULTS:  # the worker's outputs: never the client's fault
                 error = WorkerFailedError(f"the worker sent outputs the protocol refuses: {exc}")
             bad += [Fail.of(member, error) for member in group or (ident,)]
+        start = end
     return good, tuple(bad)
 
 
-def _ids(value: Ids, where: str, limits: Limits) -> tuple[bytes, tuple[bytes, ...]]:
-    """A row's id, or a group's ids (then the first is the row's id)."""
+_BATCH_KEYS = {Command[key.upper()]: key for key in _KEYS[:4]}  # JOBS: jobs, ...
+
+
+def _ids(value: Ids, cmd: Command, n: int, lim: Limits) -> tuple[bytes, tuple[bytes, ...]]:
+    """Row ``n``'s id, or a group's ids (then the first is the row's id)."""
+    if type(value) is str:
+        found = peek_hex(value)
+        if found is not None:
+            return found, ()
+    where = f"{cmd.name} header field {_BATCH_KEYS[cmd]!r}: [{n}]"
     if isinstance(value, str):
         return hex_id(value, where), ()
-    at_most(len(value), limits.max_batch, where)
+    at_most(len(value), lim.max_batch, where)
     if not value:
         raise ProtocolError(f"{where}: a group lists no ids")
     group = tuple(hex_id(item, f"{where}: [{n}]") for n, item in enumerate(value))
@@ -401,7 +408,9 @@ def _outputs(
 ) -> tuple[list[Good[R]], tuple[Fail, ...]]:
     """A RESULTS' or REPLIES' good rows, and its failures: those listed, then the rows
     whose frames do not fit their specs."""
+    good, bad = _unpack(table, rows, tensors, cmd, lim)
+    if not listed:
+        return good, bad
     where = f"{cmd.name} header field {'failures' if cmd is Command.RESULTS else 'errors'!r}"
     at_most(len(listed), lim.max_batch, where)
-    good, bad = _unpack(table, rows, tensors, cmd, lim)
     return good, tuple(row.fail(f"{where}: [{n}]") for n, row in enumerate(listed)) + bad

@@ -105,8 +105,11 @@ def _with_tensors(message: Request | Reply, header: Header) -> list[Frame]:
 
 def _tensors(command: Command, specs: Specs, tensors: Sequence[Frame], lim: Limits) -> Tensors:
     """A REQUEST's or REPLY's tensors, checked against the receiver's limits."""
-    where = f"{command.name} header"
-    return received(checked_specs(specs, lim, f"{where} field 'tensors'"), tensors, where, lim)
+    checked_specs(specs, lim, command, "field 'tensors'")
+    return received(specs, tensors, _WHERE[command], lim)
+
+
+_WHERE = {Command.REQUEST: "REQUEST header", Command.REPLY: "REPLY header"}
 
 
 class ErrorHeader(Header, frozen=True):
@@ -197,7 +200,7 @@ class ModelsReply(Wire, command=Command.MODELS_REPLY, header=ModelsHeader):
 
     @classmethod
     def from_wire(cls, ident: bytes, header: ModelsHeader, _t: Any, limits: Limits) -> ModelsReply:
-        return cls(ident, tuple(m for m in header.models if m.spec.checked(limits)))
+        return cls(ident, tuple(m for m in header.models if m.spec.checked(limits, cls.COMMAND)))
 
 
 class PongHeader(Header, frozen=True):

@@ -1,7 +1,6 @@
 """Decoding: from a message's frames to a message, validated (:func:`decode`), and
 what a receiver can learn from frames it cannot decode (:func:`peek_id`,
-:func:`peek_ids`) to answer their sender.
-"""
+:func:`peek_ids`) to answer their sender."""
 
 from __future__ import annotations
 

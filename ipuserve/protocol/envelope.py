@@ -20,17 +20,14 @@ TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
 #: Tag, version and command: the envelope's fixed part; the id follows.
 ENVELOPE_BYTES = len(TAG) + 1
 MAX_ID_BYTES = 64
-# MAX_NAME_CHARS and MAX_DURATION_MS: ipuserve.limits (the runtime's CLI needs them
-# without the wire), re-exported from the package
+# MAX_NAME_CHARS, MAX_DURATION_MS: ipuserve.limits (the runtime's CLI needs them too)
 #: The largest integer a header field may hold (JSON's are unbounded; 2**53: exact as a float).
 MAX_COUNT = 2**53
 #: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).
 MAX_TIMING_VALUE = 1e18
 MAX_TIMING_KEYS = 32
-#: The longest error message sent (ERROR, and failures): a message that quoted what a
-#: peer sent (a 250 KiB unknown field name; non-ASCII text, which JSON escapes to 6
-#: bytes a character) made an ERROR whose header the receiver refused as too big, so
-#: the peer got no error it could read.
+#: The longest error message sent (ERROR, failures): one quoting a 250 KiB field name
+#: made an ERROR whose header the receiver refused, so the peer learnt nothing.
 MAX_MESSAGE_CHARS = 2000
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
@@ -93,10 +90,10 @@ def bounded(message: str) -> str:
 
 def nbytes(frame: Frame) -> int:
     """A frame's size in bytes, whatever its kind."""
-    if type(frame) is bytes:
-        return len(frame)
-    size = getattr(frame, "nbytes", None)  # arrays and memoryviews; a zmq.Frame has len
-    return len(frame) if size is None else int(size)
+    kind = type(frame)
+    if kind is bytes or (kind is not memoryview and not hasattr(frame, "nbytes")):
+        return len(frame)  # bytes, a zmq.Frame
+    return int(frame.nbytes)  # type: ignore[union-attr]  # arrays and memoryviews
 
 
 def as_bytes(frame: Frame) -> bytes:

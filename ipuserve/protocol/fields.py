@@ -1,13 +1,7 @@
-"""The declared field types every header uses (names, ids, counts, durations, error
-codes, timings), each with its limits as ``msgspec.Meta`` constraints, and how a
-refusal of msgspec's becomes one of ours.
-
-msgspec checks these while it parses, so a header that decodes is valid as far as
-static limits go; what depends on a receiver's :class:`Limits` (tensors per request,
-rank, elements, rows per batch, payload) is checked after, by the message that
-knows it. A msgspec error names the field by its path (``$.tensors[0].shape[1]``),
-which our messages keep.
-"""
+"""The declared field types every header uses (names, ids, counts, durations, codes,
+timings), their limits as ``msgspec.Meta`` constraints that msgspec checks while it
+parses, and msgspec's refusals as ours (keeping the field's path, ``$.tensors[0]``).
+What depends on a receiver's :class:`Limits` is checked after, by each message."""
 
 from __future__ import annotations
 

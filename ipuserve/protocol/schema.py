@@ -1,8 +1,7 @@
 """A model's schema (:class:`ModelSpec`) and matching tensors against it: whether a
 request's inputs fit (:func:`check_inputs`) and a worker's outputs fit
 (:func:`outputs_problem`). Whether requests may share one job is
-:attr:`ModelSpec.groupable`. No zmq: the worker's backends use this module alone.
-"""
+:attr:`ModelSpec.groupable`. No zmq: the worker's backends use this module alone."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from typing import Any
 import msgspec
 
 from ipuserve.errors import InvalidInputError, ProtocolError
-from ipuserve.protocol.envelope import Limits
+from ipuserve.protocol.envelope import Command, Limits
 from ipuserve.protocol.fields import Count, Name, Positive
 from ipuserve.protocol.tensors import TensorSpec, checked_specs
 
@@ -34,11 +33,11 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def to_json(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
-    def checked(self, limits: Limits) -> ModelSpec:
-        """This spec within a receiver's limits on tensors (it was received)."""
+    def checked(self, limits: Limits, command: Command) -> ModelSpec:
+        """This spec, received in a ``command``, within a receiver's limits on tensors."""
         where = f"model {self.name!r}"
-        checked_specs(self.inputs, limits, f"{where} inputs")
-        checked_specs(self.outputs, limits, f"{where} outputs")
+        checked_specs(self.inputs, limits, command, f"{where} inputs")
+        checked_specs(self.outputs, limits, command, f"{where} outputs")
         dim = self.batching_dim
         if dim is not None and any(dim >= len(t.shape) for t in self.inputs + self.outputs):
             raise ProtocolError(f"{where}: batching_dim {dim} exceeds the rank of a tensor")

@@ -15,7 +15,7 @@ import numpy as np
 from msgspec import Meta
 
 from ipuserve.errors import InvalidInputError, PayloadTooLargeError, ProtocolError
-from ipuserve.protocol.envelope import Limits, nbytes
+from ipuserve.protocol.envelope import Command, Limits, nbytes
 from ipuserve.protocol.fields import DTYPE_NAMES, Name, at_most
 
 if TYPE_CHECKING:
@@ -57,34 +57,38 @@ class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return f"{self.name}:{self.dtype}{list(self.shape)}"
 
 
+Specs: TypeAlias = "tuple[TensorSpec, ...]"
+
+
 def checked_specs(
-    specs: tuple[TensorSpec, ...], limits: Limits, where: str
-) -> tuple[TensorSpec, ...]:
-    """``specs`` within a receiver's limits: count, unique names, rank, elements."""
-    at_most(len(specs), limits.max_tensors, where)
-    names = [spec.name for spec in specs]
-    if len(set(names)) != len(names):
-        raise InvalidInputError(f"a tensor is named twice: {names}")
+    specs: Specs, limits: Limits, command: Command, field: str, index: int | None = None
+) -> Specs:
+    """``specs`` within a receiver's limits: count, unique names, rank, elements;
+    ``command``, ``field`` and ``index`` (of a spec table) say where, when they are not."""
+    if len(specs) > limits.max_tensors:
+        at = "" if index is None else f": [{index}]"
+        at_most(len(specs), limits.max_tensors, f"{command.name} header {field}{at}")
+    if len(specs) > 1 and len({spec.name for spec in specs}) != len(specs):
+        raise InvalidInputError(f"a tensor is named twice: {[spec.name for spec in specs]}")
     for spec in specs:
-        shape = list(spec.shape)
-        if len(shape) > limits.max_rank:
-            raise InvalidInputError(
-                f"tensor {spec.name!r} shape must be a list of at most "
-                f"{limits.max_rank} integers; got {shape}"[:200]
-            )
-        if any(dim > limits.max_elements for dim in shape):  # numpy cannot view it
-            raise InvalidInputError(
-                f"tensor {spec.name!r} shape {shape} has a dimension above {limits.max_elements}"
-            )
-        if math.prod(shape) > limits.max_elements:
-            raise InvalidInputError(
-                f"tensor {spec.name!r} shape {shape} has more than {limits.max_elements} elements"
-            )
+        shape, most = spec.shape, limits.max_elements
+        elements = math.prod(shape)
+        if len(shape) > limits.max_rank or elements > most or (not elements and max(shape) > most):
+            raise InvalidInputError(_shape_problem(spec.name, list(shape), limits))
     return specs
 
 
+def _shape_problem(name: str, shape: list[int], limits: Limits) -> str:
+    if len(shape) > limits.max_rank:
+        rank = f"at most {limits.max_rank} integers; got {shape}"[:120]
+        return f"tensor {name!r} shape must be a list of {rank}"
+    if any(dim > limits.max_elements for dim in shape):  # numpy cannot view it
+        return f"tensor {name!r} shape {shape} has a dimension above {limits.max_elements}"
+    return f"tensor {name!r} shape {shape} has more than {limits.max_elements} elements"
+
+
 def received(
-    specs: tuple[TensorSpec, ...],
+    specs: Specs,
     frames: Sequence[Frame],
     where: str,
     limits: Limits,
@@ -97,7 +101,7 @@ def received(
         raise ProtocolError(
             f"{where} lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) follow"
         )
-    sizes = [spec.nbytes for spec in specs]
+    sizes = [math.prod(spec.shape) * DTYPES[spec.dtype].itemsize for spec in specs]
     if sum(sizes) > limits.max_payload_bytes:
         raise PayloadTooLargeError(
             f"the tensors take {sum(sizes)} bytes; the limit is {limits.max_payload_bytes}"
@@ -116,12 +120,9 @@ def received(
 class Tensors:
     """Named tensors on the wire: specs plus one frame each (arrays, or received frames).
 
-    A group's tensors (``members`` > 1: several requests of one layout travelling as
-    one job) still have one frame per spec, holding every member's tensor, member
-    after member: ``members x spec.nbytes`` bytes, as if stacked on a new first axis.
-    Nobody between the client and the backend touches a member on its own.
-    ``specs`` and ``nbytes`` describe one member.
-    """
+    A group's tensors (``members`` > 1: several requests of one layout as one job) have
+    one frame per spec too, holding every member's tensor, member after member, as if
+    stacked on a new first axis; ``specs`` and ``nbytes`` describe one member."""
 
     specs: tuple[TensorSpec, ...] = ()
     frames: tuple[Frame, ...] = ()

@@ -44,7 +44,7 @@ class Hello(_Plain, frozen=True):
 
     def checked(self, limits: Limits) -> Hello:
         for model in self.models:
-            model.checked(limits)
+            model.checked(limits, self.COMMAND)
         return self
 
 
