@@ -54,7 +54,7 @@ class ClientHandlers:
         self._life = life
         self._group_sizer = group_sizer
         self._layouts: dict[
-            tuple[int, int], tuple[wire.ModelSpec, tuple[wire.TensorSpec, ...], int]
+            tuple[int, tuple[wire.TensorSpec, ...]], tuple[wire.ModelSpec, int]
         ] = {}
         self._epoch = epoch
         #: Until then, requests for models nobody serves yet are queued, not refused.
@@ -179,18 +179,18 @@ class ClientHandlers:
 
     def _admitted(self, spec: wire.ModelSpec, given: tuple[wire.TensorSpec, ...]) -> int:
         """Check ``given`` against the model's inputs (raises InvalidInputError) and
-        return the samples one member carries. Remembered by identity: decoding hands
-        out one tuple per distinct spec list, so a client's requests repeat it, and the
-        check and the count are made once per layout, not per request. Holding both
-        objects rules out a reused id."""
-        known = self._layouts.get((id(spec), id(given)))
-        if known is not None and known[0] is spec and known[1] is given:
-            return known[2]
+        return the samples one member carries. Remembered by the model spec's identity
+        and the specs' value (declared structs: hashed and compared in C), so the check
+        and the count are made once per layout, not per request. Holding the model spec
+        rules out a reused id."""
+        known = self._layouts.get((id(spec), given))
+        if known is not None and known[0] is spec:
+            return known[1]
         wire.check_inputs(spec, given)
         samples = spec.samples(t.shape for t in given)
         if len(self._layouts) >= LAYOUTS:
             self._layouts.clear()
-        self._layouts[(id(spec), id(given))] = (spec, given, samples)
+        self._layouts[(id(spec), given)] = (spec, samples)
         return samples
 
     def models(self) -> tuple[wire.ModelInfo, ...]:

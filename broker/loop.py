@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from ipuserve import probes
+from ipuserve import probes, transport
 from ipuserve import protocol as wire
 from ipuserve.broker.answers import Answers
 from ipuserve.broker.clients import ClientHandlers
@@ -202,7 +202,7 @@ class Broker:
         sock.setsockopt(zmq.ROUTER_HANDOVER, int(handover))
         sock.setsockopt(zmq.SNDHWM, sndhwm)
         sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self.config.max_payload_bytes))
+        sock.setsockopt(zmq.MAXMSGSIZE, transport.max_frame_bytes(self.config.max_payload_bytes))
         try:
             if self.zap is not None:
                 server_socket(sock, domain, self._server_key)
@@ -309,13 +309,13 @@ class Broker:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
         they placed: one JOBS message per worker for all of them."""
         placement, answers = self.placement, self.answers
-        handle(wire.recv(sock))
+        handle(transport.recv(sock))
         for _ in range(BATCH - 1):
             if placement.unsent + answers.unsent >= FLUSH_ROWS:
                 self.flush()
-            if not wire.readable(sock):
+            if not transport.readable(sock):
                 break
-            handle(wire.recv(sock))
+            handle(transport.recv(sock))
         self.flush()
 
     def flush(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.timers import Timers
 from ipuserve.protocol import Frame
@@ -146,7 +146,7 @@ class Outbox:
 def _send(sock: zmq.Socket[Any], identity: bytes, frames: Frames) -> str | None:
     """Send one message; None when sent, else why not ("unwritable" or "gone")."""
     try:
-        wire.send(sock, frames, identity=identity, nonblock=True)
+        transport.send(sock, frames, identity=identity, nonblock=True)
     except zmq.Again:
         return "unwritable"
     except zmq.ZMQError as exc:

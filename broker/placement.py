@@ -140,6 +140,7 @@ class Placement:
                     j.model,
                     j.tensors,
                     None if j.deadline is None else (j.deadline - now) * 1000,
+                    j.samples,
                 )
                 for j in jobs
             )

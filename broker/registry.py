@@ -16,10 +16,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ipuserve.broker.jobs import JobEntry
 from ipuserve.errors import UnknownModelError
 from ipuserve.protocol import DEFAULT_LIMITS, Hello, ModelSpec, Refusals
-from ipuserve.protocol.envelope import _json
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,12 @@ _WORKER_ENTRY = 100
 
 def _worker_bytes(worker_id: str) -> int:
     """The most a worker's entry under one model takes in a MODELS_REPLY."""
-    return len(_json(worker_id)) + _WORKER_ENTRY
+    return len(msgspec.json.encode(worker_id)) + _WORKER_ENTRY
 
 
 def _model_bytes(spec: ModelSpec) -> int:
     """The most a model's entry, without its workers, takes in a MODELS_REPLY."""
-    return len(_json(spec.to_json())) + _MODEL_ENTRY
+    return len(msgspec.json.encode(spec)) + _MODEL_ENTRY
 
 
 @dataclass(slots=True, eq=False)

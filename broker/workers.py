@@ -6,9 +6,10 @@ job life's business (:class:`Lifecycle`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
+
+import msgspec
 
 from ipuserve import protocol as wire
 from ipuserve.broker.answers import Answers
@@ -83,7 +84,7 @@ class WorkerHandlers:
                 self._life.model_registered(spec)
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
-            welcome = dataclasses.replace(self._welcome, refused=refused).encode()
+            welcome = msgspec.structs.replace(self._welcome, refused=refused).encode()
         if not self._outbox.to_worker(identity, welcome):
             self._life.drop_worker(worker, "unreachable")
             return

@@ -26,6 +26,7 @@ from typing import Protocol
 import zmq
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.groups import MODELS_PROBE, GroupRules
 from ipuserve.client.lacking import Lacking
@@ -193,14 +194,16 @@ class Link:
         size, limit = pending.payload_bytes, self.stats.max_payload_bytes
         if limit is not None and size > limit:
             return False
-        return size <= wire.FRAME_SLACK_BYTES or (limit is not None and self.liveness.connected)
+        return size <= transport.FRAME_SLACK_BYTES or (
+            limit is not None and self.liveness.connected
+        )
 
     # ------------------------------------------------------------ sending
 
     def send(self, pending: Pending) -> None:
         """Send one request under the per-request rules (limit, hold, HWM).
 
-        Held until the first PONG: a request beyond ``protocol.FRAME_SLACK_BYTES``
+        Held until the first PONG: a request beyond ``transport.FRAME_SLACK_BYTES``
         while the broker's limit is unknown (its ZeroMQ would drop the connection, and
         nobody could answer), and while disconnected too: the broker back may have a
         smaller limit, and a frame waiting in ZeroMQ's pipe could not be taken back."""

@@ -18,6 +18,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.client.config import ClientConfig
 from ipuserve.client.liveness import connection_monitor
 from ipuserve.errors import ConfigError
@@ -39,7 +40,7 @@ class LinkSocket:
     def send_frames(self, frames: list[wire.Frame]) -> bool:
         """Send without blocking and without copying tensors; False: the pipe was full."""
         try:
-            wire.send(self.sock, frames, nonblock=True)
+            transport.send(self.sock, frames, nonblock=True)
         except zmq.Again:
             return False
         return True
@@ -54,7 +55,7 @@ class LinkSocket:
         """Up to ``limit`` whole messages that wait, without blocking."""
         received = []
         for _ in range(limit):
-            frames = wire.try_recv(self.sock)
+            frames = transport.try_recv(self.sock)
             if frames is None:
                 break
             received.append(frames)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.groups import GroupRules
 from ipuserve.client.pending import Pending
@@ -112,7 +113,7 @@ class TurnBatch:
         rules = self._groups
         if rules.ask_now(now / 1e9, all(rules.knows(r.model) for r in requests)):
             self._sender.ask_models()  # a model joined since, or the advice moved on
-        limit = self._stats.max_payload_bytes or wire.FRAME_SLACK_BYTES
+        limit = self._stats.max_payload_bytes or transport.FRAME_SLACK_BYTES
         message = wire.Requests(tuple(grouped(requests, limit, rules.members)))
         sizes = [len(row.group) for row in message.requests if row.group]
         self._stats.grouped += sum(sizes)

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -104,7 +105,7 @@ def _same(a: Any, b: Any) -> bool:
         np.array_equal(arrays_a[k], arrays_b[k]) and arrays_a[k].dtype == arrays_b[k].dtype
         for k in arrays_a
     )
-    # fields outside equality (a Result's timing_json: how the timing was received) too
+    # the other fields that take part in equality
     others = [f.name for f in dataclasses.fields(a) if f.compare and f.name != "tensors"]
     same_others = all(getattr(a, f) == getattr(b, f) for f in others)
     return same_arrays and tensors_a.specs == b.tensors.specs and same_others
@@ -222,8 +223,14 @@ REQUESTS, REPLIES = 0x08, 0x09
 def jobs(*rows: Any, specs: Any = None) -> dict[str, Any]:
     return {
         "specs": [{"model": "m", "tensors": [SPEC_X]}] if specs is None else specs,
-        "jobs": list(rows),
+        "jobs": [_full(row) for row in rows],
     }
+
+
+def _full(row: Any) -> Any:
+    """A JOBS row as a test writes it, ``[id, spec, budget(, members)]``, with the
+    members and samples (1) that version 4 requires added."""
+    return [*row, 1, 1][:5] if isinstance(row, list) and len(row) in (3, 4) else row
 
 
 def results(*rows: Any, **extra: Any) -> dict[str, Any]:
@@ -234,12 +241,12 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
     ("empty message", [b""], ProtocolError, "at least 2 frames"),
     ("one frame", [p.envelope(p.Command.PING)], ProtocolError, "at least 2 frames"),
     ("wrong tag", [b"HTTP/\x01", b"{}"], ProtocolError, "must be an envelope"),
-    ("no command", [b"IPUS\x03", b"{}"], ProtocolError, "must be an envelope"),
+    ("no command", [b"IPUS\x04", b"{}"], ProtocolError, "must be an envelope"),
     ("wrong version", [b"IPUS\x09\x06", b"{}"], UnsupportedVersionError, "version 9"),
     ("version 1", [b"IPUS\x01", b"\x06", b"", b"{}"], UnsupportedVersionError, "version 1"),
-    ("unknown command", [b"IPUS\x03\xee", b"{}"], ProtocolError, "unknown command 0xee"),
-    ("retired FAIL", [b"IPUS\x03\x14", b"{}"], ProtocolError, "unknown command 0x14"),
-    ("id too long", [b"IPUS\x03\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
+    ("unknown command", [b"IPUS\x04\xee", b"{}"], ProtocolError, "unknown command 0xee"),
+    ("retired FAIL", [b"IPUS\x04\x14", b"{}"], ProtocolError, "unknown command 0x14"),
+    ("id too long", [b"IPUS\x04\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
     (
         "huge envelope",
         [b"IPUS\x01\x06" + b"i" * 100_000, b"{}"],
@@ -255,22 +262,42 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         ProtocolError,
         "UTF-8 JSON",
     ),
-    ("header not object", frames_with(b"[1,2]"), ProtocolError, "JSON object; got list"),
-    ("missing field", frames_with({"tensors": []}), ProtocolError, "missing field 'model'"),
+    ("header not object", frames_with(b"[1,2]"), ProtocolError, "Expected `object`, got `array`"),
+    (
+        "missing field",
+        frames_with({"tensors": []}),
+        ProtocolError,
+        "missing required field `model`",
+    ),
     ("unknown field", frames_with({**request(), "x": 1}, F8), ProtocolError, "unknown field"),
     (
         "wrong field type",
         frames_with({"model": 5, "tensors": []}),
         ProtocolError,
-        "'model': must be a string",
+        "Expected `str`, got `int` - at `$.model`",
     ),
-    ("empty model name", frames_with({"model": "", "tensors": []}), ProtocolError, "1..256"),
+    (
+        "empty model name",
+        frames_with({"model": "", "tensors": []}),
+        ProtocolError,
+        "Expected `str` of length >= 1 - at `$.model`",
+    ),
     ("timeout zero", frames_with(request(timeout_ms=0), F8), ProtocolError, "> 0"),
-    ("timeout bool", frames_with(request(timeout_ms=True), F8), ProtocolError, "milliseconds"),
-    ("tensors not list", frames_with({"model": "m", "tensors": {}}), ProtocolError, "a list"),
+    (
+        "timeout bool",
+        frames_with(request(timeout_ms=True), F8),
+        ProtocolError,
+        "`float | null`, got `bool` - at `$.timeout_ms`",
+    ),
+    (
+        "tensors not list",
+        frames_with({"model": "m", "tensors": {}}),
+        ProtocolError,
+        "Expected `array`, got `object` - at `$.tensors`",
+    ),
     (
         "too many tensors listed",
-        frames_with({"model": "m", "tensors": [{}] * 4}),
+        frames_with({"model": "m", "tensors": [{**SPEC_X, "name": f"x{i}"} for i in range(4)]}),
         ProtocolError,
         "limit is 3",
     ),
@@ -278,7 +305,7 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "tensor spec fields",
         frames_with({"model": "m", "tensors": [{"name": "x"}]}),
         ProtocolError,
-        "exactly the fields",
+        "missing required field `dtype` - at `$.tensors[0]`",
     ),
     (
         "dtype not allowed",
@@ -287,10 +314,20 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "complex64",
     ),
     ("dtype object", frames_with(request(dtype="object"), F8), InvalidInputError, "allowed"),
-    ("negative dim", frames_with(request(shape=(-1,))), InvalidInputError, "integers >= 0"),
-    ("float dim", frames_with(request(shape=[2.0]), F8), InvalidInputError, "integers >= 0"),
-    ("bool dim", frames_with(request(shape=[True]), F8), InvalidInputError, "integers >= 0"),
-    ("shape not list", frames_with(request(shape="2")), InvalidInputError, "list of at most"),
+    (
+        "negative dim",
+        frames_with(request(shape=(-1,))),
+        InvalidInputError,
+        "Expected `int` >= 0 - at `$.tensors[0].shape[0]`",
+    ),
+    ("float dim", frames_with(request(shape=[2.0]), F8), InvalidInputError, "`int`, got `float`"),
+    ("bool dim", frames_with(request(shape=[True]), F8), InvalidInputError, "`int`, got `bool`"),
+    (
+        "shape not list",
+        frames_with(request(shape="2")),
+        InvalidInputError,
+        "Expected `array`, got `str` - at `$.tensors[0].shape`",
+    ),
     ("rank too big", frames_with(request(shape=(1, 1, 1, 1)), F8), InvalidInputError, "at most 3"),
     (
         "huge shape",
@@ -331,7 +368,7 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "bad error code",
         frames_with({"code": "lower", "message": ""}, cmd=0x03),
         ProtocolError,
-        "UPPER_CASE",
+        "matching regex '^[A-Z0-9_]*[A-Z][A-Z0-9_]*$' - at `$.code`",
     ),
     ("bad bye id", frames_with({"handed_back": ["zz"]}, cmd=0x17), ProtocolError, "hex job id"),
     (
@@ -344,7 +381,7 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "bad model spec",
         frames_with({"worker_id": "w", "credit": 1, "models": [{}]}, cmd=0x10),
         ProtocolError,
-        "missing field 'name'",
+        "missing required field `name` - at `$.models[0]`",
     ),
     (
         "batching dim out of rank",
@@ -359,26 +396,31 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "timing not numbers",
         frames_with({"tensors": [], "timing": {"a": "x"}}, cmd=0x02),
         ProtocolError,
-        "numbers",
+        "Expected `float`, got `str` - at `$.timing[...]`",
     ),
-    ("jobs not rows", frames_with(jobs("x"), cmd=JOBS), ProtocolError, "'jobs': [0]: must be"),
+    (
+        "jobs not rows",
+        frames_with(jobs("x"), cmd=JOBS),
+        ProtocolError,
+        "Expected `array`, got `str` - at `$.jobs[0]`",
+    ),
     (
         "job row short",
         frames_with(jobs(["01", 0]), F8, cmd=JOBS),
         ProtocolError,
-        "[job id, spec index, budget_ms(, members)]",
+        "got 2 - at `$.jobs[0]` (a row is [job_id, spec, budget_ms, members, samples])",
     ),
     (
         "job group of no members",
         frames_with(jobs(["01", 0, None, 0]), F8, cmd=JOBS),
         ProtocolError,
-        "members must be an integer in 1..",
+        "Expected `int` >= 1 - at `$.jobs[0].members`",
     ),
     (
         "job group members not a number",
         frames_with(jobs(["01", 0, None, "2"]), F8, cmd=JOBS),
         ProtocolError,
-        "members must be an integer in 1..",
+        "Expected `int`, got `str` - at `$.jobs[0].members`",
     ),
     (
         "job group frames missing",
@@ -402,13 +444,13 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "job spec not a spec",
         frames_with(jobs(["01", 0, None], specs=[{"model": "m"}]), F8, cmd=JOBS),
         ProtocolError,
-        "missing field 'tensors'",
+        "missing required field `tensors` - at `$.specs[0]`",
     ),
     (
         "job budget bool",
         frames_with(jobs(["01", 0, True]), F8, cmd=JOBS),
         ProtocolError,
-        "milliseconds or null",
+        "Expected `float | null`, got `bool` - at `$.jobs[0].budget_ms`",
     ),
     (
         "job frames missing",
@@ -422,12 +464,17 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         ProtocolError,
         "limit is 4",
     ),
-    ("jobs missing", frames_with({"specs": []}, cmd=JOBS), ProtocolError, "missing field 'jobs'"),
+    (
+        "jobs missing",
+        frames_with({"specs": []}, cmd=JOBS),
+        ProtocolError,
+        "missing required field `jobs`",
+    ),
     (
         "result timing",
         frames_with(results(["01", 0, {"a": None}]), F8, cmd=RESULTS),
         ProtocolError,
-        "numbers",
+        "Expected `float`, got `null` - at `$.results[0].timing[...]`",
     ),
     (
         "result spec index",
@@ -439,13 +486,13 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
         "failure row",
         frames_with(results(failures=[["01", "lower", "x"]]), cmd=RESULTS),
         ProtocolError,
-        "UPPER_CASE",
+        "regex '^[A-Z0-9_]*[A-Z][A-Z0-9_]*$' - at `$.failures[0].code`",
     ),
     (
         "failure message",
         frames_with(results(failures=[["01", "X", 5]]), cmd=RESULTS),
         ProtocolError,
-        "a string",
+        "Expected `str`, got `int` - at `$.failures[0].message`",
     ),
     (
         "welcome zero heartbeat",
@@ -466,7 +513,7 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
             cmd=0x11,
         ),
         ProtocolError,
-        'must be [model, reason]; got ["m"]',
+        "Expected `array` of length 2 - at `$.refused[0]`",
     ),
 ]
 
@@ -497,7 +544,7 @@ def test_peek_ids_names_the_jobs_of_a_batch_that_cannot_be_decoded() -> None:
     assert p.peek_ids(frames_with(failed, cmd=RESULTS)) == [b"\x02", b"\x03"]
     assert p.peek_ids(frames_with(b"{not json", cmd=JOBS)) == []
     assert p.peek_ids(frames_with(header, cmd=0x01)) == []  # not a batch
-    assert p.peek_ids([b"IPUS\x03\x12"]) == []
+    assert p.peek_ids([b"IPUS\x04\x12"]) == []
 
 
 def test_peek_ids_names_the_requests_of_a_client_batch_that_cannot_be_decoded() -> None:
@@ -510,12 +557,12 @@ def test_peek_ids_names_the_requests_of_a_client_batch_that_cannot_be_decoded() 
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        ([["01", 0, 0.0]], "must be > 0"),  # a request's timeout is never spent already
-        ([["01", 0, -5.0]], "must be > 0"),
-        ([["01", 0]], "must be [request id or [request ids], spec index, timeout_ms]"),
+        ([["01", 0, 0.0]], "> 0.0 - at `$.requests[0].timeout_ms`"),  # never spent already
+        ([["01", 0, -5.0]], "> 0.0 - at `$.requests[0].timeout_ms`"),
+        ([["01", 0]], "got 2 - at `$.requests[0]` (a row is [request_id, spec, timeout_ms])"),
         ([[[], 0, None]], "a group lists no ids"),
         ([[["01", "01"], 0, None]], "a group lists an id twice"),
-        ([[["01", 7], 0, None]], "'requests': [0]: [1]: must be a hex job id"),
+        ([[["01", 7], 0, None]], "Expected `str`, got `int` - at `$.requests[0].request_id[1]`"),
         ([[["01", "zz"], 0, None]], "not a hex job id"),
         ([["xy", 0, None]], "not a hex job id"),
         ([["01", 1, None]], "names spec 1"),
@@ -800,7 +847,7 @@ def test_a_model_signature_tells_apart_schemas_that_differ_only_in_batching() ->
     assert SPEC.signature() == (
         "a:float32[4, 3], b:int64[4] -> y:float32[4, 3]; batch 4 along dimension 0"
     )
-    unbatched = dataclasses.replace(SPEC, batching_dim=None)
+    unbatched = msgspec.structs.replace(SPEC, batching_dim=None)
     assert unbatched.signature().endswith("; batch 4, no dynamic batching")
     assert unbatched.signature() != SPEC.signature()
 
@@ -822,12 +869,17 @@ ONE_RESULT = p.Results(
 @pytest.mark.parametrize(
     ("message", "old", "new", "problem"),
     [  # each once crashed the broker (or the worker) reading it: not an IpuserveError
-        (ONE_RESULT, b"1.5", b"1" + b"0" * 400, "'device_us' is out of range"),  # OverflowError
-        (ONE_RESULT, b"1.5", b"1e400", "'device_us' is out of range"),  # inf, then encode failed
-        (ONE_RESULT, b"1.5", b"-1e400", "'device_us' is out of range"),
+        (ONE_RESULT, b"1.5", b"1" + b"0" * 400, "out of range - at `$.results[0].timing"),
+        (ONE_RESULT, b"1.5", b"1e400", "out of range - at `$.results[0].timing"),  # inf
+        (ONE_RESULT, b"1.5", b"-1e400", "out of range - at `$.results[0].timing"),
         (p.Welcome("e", 1000, 3000, 1024), b"3000", b"1" + b"0" * 400, "liveness_ms"),
-        (p.Welcome("e", 1000, 3000, 1024), b"3000", b"1" + b"0" * 13, "must be < 1e+12"),
-        (p.Hello("w", (), 5), b"5", b"1" + b"0" * 400, "must be >= 0 and <= 9007199254740992"),
+        (
+            p.Welcome("e", 1000, 3000, 1024),
+            b"3000",
+            b"1" + b"0" * 13,
+            "`int` <= 999999999999 - at `$.liveness_ms`",
+        ),
+        (p.Hello("w", (), 5), b"5", b"1" + b"0" * 400, "`int` <= 9007199254740992 - at `$.credit`"),
     ],
     ids=[
         "timing-huge-int",
@@ -852,3 +904,43 @@ def test_a_timing_value_may_be_a_unix_time_in_microseconds() -> None:
     stamp = b"1795603194296393.0"
     (result,) = p.decode(_edited(ONE_RESULT, b"1.5", stamp)).results  # type: ignore[union-attr]
     assert result.timing["device_us"] == float(stamp)
+
+
+def test_a_jobs_row_carries_the_samples_of_its_job() -> None:
+    tensors = p.Tensors.of({"x": np.zeros((3, 2), np.float32)})
+    sent = p.Jobs((p.Job(b"j", "m", tensors, 5.0, samples=3), p.Job(b"k", "m", tensors, None, 6)))
+    header = json.loads(bytes(sent.encode()[1]))
+    assert header["jobs"] == [["6a", 0, 5.0, 1, 3], ["6b", 0, None, 1, 6]]
+    decoded = p.decode(sent.encode())
+    assert isinstance(decoded, p.Jobs)
+    assert [job.samples for job in decoded.jobs] == [3, 6]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (["01", 0, None, 1, 0], "Expected `int` >= 1 - at `$.jobs[0].samples`"),
+        (["01", 0, None, 1, 2**53 + 1], "<= 9007199254740992 - at `$.jobs[0].samples`"),
+        (["01", 0, None, 1, 1.5], "got `float` - at `$.jobs[0].samples`"),
+        (["01", 0, None, 1], "got 4 - at `$.jobs[0]` (a row is [job_id, spec, budget_ms"),
+    ],
+)
+def test_a_jobs_row_without_a_valid_sample_count_is_refused(row: list[Any], message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        p.decode(
+            frames_with(
+                {"specs": [{"model": "m", "tensors": [SPEC_X]}], "jobs": [row]}, F8, cmd=JOBS
+            ),
+            LIMITS,
+        )
+    assert message in str(info.value)
+
+
+def test_a_version_3_peer_is_told_which_side_to_upgrade() -> None:
+    with pytest.raises(UnsupportedVersionError) as info:
+        p.decode([b"IPUS\x03\x01id", b"{}"])
+    assert str(info.value) == (
+        "protocol version 3 is not supported; this peer speaks 4: "
+        "upgrade ipuserve on the side that speaks 3"
+    )
+    assert p.peek_id([b"IPUS\x03\x01id", b"{}"]) == b"id"  # so the refusal reaches it

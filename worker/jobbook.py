@@ -115,7 +115,7 @@ class JobBook:
                 self.next_expiry = min(self.next_expiry, held.job.deadline)
 
     def _accept(self, message: wire.Job) -> Held:
-        """Stamp a job's deadline and count its samples, once.
+        """Stamp a job's deadline; its samples are the broker's count (JOBS carries it).
 
         The broker checked its tensors against the model's schema before forwarding it
         (it owns that check: docs/architecture.md §2); the worker checks only what the
@@ -125,9 +125,8 @@ class JobBook:
         if spec is None:
             raise UnknownModelError(f"this worker does not serve model {message.model!r}")
         members = message.tensors.members
-        member_samples = spec.samples(t.shape for t in message.tensors.specs)
         if members > 1:
-            problem = group_problem(spec, members, member_samples)
+            problem = group_problem(spec, members, message.samples // members)
             if problem is not None:  # the broker checked it: a broker of another version
                 raise InvalidInputError(problem)
         if self.session_limit is not None and self.held_current >= self.session_limit:
@@ -148,8 +147,7 @@ class JobBook:
             if members > 1
             else message.tensors.arrays()
         )
-        samples = members * member_samples
-        job = WorkItem(message.job_id, message.model, inputs, deadline, samples)
+        job = WorkItem(message.job_id, message.model, inputs, deadline, message.samples)
         assert self.epoch is not None
         return Held(job, self.epoch, now, members=members, connection=self.connection)
 

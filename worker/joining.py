@@ -12,17 +12,18 @@ with the reason, and retried like any other: a SIGHUP may admit the key.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.config import WorkerConfig
 
@@ -135,8 +136,8 @@ class Joiner:
     def _await_welcome(self, sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> Joined | None:
         hello = self._hello
         if self._credit is not None:
-            hello = dataclasses.replace(hello, credit=self._credit())
-        wire.send(sock, hello.encode())
+            hello = msgspec.structs.replace(hello, credit=self._credit())
+        transport.send(sock, hello.encode())
         deadline = time.monotonic() + self._config.handshake_timeout_ms / 1000
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -162,7 +163,7 @@ class Joiner:
         sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.max_frame_bytes(self._config.max_payload_bytes))
+        sock.setsockopt(zmq.MAXMSGSIZE, transport.max_frame_bytes(self._config.max_payload_bytes))
         if self._config.keys is not None:  # before connect: libzmq reads it then
             self._config.keys.apply(sock)
         return sock
@@ -219,7 +220,7 @@ class Joiner:
 
     def _welcome(self, sock: zmq.Socket[Any]) -> wire.Welcome | None:
         try:
-            message = wire.decode(wire.recv(sock), self._limits)
+            message = wire.decode(transport.recv(sock), self._limits)
         except IpuserveError as exc:
             log.warning("malformed message during the handshake: %s", exc)
             self._answer = f"a malformed message ({exc})"
@@ -241,7 +242,7 @@ class Joiner:
         refused = {model for model, _why in welcome.refused}
         if not refused or {spec.name for spec in self._hello.models} - refused:
             return False
-        wire.send(sock, wire.Bye().encode())
+        transport.send(sock, wire.Bye().encode())
         sock.close(linger=1000)  # let the BYE go: the broker then drops us at once
         log.error(
             "worker %s stops: the broker refused every model it serves",

@@ -40,6 +40,7 @@ from typing import Any
 import zmq
 
 from ipuserve import protocol as wire
+from ipuserve import transport
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.backend import Backend, Mailbox, Outcome, WorkItem, WorkResult
 from ipuserve.worker.config import WorkerConfig
@@ -291,7 +292,7 @@ class WorkerNode:
             try:
                 while not self._stopping:
                     woken = False
-                    if not self._mailbox.ready and not wire.readable(sock):
+                    if not self._mailbox.ready and not transport.readable(sock):
                         woken = self._wait_unlocked(poller, self._timeout_ms(connection))
                     if (why := self._read(connection)) is not None:
                         return why
@@ -332,7 +333,7 @@ class WorkerNode:
             self._flush()
             self._report()
             connection = self._connection
-            if connection is not None and wire.readable(connection.socket):
+            if connection is not None and transport.readable(connection.socket):
                 self._mailbox.wake()  # our use of the socket may have eaten the loop's edge
         finally:
             self._lock.release()
@@ -347,7 +348,7 @@ class WorkerNode:
 
     def _read(self, connection: Connection) -> Exit | None:
         """Handle every message waiting on the socket."""
-        while (frames := wire.try_recv(connection.socket)) is not None:
+        while (frames := transport.try_recv(connection.socket)) is not None:
             connection.last_heard = time.monotonic()
             why = self._on_message(connection, frames)
             if why is not None:
@@ -432,7 +433,7 @@ class WorkerNode:
         if self._connection is None:
             return
         try:
-            wire.send(self._connection.socket, frames, nonblock=True)
+            transport.send(self._connection.socket, frames, nonblock=True)
         except zmq.Again:
             log.warning("broker not accepting messages; dropped %s", what)
 

@@ -11,17 +11,11 @@ identity in front; strip it before :func:`decode`)::
     frame 2.. tensors    one raw frame per tensor the header lists, in order,
                          C-ordered little-endian, exactly prod(shape) * itemsize bytes
 
-The broker and a worker exchange batches: one JOBS message carries every job the
-broker hands a worker in one turn of its loop, one RESULTS message every outcome
-the worker has ready. Their headers list each job (id, tensor specs, budget or
-timing) and their tensor frames follow job by job; a single job is a batch of one.
-A client may batch too: REQUESTS carries the requests it has ready at once (laid
-out as JOBS), and the broker then answers those requests' results in REPLIES
-(laid out as RESULTS); a client that sends single REQUESTs gets single REPLYs.
-A row of REQUESTS may be a *group*: several requests of one model and tensor layout
-whose tensors share one frame each (members one after another); the broker and
-worker carry it as one job (a JOBS/RESULTS row with a member count) and the broker
-answers it in one REPLIES row (docs/protocol.md §2.3).
+The header is declared per command as a ``msgspec.Struct`` whose fields carry
+their limits (``msgspec.Meta``), so msgspec validates it while parsing. The batches
+(JOBS and RESULTS between broker and worker, REQUESTS and REPLIES from and to a
+client) carry many jobs, and a row may be a *group* of requests sharing its frames
+(docs/protocol.md §2).
 
 :func:`decode` validates all of it before anything uses it and raises
 :class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
@@ -29,25 +23,24 @@ or :class:`PayloadTooLargeError` with a message that says what is wrong. Tensors
 kept as the received frames (forwarded by reference) and read as read-only
 ``np.frombuffer`` views; ``encode`` returns arrays as frames without copying them
 (non-contiguous or big-endian arrays are made contiguous once). Send with
-:func:`send` (or ``send_multipart(frames, copy=False)``): pyzmq copies only frames
-below its copy threshold.
+:func:`ipuserve.transport.send` (or ``send_multipart(frames, copy=False)``): pyzmq
+copies only frames below its copy threshold.
 
 The package's modules, by job (callers import from the package: ``from ipuserve
-import protocol as wire``; its ``__all__`` is the public API):
+import protocol as wire``; its ``__all__`` is the public API). Nothing here imports
+zmq: sending and receiving are :mod:`ipuserve.transport`.
 
-* ``tensors``   the tensor model: dtype allow-list, TensorSpec, Tensors (no zmq)
-* ``failures``  Fail, and the codes a worker may send (WORKER_CODES)
+* ``envelope``  constants, Command, Limits, and building a message's frames
+* ``fields``    the declared field types (msgspec constraints) every header uses, and
+                msgspec's refusals as ours
+* ``tensors``   the tensor model: dtype allow-list, TensorSpec, Tensors, frame checks
 * ``schema``    ModelSpec, and whether tensors fit it: check_inputs, outputs_problem,
                 batch_problem
-* ``envelope``  constants, Command, Limits, and building a message's frames
-* ``checks``    validating header fields, tensor specs and frames; the decoder type
-* ``client_messages``, ``worker_messages``, ``batches`` (with ``rows``)
-                the messages by family, each with its decoder beside it
-* ``one_row``   the one-row JOBS and RESULTS encoders (the hot ones, fewer calls)
-* ``fastpath``  decoding the hot messages in few calls, only where the full checks
-                would give the same message (anything else: the full decoder)
+* ``failures``  Fail, its row, and the codes a worker may send (WORKER_CODES)
+* ``client_messages``, ``worker_messages``, ``batches``
+                the messages by family: each with its declared header, its one
+                encoder (``encode``) and its one decoder (``from_wire``)
 * ``codec``     decode(), and the ids of messages it cannot decode (peek_id(s))
-* ``transport`` send/recv on ZeroMQ sockets, the socket frame limit
 """
 
 from __future__ import annotations
@@ -110,14 +103,6 @@ from ipuserve.protocol.tensors import (
     Tensors,
     TensorSpec,
 )
-from ipuserve.protocol.transport import (
-    FRAME_SLACK_BYTES,
-    max_frame_bytes,
-    readable,
-    recv,
-    send,
-    try_recv,
-)
 from ipuserve.protocol.worker_messages import (
     Bye,
     Heartbeat,
@@ -127,66 +112,14 @@ from ipuserve.protocol.worker_messages import (
     Welcome,
 )
 
-__all__ = [
-    "DEFAULT_LIMITS",
-    "DTYPES",
-    "ENVELOPE_BYTES",
-    "FRAME_SLACK_BYTES",
-    "HEADER_FRAMES",
-    "MAX_COUNT",
-    "MAX_DURATION_MS",
-    "MAX_ID_BYTES",
-    "MAX_MESSAGE_CHARS",
-    "MAX_NAME_CHARS",
-    "MAX_TIMING_KEYS",
-    "MAX_TIMING_VALUE",
-    "PROTOCOL_TAG",
-    "PROTOCOL_VERSION",
-    "TAG",
-    "WORKER_CODES",
-    "Bye",
-    "Command",
-    "ErrorReply",
-    "Fail",
-    "Frame",
-    "Heartbeat",
-    "Hello",
-    "Job",
-    "Jobs",
-    "Limits",
-    "ListModels",
-    "Message",
-    "ModelInfo",
-    "ModelSpec",
-    "ModelsReply",
-    "Ping",
-    "Pong",
-    "Reconnect",
-    "Refusals",
-    "Replies",
-    "Reply",
-    "Request",
-    "Requests",
-    "Result",
-    "Results",
-    "TensorSpec",
-    "Tensors",
-    "Welcome",
-    "WorkerLoad",
-    "batch_problem",
-    "check_inputs",
-    "decode",
-    "encode_batch",
-    "envelope",
-    "error_frames",
-    "max_frame_bytes",
-    "name_problem",
-    "outputs_problem",
-    "peek_id",
-    "peek_ids",
-    "readable",
-    "recv",
-    "send",
-    "split_batch",
-    "try_recv",
-]
+#: The public API, by kind: constants, messages and types, functions.
+__all__ = ["DEFAULT_LIMITS", "DTYPES", "ENVELOPE_BYTES", "HEADER_FRAMES", "MAX_COUNT"]
+__all__ += ["MAX_DURATION_MS", "MAX_ID_BYTES", "MAX_MESSAGE_CHARS", "MAX_NAME_CHARS"]
+__all__ += ["MAX_TIMING_KEYS", "MAX_TIMING_VALUE", "PROTOCOL_TAG", "PROTOCOL_VERSION", "TAG"]
+__all__ += ["WORKER_CODES"]
+__all__ += ["Bye", "Command", "ErrorReply", "Fail", "Frame", "Heartbeat", "Hello", "Job", "Jobs"]
+__all__ += ["Limits", "ListModels", "Message", "ModelInfo", "ModelSpec", "ModelsReply", "Ping"]
+__all__ += ["Pong", "Reconnect", "Refusals", "Replies", "Reply", "Request", "Requests", "Result"]
+__all__ += ["Results", "TensorSpec", "Tensors", "Welcome", "WorkerLoad"]
+__all__ += ["batch_problem", "check_inputs", "decode", "encode_batch", "envelope", "error_frames"]
+__all__ += ["name_problem", "outputs_problem", "peek_id", "peek_ids", "split_batch"]

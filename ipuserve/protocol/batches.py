@@ -1,68 +1,209 @@
 """The batches: JOBS (broker -> worker) and RESULTS (worker -> broker), and REQUESTS
-(client -> broker) and REPLIES (broker -> client), laid out as JOBS and RESULTS.
-
-A batch's header holds a table of the distinct tensor specs (with the model, for
-JOBS and REQUESTS) and one row per job, result or failure; the tensor frames follow
-job by job. Each batch's decoder sits right below it; the checks of single rows are
-in :mod:`ipuserve.protocol.rows`.
-"""
+(client -> broker) and REPLIES (broker -> client), laid out as JOBS and RESULTS: a
+table of the distinct tensor specs, one declared :class:`Row` per job, result or
+failure, the tensor frames job by job. A row whose frames do not fit its specs is
+refused alone; anything else wrong refuses the message."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias, TypeVar
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self, TypeAlias, TypeVar
 
-from ipuserve.errors import ProtocolError, WorkerFailedError
-from ipuserve.protocol.checks import (
-    _BATCH,
-    _TENSORS,
-    T,
-    _as_object,
-    _batch_tensors,
-    _check_fields,
-    _Decoder,
-    _Field,
-    _memo,
-    _name,
-    _nbytes,
-    _rows,
-    _tensor_specs,
+import msgspec
+
+from ipuserve.errors import (
+    InvalidInputError,
+    IpuserveError,
+    PayloadTooLargeError,
+    ProtocolError,
+    WorkerFailedError,
 )
 from ipuserve.protocol.client_messages import Reply, Request
 from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
     MAX_TIMING_KEYS,
+    Carries,
     Command,
     Limits,
-    _frames,
-    _json,
-    _number,
-    _specs_json,
+    Wire,
+    frames,
+    nbytes,
 )
-from ipuserve.protocol.failures import Fail, _failure_row
-from ipuserve.protocol.one_row import one_job, one_result
-from ipuserve.protocol.rows import Row, _job_rows, _reply_rows, _request_rows, _result_rows
-from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
+from ipuserve.protocol.failures import Fail, FailRow
+from ipuserve.protocol.fields import (
+    Budget,
+    Count,
+    Duration,
+    Header,
+    HexId,
+    Members,
+    Name,
+    Row,
+    Samples,
+    Timing,
+    at_most,
+    hex_id,
+    peek_hex,
+)
+from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+
+_encode = msgspec.json.encode
+Specs = tuple[TensorSpec, ...]
+#: A row's id: one hex id, or (REQUESTS and REPLIES) a group's ids.
+Ids = HexId | tuple[HexId, ...]
+
+
+class JobSpec(Header, frozen=True):
+    """A JOBS or REQUESTS spec table entry: a model and its tensors' specs."""
+
+    model: Name
+    tensors: Specs
+
+
+class JobRow(Row, frozen=True):
+    job_id: HexId
+    spec: Count
+    budget_ms: Budget | None
+    members: Members
+    samples: Samples
+
+
+class JobsHeader(Header, frozen=True):
+    specs: tuple[JobSpec, ...]
+    jobs: tuple[JobRow, ...]
+
+
+class _Batch(Wire):
+    """What every batch does with its two tuples of rows (``_ROWS`` names them): count
+    them, halve them (:func:`split_batch`), send the first's tensors after a header."""
+
+    __slots__ = ()
+    _ROWS: ClassVar[tuple[str, str]]
+
+    @property
+    def rows(self) -> int:
+        first, second = self._ROWS
+        return len(getattr(self, first)) + len(getattr(self, second))
+
+    def halves(self) -> tuple[Self, Self]:
+        """The rows in two halves, the first tuple's rows first."""
+        rows, others = (getattr(self, name) for name in self._ROWS)
+        middle = (len(rows) + len(others)) // 2
+        cut = max(0, middle - len(rows))
+        first = type(self)(rows[:middle], others[:cut])  # type: ignore[call-arg]
+        return first, type(self)(rows[middle:], others[cut:])  # type: ignore[call-arg]
+
+    def _frames(self, header: Header) -> list[Frame]:
+        items = getattr(self, self._ROWS[0])
+        tensors = [frame for item in items for frame in item.tensors.frames]
+        return frames(self.COMMAND, b"", _encode(header), tensors)
+
+
+class _Outputs(_Batch):
+    """RESULTS and REPLIES, laid out alike: outputs (tensors and timing) and failures.
+    One encoder and one decoder for both; each class says how it writes a row of an
+    output (``_row``) and makes an output of a good row (``_output``)."""
+
+    __slots__ = ()
+    _row: ClassVar[Callable[[Any, int], Row]]
+    _output: ClassVar[Callable[..., Any]]
+
+    def encode(self) -> list[Frame]:
+        outputs, failures = (getattr(self, name) for name in self._ROWS)
+        specs, at = _tabled(outputs, lambda output: output.tensors.specs)
+        rows = tuple(type(self)._row(output, n) for output, n in at)
+        return self._frames(self.HEADER(specs, rows, _fails(failures)))
+
+    @classmethod
+    def from_wire(cls, _i: bytes, h: Any, tensors: Sequence[Frame], lim: Limits) -> Self:
+        outputs, listed = getattr(h, cls._ROWS[0]), getattr(h, cls._ROWS[1])
+        good, failed = _outputs(h.specs, outputs, listed, tensors, cls.COMMAND, lim)
+        return cls(tuple(cls._output(*row) for row in good), failed)  # type: ignore[call-arg]
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A request forwarded to a worker; ``budget_ms`` is the time left before its deadline."""
+    """A request forwarded to a worker; ``budget_ms`` is the time left before its deadline,
+    ``samples`` the samples it carries, all members together (the broker counts them)."""
 
     job_id: bytes
     model: str
     tensors: Tensors
-    budget_ms: float | None = None
+    budget_ms: float | None
+    samples: int
 
 
-def _job_spec(value: Any, limits: Limits) -> tuple[str, tuple[TensorSpec, ...]]:
-    fields = _check_fields(_as_object(value), _JOB_SPEC_SCHEMA, "spec", limits)
-    return fields["model"], fields["tensors"]
+@dataclass(frozen=True, slots=True)
+class Jobs(_Batch, command=Command.JOBS, header=JobsHeader, carries=Carries.BATCH):
+    """Jobs for one worker, sent together. ``rejected`` is filled by :func:`decode`
+    only: jobs whose tensor frames do not match their specs, as the FAIL to send."""
+
+    _ROWS = ("jobs", "rejected")
+    jobs: tuple[Job, ...]
+    rejected: tuple[Fail, ...] = ()
+
+    def encode(self) -> list[Frame]:
+        keys, at = _tabled(self.jobs, lambda j: (j.model, j.tensors.specs))
+        rows = tuple(
+            JobRow(j.job_id.hex(), n, j.budget_ms, j.tensors.members, j.samples) for j, n in at
+        )
+        return self._frames(JobsHeader(tuple(JobSpec(*key) for key in keys), rows))
+
+    @classmethod
+    def from_wire(cls, _i: bytes, h: JobsHeader, tensors: Sequence[Frame], lim: Limits) -> Jobs:
+        good, bad = _unpack(h.specs, h.jobs, tensors, cls.COMMAND, lim)
+        jobs = (Job(i, spec.model, t, row.budget_ms, row.samples) for row, i, _g, spec, t in good)
+        return cls(tuple(jobs), bad)
 
 
-_JOB_SPEC_SCHEMA = {"model": _Field(_name), "tensors": _TENSORS}
+class RequestRow(Row, frozen=True):
+    request_id: Ids
+    spec: Count
+    timeout_ms: Duration | None
+
+
+class RequestsHeader(Header, frozen=True):
+    specs: tuple[JobSpec, ...]
+    requests: tuple[RequestRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Requests(_Batch, command=Command.REQUESTS, header=RequestsHeader, carries=Carries.BATCH):
+    """Requests of one client, sent together: what its I/O thread had ready at once,
+    laid out as JOBS. ``rejected`` is filled by :func:`decode` only: requests whose
+    tensor frames do not match their specs, as the error to answer them with."""
+
+    _ROWS = ("requests", "rejected")
+    requests: tuple[Request, ...]
+    rejected: tuple[Fail, ...] = ()
+
+    def encode(self) -> list[Frame]:
+        keys, at = _tabled(self.requests, lambda r: (r.model, r.tensors.specs))
+        rows = tuple(RequestRow(_row_id(r), n, r.timeout_ms) for r, n in at)
+        return self._frames(RequestsHeader(tuple(JobSpec(*key) for key in keys), rows))
+
+    @classmethod
+    def from_wire(
+        cls, _i: bytes, h: RequestsHeader, tensors: Sequence[Frame], lim: Limits
+    ) -> Requests:
+        good, bad = _unpack(h.specs, h.requests, tensors, cls.COMMAND, lim)
+        rows = (Request(i, s.model, t, row.timeout_ms, g) for row, i, g, s, t in good)
+        return cls(tuple(rows), bad)
+
+
+class ResultRow(Row, frozen=True):
+    job_id: HexId
+    spec: Count
+    timing: Timing
+    members: Members = 1
+
+
+class ResultsHeader(Header, frozen=True):
+    specs: tuple[Specs, ...]
+    results: tuple[ResultRow, ...]
+    failures: tuple[FailRow, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +211,11 @@ class Result:
     job_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
-    #: ``timing`` as the JSON text it was received in, when the fast path read it
-    #: (ipuserve.protocol.fastpath): :meth:`reply` passes it on without re-formatting
-    timing_json: str | None = field(default=None, compare=False, repr=False)
 
     def reply(self, request_id: bytes, group: tuple[bytes, ...], key: str, value: float) -> Reply:
         """The REPLY carrying this result to a client, its timing with ``key`` added
-        (the broker's ``broker_queue_us``): the received timing text is passed on with
-        the entry appended, where encoding the dict would give the same JSON object."""
+        (the broker's ``broker_queue_us``)."""
         timing = dict(self.timing)
-        text = self.timing_json
         if key not in timing and len(timing) >= MAX_TIMING_KEYS:
             # A worker may send MAX_TIMING_KEYS entries, but the reply must stay within
             # that limit with ``key`` added, or the client refuses it as malformed (and
@@ -87,204 +223,87 @@ class Result:
             # diagnostics: the worker's surplus entries (the last ones) are dropped
             # rather than failing a correct result.
             timing = dict(itertools.islice(timing.items(), MAX_TIMING_KEYS - 1))
-            text = None
-        if text is not None and (
-            key in timing or type(value) is not float or value - value != 0 or '"' in key
-        ):
-            text = None  # a replaced entry, or a value JSON cannot hold: encode it all
         timing[key] = value
-        if text is not None:
-            text = f'{text[:-1]}{"," if len(text) > 2 else ""}"{key}":{float(value)!r}}}'
-        return Reply(request_id, self.tensors, timing, group, text)
+        return Reply(request_id, self.tensors, timing, group)
 
 
 @dataclass(frozen=True, slots=True)
-class Jobs:
-    """Jobs for one worker, sent together.
+class Results(_Outputs, command=Command.RESULTS, header=ResultsHeader, carries=Carries.BATCH):
+    """Outcomes of jobs, sent together: results, and failures. :func:`decode` turns a
+    result whose tensor frames do not match its specs into a failure (WORKER_FAILED:
+    never the client's fault)."""
 
-    Header ``{"specs": [{"model", "tensors"}...], "jobs": [[id hex, spec index,
-    budget_ms or null]...]}``: jobs with the same model and tensor specs share one
-    entry of ``specs``, so the header stays small and the receiver checks each
-    distinct spec once. ``rejected`` is filled by :func:`decode` only: jobs whose
-    tensor frames do not match their specs, as the FAIL their sender should get.
-    """
-
-    COMMAND: ClassVar[Command] = Command.JOBS
-    jobs: tuple[Job, ...]
-    rejected: tuple[Fail, ...] = ()
-
-    @property
-    def rows(self) -> int:
-        return len(self.jobs)
-
-    def halves(self) -> tuple[Jobs, Jobs]:
-        middle = len(self.jobs) // 2
-        return Jobs(self.jobs[:middle]), Jobs(self.jobs[middle:])
-
-    def encode(self) -> list[Frame]:
-        if len(self.jobs) == 1:  # the usual JOBS at low load: the same text, fewer calls
-            job = self.jobs[0]
-            return one_job(job.job_id, job.model, job.tensors, job.budget_ms)
-        rows = ((j.job_id, j.model, j.tensors, j.budget_ms, ()) for j in self.jobs)
-        return _encode_inputs(self.COMMAND, "jobs", rows)
-
-
-def _build_jobs(_i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits) -> Jobs:
-    good, rejected = _inputs(fields, frames, "jobs", Command.JOBS, lim)
-    return Jobs(tuple(Job(*row[:4]) for row in good), rejected)
-
-
-_JOBS = _Decoder(
-    Command.JOBS,
-    {"specs": _Field(_memo(_rows(_job_spec))), "jobs": _Field(_job_rows)},
-    _build_jobs,
-    tensors=_BATCH,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Requests:
-    """Requests of one client, sent together: what its I/O thread had ready at once.
-
-    Laid out as JOBS, rows ``[request id hex, spec index, timeout_ms or null]``
-    under ``"requests"``. ``rejected`` is filled by :func:`decode` only: requests
-    whose tensor frames do not match their specs, as the error to answer them with.
-    """
-
-    COMMAND: ClassVar[Command] = Command.REQUESTS
-    requests: tuple[Request, ...]
-    rejected: tuple[Fail, ...] = ()
-
-    @property
-    def rows(self) -> int:
-        return len(self.requests)
-
-    def halves(self) -> tuple[Requests, Requests]:
-        middle = len(self.requests) // 2
-        return Requests(self.requests[:middle]), Requests(self.requests[middle:])
-
-    def encode(self) -> list[Frame]:
-        rows = ((r.request_id, r.model, r.tensors, r.timeout_ms, r.group) for r in self.requests)
-        return _encode_inputs(self.COMMAND, "requests", rows)
-
-
-def _build_requests(
-    _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
-) -> Requests:
-    good, rejected = _inputs(fields, frames, "requests", Command.REQUESTS, lim)
-    return Requests(tuple(Request(*row) for row in good), rejected)
-
-
-_REQUESTS = _Decoder(
-    Command.REQUESTS,
-    {"specs": _Field(_memo(_rows(_job_spec))), "requests": _Field(_request_rows)},
-    _build_requests,
-    tensors=_BATCH,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Results:
-    """Outcomes of jobs, sent together: results, and failures (a code and message each).
-
-    Header ``{"specs": [[tensor spec...]...], "results": [[id hex, spec index,
-    timing]...], "failures": [[id hex, code, message]...]}`` (``failures`` may be
-    left out). :func:`decode` turns a result whose tensor frames do not match its
-    specs into a failure with the error found.
-    """
-
-    COMMAND: ClassVar[Command] = Command.RESULTS
+    _ROWS = ("results", "failures")
+    _row = lambda r, n: ResultRow(r.job_id.hex(), n, dict(r.timing), r.tensors.members)  # noqa: E731
+    _output = lambda row, i, _g, _s, t: Result(i, t, row.timing)  # noqa: E731
     results: tuple[Result, ...] = ()
     failures: tuple[Fail, ...] = ()
 
-    @property
-    def rows(self) -> int:
-        return len(self.results) + len(self.failures)
 
-    def halves(self) -> tuple[Results, Results]:
-        first, second = _halve(self.results, self.failures)
-        return Results(*first), Results(*second)
-
-    def encode(self) -> list[Frame]:
-        if len(self.results) == 1 and not self.failures:  # the usual one: fewer calls
-            result = self.results[0]
-            return one_result(result.job_id, result.tensors, result.timing, result.timing_json)
-        rows = ((r.job_id, r.tensors, r.timing_json or r.timing, ()) for r in self.results)
-        return _encode_outputs(self.COMMAND, ("results", "failures"), rows, self.failures)
+class ReplyRow(Row, frozen=True):
+    request_id: Ids
+    spec: Count
+    timing: Timing
 
 
-def _build_results(
-    _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
-) -> Results:
-    good, failures = _outputs(fields, frames, ("results", "failures"), Command.RESULTS, lim)
-    return Results(tuple(Result(*row[:3]) for row in good), failures)
-
-
-_RESULTS = _Decoder(
-    Command.RESULTS,
-    {
-        "specs": _Field(_memo(_rows(_tensor_specs))),
-        "results": _Field(_result_rows),
-        "failures": _Field(_rows(_failure_row), required=False),
-    },
-    _build_results,
-    tensors=_BATCH,
-)
+class RepliesHeader(Header, frozen=True):
+    specs: tuple[Specs, ...]
+    replies: tuple[ReplyRow, ...]
+    errors: tuple[FailRow, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class Replies:
-    """Replies to REQUESTS rows of one client, sent together: results, and errors.
+class Replies(_Outputs, command=Command.REPLIES, header=RepliesHeader, carries=Carries.BATCH):
+    """Replies to REQUESTS rows of one client, sent together: laid out as RESULTS, with
+    ``replies`` and ``errors``. :func:`decode` turns a reply whose tensor frames do not
+    match its specs into an error."""
 
-    Laid out as RESULTS, rows ``[request id hex, spec index, timing]`` under
-    ``"replies"`` and ``[request id hex, code, message]`` under ``"errors"``
-    (which may be left out). :func:`decode` turns a reply whose tensor frames do
-    not match its specs into an error.
-    """
-
-    COMMAND: ClassVar[Command] = Command.REPLIES
+    _ROWS = ("replies", "errors")
+    _row = lambda r, n: ReplyRow(_row_id(r), n, dict(r.timing))  # noqa: E731
+    _output = lambda row, i, g, _s, t: Reply(i, t, row.timing, g)  # noqa: E731
     replies: tuple[Reply, ...] = ()
     errors: tuple[Fail, ...] = ()
 
-    @property
-    def rows(self) -> int:
-        return len(self.replies) + len(self.errors)
 
-    def halves(self) -> tuple[Replies, Replies]:
-        first, second = _halve(self.replies, self.errors)
-        return Replies(*first), Replies(*second)
-
-    def encode(self) -> list[Frame]:
-        rows = ((r.request_id, r.tensors, r.timing_json or r.timing, r.group) for r in self.replies)
-        return _encode_outputs(self.COMMAND, ("replies", "errors"), rows, self.errors)
-
-
-def _build_replies(
-    _i: bytes, fields: dict[str, Any], frames: Sequence[Frame], lim: Limits
-) -> Replies:
-    good, errors = _outputs(fields, frames, ("replies", "errors"), Command.REPLIES, lim)
-    return Replies(tuple(Reply(*row) for row in good), errors)
-
-
-_REPLIES = _Decoder(
-    Command.REPLIES,
-    {
-        "specs": _Field(_memo(_rows(_tensor_specs))),
-        "replies": _Field(_reply_rows),
-        "errors": _Field(_rows(_failure_row), required=False),
-    },
-    _build_replies,
-    tensors=_BATCH,
-)
-
-#: This module's decoders, for ipuserve.protocol.codec.
-_DECODERS = (_JOBS, _REQUESTS, _RESULTS, _REPLIES)
+#: This module's messages, for ipuserve.protocol.codec.
+MESSAGES = (Jobs, Requests, Results, Replies)
+Batch: TypeAlias = Jobs | Requests | Results | Replies
+#: Each batch key's row fields, in order: how error messages name a row's entries.
+_KEYS = ("jobs", "requests", "results", "replies", "failures", "errors")
+_ROW_TYPES: tuple[type[Row], ...] = (JobRow, RequestRow, ResultRow, ReplyRow, FailRow, FailRow)
+ROW_FIELDS = {key: row.__struct_fields__ for key, row in zip(_KEYS, _ROW_TYPES, strict=True)}
 
 
 # ---------------------------------------------------------------- encoding
 
 
-B = TypeVar("B", "Jobs", "Requests", "Results", "Replies")
+K = TypeVar("K", bound=Hashable)
+Item = TypeVar("Item")
+
+
+def _tabled(
+    items: Sequence[Item], key: Callable[[Item], K]
+) -> tuple[tuple[K, ...], list[tuple[Item, int]]]:
+    """A batch's spec table (each distinct ``key`` once) and each item with its index."""
+    table: dict[K, int] = {}
+    indexed = [(item, table.setdefault(key(item), len(table))) for item in items]
+    return tuple(table), indexed
+
+
+def _fails(failures: tuple[Fail, ...]) -> tuple[FailRow, ...]:
+    return tuple(map(FailRow.of, failures))
+
+
+def _row_id(item: Request | Reply) -> Ids:
+    """A REQUESTS or REPLIES row's id: one hex id, or a group's (one per member)."""
+    if not item.group:
+        return item.request_id.hex()
+    if item.tensors.members != len(item.group):
+        raise ValueError(f"a group of {len(item.group)} ids carries {item.tensors.members} members")
+    return tuple(member.hex() for member in item.group)
+
+
+B = TypeVar("B", Jobs, Requests, Results, Replies)
 
 
 def encode_batch(message: B, limits: Limits = DEFAULT_LIMITS) -> list[list[Frame]]:
@@ -297,165 +316,101 @@ def split_batch(message: B, limits: Limits = DEFAULT_LIMITS) -> list[tuple[B, li
     """:func:`encode_batch`, with the part of the batch each message carries."""
     rows = message.rows
     if rows <= limits.max_batch:
-        frames = message.encode()
-        if rows <= 1 or _nbytes(frames[1]) <= limits.max_header_bytes:
-            return [(message, frames)]
+        encoded = message.encode()
+        if rows <= 1 or nbytes(encoded[1]) <= limits.max_header_bytes:
+            return [(message, encoded)]
     first, second = message.halves()
     return split_batch(first, limits) + split_batch(second, limits)
 
 
-def _halve(
-    outputs: tuple[T, ...], failures: tuple[Fail, ...]
-) -> tuple[tuple[tuple[T, ...], tuple[Fail, ...]], tuple[tuple[T, ...], tuple[Fail, ...]]]:
-    """Split the rows of a RESULTS or REPLIES in two halves, outputs first."""
-    middle = (len(outputs) + len(failures)) // 2
-    if middle <= len(outputs):
-        return (outputs[:middle], ()), (outputs[middle:], failures)
-    cut = middle - len(outputs)
-    return (outputs, failures[:cut]), ((), failures[cut:])
-
-
-def _encode_inputs(
-    command: Command,
-    key: str,
-    rows: Iterable[tuple[bytes, str, Tensors, float | None, tuple[bytes, ...]]],
-) -> list[Frame]:
-    """JOBS or REQUESTS: a spec table (model and tensors), one row per item, its frames."""
-    specs = _SpecTable()
-    lines: list[str] = []
-    frames: list[Frame] = []
-    for ident, model, tensors, milliseconds, group in rows:
-        index = specs.index(tensors, model)
-        ident_text, members = _row_id(ident, group), _members(tensors, group)
-        lines.append(f"[{ident_text},{index},{_number(milliseconds)}{members}]")
-        frames.extend(tensors.frames)
-    body = f'{{"specs":[{specs.json()}],"{key}":[{",".join(lines)}]}}'
-    return _frames(command, b"", body, frames)
-
-
-def _encode_outputs(
-    command: Command,
-    keys: tuple[str, str],
-    rows: Iterable[tuple[bytes, Tensors, Mapping[str, float] | str, tuple[bytes, ...]]],
-    failures: tuple[Fail, ...],
-) -> list[Frame]:
-    """RESULTS or REPLIES: a spec table (tensors), one row per output, its frames, failures.
-    A row's timing is a mapping, or its JSON text where that is known (``timing_json``)."""
-    specs = _SpecTable()
-    lines: list[str] = []
-    frames: list[Frame] = []
-    for ident, tensors, timing, group in rows:
-        index = specs.index(tensors)
-        ident_text, members = _row_id(ident, group), _members(tensors, group)
-        text = timing if isinstance(timing, str) else _json(dict(timing))  # str: JSON already
-        lines.append(f"[{ident_text},{index},{text}{members}]")
-        frames.extend(tensors.frames)
-    failed = ",".join(_json([f.job_id.hex(), f.code, f.message]) for f in failures)
-    tail = f',"{keys[1]}":[{failed}]' if failures else ""
-    body = f'{{"specs":[{specs.json()}],"{keys[0]}":[{",".join(lines)}]{tail}}}'
-    return _frames(command, b"", body, frames)
-
-
-def _row_id(ident: bytes, group: tuple[bytes, ...]) -> str:
-    """A row's id: one hex id, or a group's list of them (REQUESTS, REPLIES)."""
-    if not group:
-        return f'"{ident.hex()}"'
-    return "[" + ",".join(f'"{member.hex()}"' for member in group) + "]"
-
-
-def _members(tensors: Tensors, group: tuple[bytes, ...]) -> str:
-    """A JOBS or RESULTS row's fourth entry, the members of a group job (none for one)."""
-    if group:  # a REQUESTS or REPLIES group: its ids count its members
-        if tensors.members != len(group):
-            raise ValueError(f"a group of {len(group)} ids carries {tensors.members} members")
-        return ""
-    return "" if tensors.members == 1 else f",{tensors.members}"
-
-
-class _SpecTable:
-    """The distinct tensor specs of a batch (with the model, for JOBS), as JSON entries."""
-
-    __slots__ = ("_entries", "_index")
-
-    def __init__(self) -> None:
-        self._index: dict[tuple[str, str], int] = {}
-        self._entries: list[str] = []
-
-    def index(self, tensors: Tensors, model: str | None = None) -> int:
-        specs = _specs_json(tensors)  # cached text: equal specs give the same (hashed) str
-        key = (specs, model or "")
-        found = self._index.get(key)
-        if found is None:
-            found = self._index[key] = len(self._entries)
-            entry = specs if model is None else f'{{"model":{_json(model)},"tensors":{specs}}}'
-            self._entries.append(entry)
-        return found
-
-    def json(self) -> str:
-        return ",".join(self._entries)
-
-
 # ---------------------------------------------------------------- decoding
 
+R = TypeVar("R", JobRow, RequestRow, ResultRow, ReplyRow)
+#: A good row: the row, its id, its group's ids, its spec table entry, its tensors.
+Good = tuple[R, bytes, tuple[bytes, ...], Any, Tensors]
 
-def _pick(table: tuple[T, ...], indices: list[int], rows: str) -> list[T]:
-    """The spec table entries rows refer to; an index past the table is a bad message."""
-    if indices and max(indices) >= len(table):
-        row = next(n for n, index in enumerate(indices) if index >= len(table))
+
+def _unpack(
+    table: Sequence[Any], rows: tuple[R, ...], tensors: Sequence[Frame], cmd: Command, lim: Limits
+) -> tuple[list[Good[R]], tuple[Fail, ...]]:
+    """A batch's rows whose frames fit their specs, and a failure for each member of
+    the others, the frames taken in order. A bad row id, spec index, member count or
+    frame count refuses the whole message (its message built only then)."""
+    key = _BATCH_KEYS[cmd]
+    if len(rows) > lim.max_batch:
+        at_most(len(rows), lim.max_batch, f"{cmd.name} header field {key!r}")
+    specs = [entry.tensors if isinstance(entry, JobSpec) else entry for entry in table]
+    for n, entry in enumerate(specs):
+        checked_specs(entry, lim, cmd, "field 'specs'", n)
+    listed = 0
+    for n, row in enumerate(rows):
+        if row.spec >= len(table):
+            raise ProtocolError(
+                f"{key}[{n}] names spec {row.spec}; the header lists {len(table)} spec(s)"
+            )
+        listed += len(specs[row.spec])
+    if listed != len(tensors):
         raise ProtocolError(
-            f"{rows}[{row}] names spec {indices[row]}; the header lists {len(table)} spec(s)"
+            f"{cmd.name} header lists {listed} tensor(s) but {len(tensors)} tensor frame(s) follow"
         )
-    return [table[index] for index in indices]
+    good: list[Good[R]] = []
+    bad: list[Fail] = []
+    start = 0
+    for n, row in enumerate(rows):
+        ident, group = _ids(getattr(row, row.__struct_fields__[0]), cmd, n, lim)
+        members = len(group) or getattr(row, "members", 1)
+        if members > lim.max_batch:
+            raise ProtocolError(
+                f"{cmd.name} header field {key!r}: [{n}]: members must be an integer in "
+                f"1..{lim.max_batch}; got {members}"
+            )
+        end = start + len(specs[row.spec])
+        try:
+            found = received(specs[row.spec], tensors[start:end], "", lim, members)
+            good.append((row, ident, group, table[row.spec], found))
+        except (InvalidInputError, PayloadTooLargeError) as exc:
+            error: IpuserveError = exc
+            if cmd is Command.RESULTS:  # the worker's outputs: never the client's fault
+                error = WorkerFailedError(f"the worker sent outputs the protocol refuses: {exc}")
+            bad += [Fail.of(member, error) for member in group or (ident,)]
+        start = end
+    return good, tuple(bad)
 
 
-InputRow: TypeAlias = tuple[bytes, str, Tensors, "float | None", tuple[bytes, ...]]
-OutputRow: TypeAlias = tuple[bytes, Tensors, dict[str, float], tuple[bytes, ...]]
+_BATCH_KEYS = {Command[key.upper()]: key for key in _KEYS[:4]}  # JOBS: jobs, ...
 
 
-def _inputs(
-    fields: dict[str, Any], frames: Sequence[Frame], key: str, command: Command, limits: Limits
-) -> tuple[list[InputRow], tuple[Fail, ...]]:
-    """The rows of a JOBS or REQUESTS as (id, model, tensors, milliseconds, group), and
-    the rows whose frames do not match their specs as failures (one per group member)."""
-    rows: tuple[Row[float | None], ...] = fields[key]
-    picked = _pick(fields["specs"], [row[1] for row in rows], key)
-    layouts = [(specs, row[3]) for row, (_model, specs) in zip(rows, picked, strict=True)]
-    found = _batch_tensors(layouts, frames, command, limits)
-    good: list[InputRow] = []
-    rejected = []
-    for (ident, _index, ms, _n, group), (model, _specs), tensors in zip(
-        rows, picked, found, strict=True
-    ):
-        if isinstance(tensors, Tensors):
-            good.append((ident, model, tensors, ms, group))
-        else:
-            rejected += [Fail.of(member, tensors) for member in group or (ident,)]
-    return good, tuple(rejected)
+def _ids(value: Ids, cmd: Command, n: int, lim: Limits) -> tuple[bytes, tuple[bytes, ...]]:
+    """Row ``n``'s id, or a group's ids (then the first is the row's id)."""
+    if type(value) is str:
+        found = peek_hex(value)
+        if found is not None:
+            return found, ()
+    where = f"{cmd.name} header field {_BATCH_KEYS[cmd]!r}: [{n}]"
+    if isinstance(value, str):
+        return hex_id(value, where), ()
+    at_most(len(value), lim.max_batch, where)
+    if not value:
+        raise ProtocolError(f"{where}: a group lists no ids")
+    group = tuple(hex_id(item, f"{where}: [{n}]") for n, item in enumerate(value))
+    if len(set(group)) != len(group):
+        raise ProtocolError(f"{where}: a group lists an id twice")
+    return group[0], group
 
 
 def _outputs(
-    fields: dict[str, Any],
-    frames: Sequence[Frame],
-    keys: tuple[str, str],
-    command: Command,
-    limits: Limits,
-) -> tuple[list[OutputRow], tuple[Fail, ...]]:
-    """The rows of a RESULTS or REPLIES as (id, tensors, timing, group), and its failures
-    (those listed, then the rows whose frames do not match their specs, one per group
-    member)."""
-    rows: tuple[Row[dict[str, float]], ...] = fields[keys[0]]
-    picked = _pick(fields["specs"], [row[1] for row in rows], keys[0])
-    found = _batch_tensors(
-        [(specs, row[3]) for row, specs in zip(rows, picked, strict=True)], frames, command, limits
-    )
-    good: list[OutputRow] = []
-    failures = list(fields.get(keys[1], ()))
-    for (ident, _index, timing, _n, group), tensors in zip(rows, found, strict=True):
-        if isinstance(tensors, Tensors):
-            good.append((ident, tensors, timing, group))
-        else:
-            if command is Command.RESULTS:  # the worker's outputs: never the client's fault
-                why = f"the worker sent outputs the protocol refuses: {tensors}"
-                tensors = WorkerFailedError(why)
-            failures += [Fail.of(member, tensors) for member in group or (ident,)]
-    return good, tuple(failures)
+    table: Sequence[Specs],
+    rows: tuple[R, ...],
+    listed: tuple[FailRow, ...],
+    tensors: Sequence[Frame],
+    cmd: Command,
+    lim: Limits,
+) -> tuple[list[Good[R]], tuple[Fail, ...]]:
+    """A RESULTS' or REPLIES' good rows, and its failures: those listed, then the rows
+    whose frames do not fit their specs."""
+    good, bad = _unpack(table, rows, tensors, cmd, lim)
+    if not listed:
+        return good, bad
+    where = f"{cmd.name} header field {'failures' if cmd is Command.RESULTS else 'errors'!r}"
+    at_most(len(listed), lim.max_batch, where)
+    return good, tuple(row.fail(f"{where}: [{n}]") for n, row in enumerate(listed)) + bad

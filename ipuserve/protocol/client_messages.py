@@ -1,49 +1,35 @@
 """The messages between a client and the broker: a request and its reply or error,
-the models listing, and PING/PONG. Each message's decoder (a :class:`_Decoder`:
-its header's fields and how the message is built from them) sits right below it.
+the models listing, and PING/PONG. Each message's header is declared beside it (a
+:class:`Header`), with its one encoder (``encode``) and one decoder (``from_wire``,
+given the header msgspec decoded and validated).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
-from ipuserve.errors import IpuserveError, error_for_code
-from ipuserve.protocol.checks import (
-    _ONE,
-    _TENSORS,
-    _as_object,
-    _check_fields,
-    _code,
-    _count,
-    _Decoder,
-    _duration,
-    _Field,
-    _items,
-    _model_spec,
-    _name,
-    _positive,
-    _tensors,
-    _text,
-    _timing,
-)
-from ipuserve.protocol.envelope import (
-    DEFAULT_LIMITS,
-    Command,
-    Limits,
-    _bounded,
-    _frames,
-    _json,
-    _specs_json,
-)
+import msgspec
+
+from ipuserve.protocol.envelope import Carries, Command, Limits, Wire, bounded, frames
+from ipuserve.protocol.failures import Coded
+from ipuserve.protocol.fields import Code, Count, Duration, Header, Name, Positive, Timing
 from ipuserve.protocol.schema import ModelSpec
-from ipuserve.protocol.tensors import Frame, Tensors
+from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+
+_encode = msgspec.json.encode
+Specs = tuple[TensorSpec, ...]
+
+
+class RequestHeader(Header, frozen=True):
+    model: Name
+    tensors: Specs
+    timeout_ms: Duration | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
-    COMMAND: ClassVar[Command] = Command.REQUEST
+class Request(Wire, command=Command.REQUEST, header=RequestHeader, carries=Carries.ONE):
     request_id: bytes
     model: str
     tensors: Tensors
@@ -75,40 +61,25 @@ class Request:
         return parts
 
     def encode(self) -> list[Frame]:
-        timeout = "" if self.timeout_ms is None else f',"timeout_ms":{_json(self.timeout_ms)}'
-        body = f'{{"model":{_json(self.model)},"tensors":{_specs_json(self.tensors)}{timeout}}}'
-        return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
+        return _with_tensors(self, RequestHeader(self.model, self.tensors.specs, self.timeout_ms))
+
+    @classmethod
+    def from_wire(cls, i: bytes, h: RequestHeader, t: Sequence[Frame], lim: Limits) -> Request:
+        return cls(i, h.model, _tensors(cls.COMMAND, h.tensors, t, lim), h.timeout_ms)
 
 
-def _request(i: bytes, f: dict[str, Any], t: Sequence[Frame], lim: Limits) -> Request:
-    return Request(
-        i, f["model"], _tensors(f["tensors"], t, "REQUEST header", lim), f.get("timeout_ms")
-    )
-
-
-_REQUEST = _Decoder(
-    Command.REQUEST,
-    {
-        "model": _Field(_name),
-        "tensors": _TENSORS,
-        "timeout_ms": _Field(_duration, required=False),
-    },
-    _request,
-    tensors=_ONE,
-    cacheable=True,
-)
+class ReplyHeader(Header, frozen=True):
+    tensors: Specs
+    timing: Timing
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
-    COMMAND: ClassVar[Command] = Command.REPLY
+class Reply(Wire, command=Command.REPLY, header=ReplyHeader, carries=Carries.ONE):
     request_id: bytes
     tensors: Tensors
     timing: Mapping[str, float]
     #: a group (REPLIES only): the ids of the requests it answers, one member each
     group: tuple[bytes, ...] = ()
-    #: ``timing`` as JSON text, when it is known already (Result.reply): sent as it is
-    timing_json: str | None = field(default=None, compare=False, repr=False)
 
     def members(self) -> list[Reply]:
         """The group as single replies (a single reply: itself)."""
@@ -120,192 +91,145 @@ class Reply:
         ]
 
     def encode(self) -> list[Frame]:
-        timing = self.timing_json
-        if timing is None:
-            timing = _json(dict(self.timing))
-        body = f'{{"tensors":{_specs_json(self.tensors)},"timing":{timing}}}'
-        return _frames(self.COMMAND, self.request_id, body, self.tensors.frames)
+        return _with_tensors(self, ReplyHeader(self.tensors.specs, dict(self.timing)))
+
+    @classmethod
+    def from_wire(cls, i: bytes, h: ReplyHeader, t: Sequence[Frame], lim: Limits) -> Reply:
+        return cls(i, _tensors(cls.COMMAND, h.tensors, t, lim), h.timing)
 
 
-def _reply(i: bytes, f: dict[str, Any], t: Sequence[Frame], lim: Limits) -> Reply:
-    return Reply(i, _tensors(f["tensors"], t, "REPLY header", lim), f["timing"])
+def _with_tensors(message: Request | Reply, header: Header) -> list[Frame]:
+    """A REQUEST's or REPLY's frames: its envelope, ``header``, its tensors."""
+    return frames(message.COMMAND, message.request_id, _encode(header), message.tensors.frames)
 
 
-_REPLY = _Decoder(
-    Command.REPLY, {"tensors": _TENSORS, "timing": _Field(_timing)}, _reply, tensors=_ONE
-)
+def _tensors(command: Command, specs: Specs, tensors: Sequence[Frame], lim: Limits) -> Tensors:
+    """A REQUEST's or REPLY's tensors, checked against the receiver's limits."""
+    checked_specs(specs, lim, command, "field 'tensors'")
+    return received(specs, tensors, _WHERE[command], lim)
+
+
+_WHERE = {Command.REQUEST: "REQUEST header", Command.REPLY: "REPLY header"}
+
+
+class ErrorHeader(Header, frozen=True):
+    code: Code
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
-class ErrorReply:
-    """An error for one request: a wire code from ipuserve.errors and a message."""
+class ErrorReply(Coded, Wire, command=Command.ERROR, header=ErrorHeader):
+    """An error for one request."""
 
-    COMMAND: ClassVar[Command] = Command.ERROR
     request_id: bytes
     code: str
     message: str
 
-    @classmethod
-    def of(cls, request_id: bytes, error: IpuserveError) -> ErrorReply:
-        return cls(request_id, error.code, _bounded(str(error)))
-
-    def exception(self) -> IpuserveError:
-        return error_for_code(self.code, self.message)
-
     def encode(self) -> list[Frame]:
-        header = {"code": self.code, "message": _bounded(self.message)}
-        return _frames(self.COMMAND, self.request_id, header)
+        header = ErrorHeader(self.code, bounded(self.message))
+        return frames(self.COMMAND, self.request_id, _encode(header))
+
+    @classmethod
+    def from_wire(cls, ident: bytes, header: ErrorHeader, _t: Any, _l: Limits) -> ErrorReply:
+        return cls(ident, header.code, header.message)
 
 
-_ERROR = _Decoder(
-    Command.ERROR,
-    {"code": _Field(_code), "message": _Field(_text)},
-    lambda i, f, t, lim: ErrorReply(i, f["code"], f["message"]),
-)
+class Empty(Header, frozen=True):
+    """The header of a message that says everything with its command: ``{}``."""
 
 
 @dataclass(frozen=True, slots=True)
-class ListModels:
-    COMMAND: ClassVar[Command] = Command.MODELS
+class _Asking(Wire):
+    """A question that its command says all of: ``{}`` and the id to answer."""
+
     request_id: bytes = b""
 
     def encode(self) -> list[Frame]:
-        return _frames(self.COMMAND, self.request_id, {})
+        return frames(self.COMMAND, self.request_id, b"{}")
 
-
-_MODELS = _Decoder(Command.MODELS, {}, lambda i, f, t, lim: ListModels(i))
+    @classmethod
+    def from_wire(cls, ident: bytes, _h: Empty, _t: Any, _l: Limits) -> Any:
+        return cls(ident)
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerLoad:
+class ListModels(_Asking, command=Command.MODELS, header=Empty):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(_Asking, command=Command.PING, header=Empty):
+    pass
+
+
+class WorkerLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One worker of a model: ``credit`` and ``in_flight`` count jobs (a group is one),
     ``requests`` the clients' requests those jobs hold."""
 
-    worker_id: str
-    credit: int
-    in_flight: int
-    requests: int = 0
+    worker_id: Name
+    credit: Count
+    in_flight: Count
+    requests: Count = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "worker_id": self.worker_id,
-            "credit": self.credit,
-            "in_flight": self.in_flight,
-            "requests": self.requests,
-        }
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
-_LOAD_SCHEMA = {
-    "worker_id": _Field(_name),
-    "credit": _Field(_count),
-    "in_flight": _Field(_count),
-    "requests": _Field(_count, required=False),  # older brokers of v3 leave it out
-}
-
-
-def _worker_load(value: Any, limits: Limits) -> WorkerLoad:
-    fields = _check_fields(_as_object(value), _LOAD_SCHEMA, "worker", limits)
-    in_flight = fields["in_flight"]
-    return WorkerLoad(
-        fields["worker_id"], fields["credit"], in_flight, fields.get("requests", in_flight)
-    )
-
-
-def _worker_loads(value: Any, limits: Limits) -> tuple[WorkerLoad, ...]:
-    return _items(value, 100_000, _worker_load, limits)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
+class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A model as the broker lists it; ``queued`` counts requests. ``group_samples``:
     the most samples the broker wants one group job to hold now (0: it takes no
     groups), for clients to form their groups by (``ipuserve.grouping``)."""
 
     spec: ModelSpec
-    queued: int
+    queued: Count
     workers: tuple[WorkerLoad, ...]
-    group_samples: int = 0
+    group_samples: Count = 0
 
     def to_json(self) -> dict[str, Any]:
-        workers = [w.to_json() for w in self.workers]
-        return {
-            "spec": self.spec.to_json(),
-            "queued": self.queued,
-            "workers": workers,
-            "group_samples": self.group_samples,
-        }
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
-_INFO_SCHEMA = {
-    "spec": _Field(_model_spec),
-    "queued": _Field(_count),
-    "workers": _Field(_worker_loads),
-    "group_samples": _Field(_count, required=False),
-}
-
-
-def _model_info(value: Any, limits: Limits) -> ModelInfo:
-    fields = _check_fields(_as_object(value), _INFO_SCHEMA, "model", limits)
-    return ModelInfo(
-        fields["spec"], fields["queued"], fields["workers"], fields.get("group_samples", 0)
-    )
-
-
-def _model_infos(value: Any, limits: Limits) -> tuple[ModelInfo, ...]:
-    return _items(value, 100_000, _model_info, limits)
+class ModelsHeader(Header, frozen=True):
+    models: tuple[ModelInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class ModelsReply:
-    COMMAND: ClassVar[Command] = Command.MODELS_REPLY
+class ModelsReply(Wire, command=Command.MODELS_REPLY, header=ModelsHeader):
     request_id: bytes
     models: tuple[ModelInfo, ...]
 
     def encode(self) -> list[Frame]:
-        header = {"models": [m.to_json() for m in self.models]}
-        return _frames(self.COMMAND, self.request_id, header)
+        return frames(self.COMMAND, self.request_id, _encode(ModelsHeader(self.models)))
+
+    @classmethod
+    def from_wire(cls, ident: bytes, header: ModelsHeader, _t: Any, limits: Limits) -> ModelsReply:
+        return cls(ident, tuple(m for m in header.models if m.spec.checked(limits, cls.COMMAND)))
 
 
-_MODELS_REPLY = _Decoder(
-    Command.MODELS_REPLY,
-    {"models": _Field(_model_infos)},
-    lambda i, f, t, lim: ModelsReply(i, f["models"]),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    COMMAND: ClassVar[Command] = Command.PING
-    request_id: bytes = b""
-
-    def encode(self) -> list[Frame]:
-        return _frames(self.COMMAND, self.request_id, {})
-
-
-_PING = _Decoder(Command.PING, {}, lambda i, f, t, lim: Ping(i))
+class PongHeader(Header, frozen=True):
+    epoch: Name
+    max_payload_bytes: Positive
 
 
 @dataclass(frozen=True, slots=True)
-class Pong:
+class Pong(Wire, command=Command.PONG, header=PongHeader):
     """Carries the broker's epoch (a random id chosen at start, so peers notice restarts)
     and its payload limit: a client refuses a bigger request itself, since ZeroMQ drops
     the connection of a peer that sends one frame far beyond it, and nobody could answer."""
 
-    COMMAND: ClassVar[Command] = Command.PONG
     request_id: bytes
     epoch: str
-    max_payload_bytes: int = DEFAULT_LIMITS.max_payload_bytes
+    max_payload_bytes: int = Limits().max_payload_bytes
 
     def encode(self) -> list[Frame]:
-        header = {"epoch": self.epoch, "max_payload_bytes": self.max_payload_bytes}
-        return _frames(self.COMMAND, self.request_id, header)
+        header = PongHeader(self.epoch, self.max_payload_bytes)
+        return frames(self.COMMAND, self.request_id, _encode(header))
+
+    @classmethod
+    def from_wire(cls, ident: bytes, header: PongHeader, _t: Any, _l: Limits) -> Pong:
+        return cls(ident, header.epoch, header.max_payload_bytes)
 
 
-_PONG = _Decoder(
-    Command.PONG,
-    {"epoch": _Field(_name), "max_payload_bytes": _Field(_positive)},
-    lambda i, f, t, lim: Pong(i, f["epoch"], f["max_payload_bytes"]),
-)
-
-#: This module's decoders, for ipuserve.protocol.codec.
-_DECODERS = (_REQUEST, _REPLY, _ERROR, _MODELS, _MODELS_REPLY, _PING, _PONG)
+#: This module's messages, for ipuserve.protocol.codec.
+MESSAGES = (Request, Reply, ErrorReply, ListModels, ModelsReply, Ping, Pong)
+ClientMessage: TypeAlias = Request | Reply | ErrorReply | ListModels | ModelsReply | Ping | Pong

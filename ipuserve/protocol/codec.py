@@ -1,32 +1,22 @@
 """Decoding: from a message's frames to a message, validated (:func:`decode`), and
 what a receiver can learn from frames it cannot decode (:func:`peek_id`,
-:func:`peek_ids`) to answer their sender.
-"""
+:func:`peek_ids`) to answer their sender."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+import msgspec
+
 from ipuserve.errors import IpuserveError, ProtocolError, UnsupportedVersionError
 from ipuserve.protocol import batches, client_messages, worker_messages
-from ipuserve.protocol.batches import Jobs, Replies, Requests, Results
-from ipuserve.protocol.checks import _Decoder, _nbytes, _small
-from ipuserve.protocol.client_messages import (
-    ErrorReply,
-    ListModels,
-    ModelsReply,
-    Ping,
-    Pong,
-    Reply,
-    Request,
-)
+from ipuserve.protocol.batches import Batch
+from ipuserve.protocol.client_messages import ClientMessage, ErrorReply
 from ipuserve.protocol.envelope import (
-    _ENVELOPES,
     DEFAULT_LIMITS,
-    ENTRY_OVERHEAD,
     ENVELOPE_BYTES,
+    ENVELOPES,
     HEADER_FRAMES,
     MAX_ID_BYTES,
     PROTOCOL_TAG,
@@ -34,103 +24,56 @@ from ipuserve.protocol.envelope import (
     TAG,
     Command,
     Limits,
+    as_bytes,
+    nbytes,
 )
-from ipuserve.protocol.fastpath import FIELDS_BUDGET, FIELDS_CACHE, fast_decode
-from ipuserve.protocol.rows import _hex_id
+from ipuserve.protocol.fields import peek_hex, refused
 from ipuserve.protocol.tensors import Frame
-from ipuserve.protocol.worker_messages import Bye, Heartbeat, Hello, Reconnect, Welcome
+from ipuserve.protocol.worker_messages import WorkerMessage
 
-Message: TypeAlias = (
-    Request
-    | Reply
-    | ErrorReply
-    | ListModels
-    | ModelsReply
-    | Ping
-    | Pong
-    | Hello
-    | Welcome
-    | Jobs
-    | Requests
-    | Results
-    | Replies
-    | Heartbeat
-    | Reconnect
-    | Bye
-)
+Message: TypeAlias = ClientMessage | WorkerMessage | Batch
 
-_DECODERS: dict[Command, _Decoder[Message]] = {
-    decoder.command: decoder
-    for decoder in (*client_messages._DECODERS, *worker_messages._DECODERS, *batches._DECODERS)
-}
-#: envelope prefix (tag, version, command) -> (command, decoder): one lookup checks all three.
-_BY_PREFIX: dict[bytes, tuple[Command, _Decoder[Message]]] = {
-    _ENVELOPES[command]: (command, decoder) for command, decoder in _DECODERS.items()
+
+#: envelope prefix (tag, version, command) -> the message class and a decoder of its
+#: declared header: one lookup checks all three.
+_KINDS: dict[bytes, tuple[Any, msgspec.json.Decoder[Any]]] = {
+    ENVELOPES[m.COMMAND]: (m, msgspec.json.Decoder(getattr(m, "HEADER", m)))
+    for m in (*client_messages.MESSAGES, *worker_messages.MESSAGES, *batches.MESSAGES)
 }
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Validate and parse one message (without any routing identity).
-
-    The hot messages take a fast path first (:mod:`ipuserve.protocol.fastpath`),
-    which answers only where it is sure to agree with the checks below."""
-    message: Message | None = fast_decode(frames, limits)
-    if message is not None:
-        return message
-    return _full_decode(frames, limits)
-
-
-def _full_decode(frames: Sequence[Frame], limits: Limits) -> Message:
-    """:func:`decode` without the fast paths: every check, every error message."""
-    command, decoder, ident = _check_envelope(frames, limits)
-    fields = _header_fields(command, decoder, frames[1], limits)
-    return decoder.build(ident, fields, frames[HEADER_FRAMES:], limits)
-
-
-#: validated fields by (command, header), for the cacheable commands: see fastpath
-_FIELDS_CACHE = FIELDS_CACHE
-
-
-def _header_fields(
-    command: Command, decoder: _Decoder[Message], frame: Frame, limits: Limits
-) -> dict[str, Any]:
-    size = _nbytes(frame)
-    if size > limits.max_header_bytes:
-        raise ProtocolError(f"the header is {size} bytes; the limit is {limits.max_header_bytes}")
-    raw = _small(frame)
-    if not decoder.cacheable:
-        return decoder.check(_parse_header(raw), limits)
-    key = (command, raw)
-    cached = _FIELDS_CACHE.get(key)
-    if cached is not None and (cached[0] is limits or cached[0] == limits):
-        return cached[1]
-    fields = decoder.check(_parse_header(raw), limits)
-    if FIELDS_BUDGET.admit(_FIELDS_CACHE, 2 * len(raw) + ENTRY_OVERHEAD):
-        _FIELDS_CACHE[key] = (limits, fields)
-    return fields
-
-
-def _check_envelope(
-    frames: Sequence[Frame], limits: Limits
-) -> tuple[Command, _Decoder[Message], bytes]:
-    """The command, its decoder and the id; checks the frame count against the command."""
+    """Validate and parse one message (without any routing identity): the envelope and
+    frame count here, the header by msgspec against its declaration, then what depends
+    on ``limits`` and the tensor frames by the message's ``from_wire``."""
     if len(frames) < HEADER_FRAMES:
         raise ProtocolError(
             f"a message needs at least {HEADER_FRAMES} frames (envelope, header); got {len(frames)}"
         )
-    size = _nbytes(frames[0])
-    head = _small(frames[0]) if size <= ENVELOPE_BYTES + MAX_ID_BYTES else _prefix(frames[0])
-    found = _BY_PREFIX.get(head[:ENVELOPE_BYTES])
+    size = nbytes(frames[0])
+    head = as_bytes(frames[0]) if size <= ENVELOPE_BYTES + MAX_ID_BYTES else _prefix(frames[0])
+    found = _KINDS.get(head[:ENVELOPE_BYTES])
     if found is None:
         raise _envelope_error(head)
+    kind, header_decoder = found
     if size > ENVELOPE_BYTES + MAX_ID_BYTES:
         raise ProtocolError(f"the id is {size - ENVELOPE_BYTES} bytes; the limit is {MAX_ID_BYTES}")
-    command, decoder = found
     extra = len(frames) - HEADER_FRAMES
-    most = decoder.max_frames(limits)
+    most = kind.CARRIES.max_frames(limits)
     if extra > most:
-        raise ProtocolError(f"{command.name} carries at most {most} tensor frames; got {extra}")
-    return command, decoder, head[ENVELOPE_BYTES:]
+        raise ProtocolError(
+            f"{kind.COMMAND.name} carries at most {most} tensor frames; got {extra}"
+        )
+    raw = frames[1]
+    size = nbytes(raw)
+    if size > limits.max_header_bytes:
+        raise ProtocolError(f"the header is {size} bytes; the limit is {limits.max_header_bytes}")
+    try:
+        header = header_decoder.decode(as_bytes(raw))
+    except (msgspec.MsgspecError, UnicodeDecodeError) as exc:  # msgspec's, and bad UTF-8
+        raise refused(exc, f"{kind.COMMAND.name} header", batches.ROW_FIELDS) from None
+    message: Message = kind.from_wire(head[ENVELOPE_BYTES:], header, frames[2:], limits)
+    return message
 
 
 def _prefix(frame: Frame) -> bytes:
@@ -143,7 +86,9 @@ def _envelope_error(head: bytes) -> ProtocolError:
     version = head[len(PROTOCOL_TAG)] if len(head) > len(PROTOCOL_TAG) else None
     if version is not None and version != PROTOCOL_VERSION and head.startswith(PROTOCOL_TAG):
         return UnsupportedVersionError(  # checked first: version 1 had a 5-byte tag frame
-            f"protocol version {version} is not supported; this peer speaks {PROTOCOL_VERSION}"
+            f"protocol version {version} is not supported; this peer speaks "
+            f"{PROTOCOL_VERSION}: upgrade ipuserve on the side that speaks "
+            f"{min(version, PROTOCOL_VERSION)}"
         )
     if len(head) < ENVELOPE_BYTES or not head.startswith(PROTOCOL_TAG):
         return ProtocolError(
@@ -151,23 +96,6 @@ def _envelope_error(head: bytes) -> ProtocolError:
             f"then the id; got {head[:16]!r}"
         )
     return ProtocolError(f"unknown command 0x{head[len(TAG)]:02x}")
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
-
-
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _parse_header(raw: bytes) -> dict[str, Any]:
-    try:
-        header = _JSON_DECODER.decode(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError(f"the header is not valid UTF-8 JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ProtocolError(f"the header must be a JSON object; got {type(header).__name__}")
-    return header
 
 
 def error_frames(ident: bytes, error: IpuserveError) -> list[Frame]:
@@ -181,10 +109,16 @@ def peek_id(frames: Sequence[Frame]) -> bytes:
     Any message whose envelope starts with the tag has one, whatever its version or
     command, so a peer speaking another version learns why it is refused.
     """
-    if not frames or not ENVELOPE_BYTES <= _nbytes(frames[0]) <= ENVELOPE_BYTES + MAX_ID_BYTES:
+    if not frames or not ENVELOPE_BYTES <= nbytes(frames[0]) <= ENVELOPE_BYTES + MAX_ID_BYTES:
         return b""
-    head = _small(frames[0])
+    head = as_bytes(frames[0])
     return head[ENVELOPE_BYTES:] if head.startswith(PROTOCOL_TAG) else b""
+
+
+_BATCHES = {
+    ENVELOPES[c] for c in (Command.JOBS, Command.RESULTS, Command.REQUESTS, Command.REPLIES)
+}
+_ROW_KEYS = ("jobs", "results", "failures", "requests", "replies", "errors")
 
 
 def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
@@ -195,32 +129,23 @@ def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
     identify (the worker FAILs them, the broker and the client fail them), so none
     waits for its deadline.
     """
-    if len(frames) < HEADER_FRAMES or _nbytes(frames[1]) > DEFAULT_LIMITS.max_header_bytes:
+    if len(frames) < HEADER_FRAMES or nbytes(frames[1]) > DEFAULT_LIMITS.max_header_bytes:
         return []
-    if _peek_command(frames[0]) not in _BATCHES:
+    if nbytes(frames[0]) > ENVELOPE_BYTES + MAX_ID_BYTES:
+        return []
+    if as_bytes(frames[0])[:ENVELOPE_BYTES] not in _BATCHES:
         return []
     try:
-        header = json.loads(_small(frames[1]))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        header = msgspec.json.decode(as_bytes(frames[1]))
+    except (msgspec.MsgspecError, UnicodeDecodeError):
         return []
     if not isinstance(header, dict):
         return []
     rows = [row for key in _ROW_KEYS for row in _as_list(header.get(key))]
     firsts = [row[0] for row in rows if isinstance(row, list) and row]
     ids = [i for first in firsts for i in (first if isinstance(first, list) else [first])]
-    found = (job_id for value in ids if (job_id := _hex_id(value)) is not None)
+    found = (job_id for value in ids if (job_id := peek_hex(value)) is not None)
     return list(dict.fromkeys(found))  # each id once, in order
-
-
-_BATCHES = (Command.JOBS, Command.RESULTS, Command.REQUESTS, Command.REPLIES)
-_ROW_KEYS = ("jobs", "results", "failures", "requests", "replies", "errors")
-
-
-def _peek_command(frame: Frame) -> Command | None:
-    if _nbytes(frame) > ENVELOPE_BYTES + MAX_ID_BYTES:
-        return None
-    found = _BY_PREFIX.get(_small(frame)[:ENVELOPE_BYTES])
-    return None if found is None else found[0]
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -1,39 +1,33 @@
-"""Frame 0 and the frame list: the protocol's constants, commands and limits, and the
-encoders' shared step that turns a header into a message's frames.
-
-Every message module builds its frames with :func:`_frames`; nothing here imports
-zmq, so the tensor model and the schema checks can be used without it.
-"""
+"""Frame 0 and the frame list: the protocol's constants, commands and limits, the
+base of every message class (:class:`Wire`), and the step every encoder shares that
+turns a header into a message's frames. No zmq: a ``zmq.Frame`` is read as a buffer."""
 
 from __future__ import annotations
 
 import enum
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec
+if TYPE_CHECKING:
+    from ipuserve.protocol.tensors import Frame
 
 PROTOCOL_TAG = b"IPUS"
-PROTOCOL_VERSION = 3
+#: 4: headers declared as typed structs; JOBS rows carry the job's sample count.
+PROTOCOL_VERSION = 4
 #: The envelope's first bytes: the protocol tag and version.
 TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
 #: Tag, version and command: the envelope's fixed part; the id follows.
 ENVELOPE_BYTES = len(TAG) + 1
 MAX_ID_BYTES = 64
-# MAX_NAME_CHARS and MAX_DURATION_MS: ipuserve.limits (the runtime's CLI needs them
-# without ZeroMQ), re-exported from here
+# MAX_NAME_CHARS, MAX_DURATION_MS: ipuserve.limits (the runtime's CLI needs them too)
 #: The largest integer a header field may hold (JSON's are unbounded; 2**53: exact as a float).
 MAX_COUNT = 2**53
 #: Timing values are finite and below this (a Unix time in microseconds is ~1.8e15).
 MAX_TIMING_VALUE = 1e18
 MAX_TIMING_KEYS = 32
-#: The longest error message sent (ERROR, and failures): a message that quoted what a
-#: peer sent (a 250 KiB unknown field name; non-ASCII text, which JSON escapes to 6
-#: bytes a character) made an ERROR whose header the receiver refused as too big, so
-#: the peer got no error it could read.
+#: The longest error message sent (ERROR, failures): one quoting a 250 KiB field name
+#: made an ERROR whose header the receiver refused, so the peer learnt nothing.
 MAX_MESSAGE_CHARS = 2000
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
@@ -59,17 +53,18 @@ class Command(enum.IntEnum):
 
 
 #: command -> the fixed part of its envelope
-_ENVELOPES = {c: TAG + bytes([c]) for c in Command}
+ENVELOPES = {c: TAG + bytes([c]) for c in Command}
 
 
 def envelope(command: Command, ident: bytes = b"") -> bytes:
     """Frame 0 of a message: for tests and tools that build frames by hand."""
-    return _ENVELOPES[command] + ident
+    return ENVELOPES[command] + ident
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What :func:`decode` accepts; the broker and worker make the payload limit configurable.
+    """What :func:`decode` accepts beyond what the headers declare; the broker and
+    worker make the payload limit configurable.
 
     ``max_payload_bytes`` and ``max_tensors`` hold per request (per job of a batch);
     ``max_batch`` bounds the jobs (or outcomes) of one JOBS (or RESULTS) message.
@@ -86,96 +81,61 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-class CacheBudget:
-    """What one of the protocol's caches may hold, in bytes as well as entries.
-
-    A cache bounded by entries alone held whatever its peers sent: 1,024 distinct valid
-    REQUEST headers of 250 KiB (JSON padded with spaces) took the broker's RSS from
-    46 to 120 MiB. So each cache counts the bytes of what it keeps (about: its key's
-    and value's text), is cleared whole when an entry would take it past ``max_bytes``
-    (the caches' users rebuild what they need on the next miss), and does not keep an
-    entry bigger than ``max_entry_bytes`` at all: what the caches are for (a client's
-    repeated header, a batch's spec table) is a few hundred bytes, and a huge one would
-    only evict them. The lookups stay plain dict gets; only an insertion pays.
-    """
-
-    __slots__ = ("entries", "max_bytes", "max_entry_bytes", "used")
-
-    def __init__(
-        self, max_bytes: int = 4 << 20, entries: int = 1024, max_entry_bytes: int = 64 << 10
-    ) -> None:
-        self.max_bytes, self.entries, self.max_entry_bytes = max_bytes, entries, max_entry_bytes
-        #: bytes counted since the table was last cleared
-        self.used = 0
-
-    def admit(self, table: dict[Any, Any], size: int) -> bool:
-        """Whether an entry of about ``size`` bytes may go into ``table``; room is made
-        for it (the table cleared) when the table is full."""
-        if size > self.max_entry_bytes:
-            return False
-        if len(table) >= self.entries or self.used + size > self.max_bytes:
-            table.clear()
-            self.used = 0
-        self.used += size
-        return True
-
-
-def _bounded(message: str) -> str:
+def bounded(message: str) -> str:
     """``message`` cut to MAX_MESSAGE_CHARS, saying so."""
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
     return f"{message[: MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters)"
 
 
-#: What an entry costs besides its text: the dict slot, the key tuple, the objects.
-ENTRY_OVERHEAD = 200
+def nbytes(frame: Frame) -> int:
+    """A frame's size in bytes, whatever its kind."""
+    kind = type(frame)
+    if kind is bytes or (kind is not memoryview and not hasattr(frame, "nbytes")):
+        return len(frame)  # bytes, a zmq.Frame
+    return int(frame.nbytes)  # type: ignore[union-attr]  # arrays and memoryviews
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-_json = _ENCODER.encode
+def as_bytes(frame: Frame) -> bytes:
+    """A small frame (an envelope, a header) as bytes."""
+    if type(frame) is bytes:
+        return frame
+    data = getattr(frame, "bytes", None)  # a received zmq.Frame
+    return data if type(data) is bytes else bytes(frame)  # type: ignore[arg-type]
 
 
-def _number(value: float | None) -> str:
-    """A budget as JSON: ``null`` or a finite float's repr (cheaper than the encoder)."""
-    if value is None:
-        return "null"
-    if not math.isfinite(value):
-        raise ValueError(f"{value} cannot travel as JSON")
-    return repr(float(value))
-
-
-#: Tensor specs -> their JSON list: the hot messages repeat the same specs.
-_SPECS_JSON: dict[tuple[TensorSpec, ...], str] = {}
-_SPECS_JSON_BUDGET = CacheBudget()
-_SPECS_JSON_BY_ID_BUDGET = CacheBudget()
-
-
-#: The same, by the spec tuple's id (kept with the tuple, so a reused id is told
-#: apart): decoding and Tensors.of hand out one tuple per distinct spec list, and an
-#: int hashes in C where a tuple of specs calls each dataclass's __hash__ in Python.
-_SPECS_JSON_BY_ID: dict[int, tuple[tuple[TensorSpec, ...], str]] = {}
-
-
-def _specs_json(tensors: Tensors) -> str:
-    specs = tensors.specs
-    found = _SPECS_JSON_BY_ID.get(id(specs))
-    if found is not None and found[0] is specs:
-        return found[1]
-    text = _SPECS_JSON.get(specs)
-    size = 2 * len(text) + ENTRY_OVERHEAD if text is not None else 0
-    if text is None:
-        text = _json(tensors.header())
-        size = 2 * len(text) + ENTRY_OVERHEAD  # the text, and about as much in specs
-        if _SPECS_JSON_BUDGET.admit(_SPECS_JSON, size):
-            _SPECS_JSON[specs] = text
-    if _SPECS_JSON_BY_ID_BUDGET.admit(_SPECS_JSON_BY_ID, size):
-        _SPECS_JSON_BY_ID[id(specs)] = (specs, text)
-    return text
-
-
-def _frames(
-    command: Command, ident: bytes, header: dict[str, Any] | str, tensors: Sequence[Frame] = ()
+def frames(
+    command: Command, ident: bytes, header: bytes, tensors: Sequence[Frame] = ()
 ) -> list[Frame]:
-    """The frames of one message; the hot messages pass their header as JSON text."""
-    body = (header if isinstance(header, str) else _json(header)).encode("ascii")
-    return [_ENVELOPES[command] + ident, body, *tensors]
+    """The frames of one message: envelope, header, tensors."""
+    return [ENVELOPES[command] + ident, header, *tensors]
+
+
+class Carries(enum.IntEnum):
+    """Which tensor frames a command carries: none, one request's, or a batch's."""
+
+    NOTHING = 0
+    ONE = 1
+    BATCH = 2
+
+    def max_frames(self, limits: Limits) -> int:
+        """Tensor frames a message of this kind may carry, checked before its header."""
+        return (0, limits.max_tensors, limits.max_batch * limits.max_tensors)[self]
+
+
+class Wire:
+    """A message class: its command, its declared header type and the tensor frames it
+    carries, given as class arguments (``class Reply(Wire, command=..., header=...,
+    carries=...)``); ``decode`` finds the class by command."""
+
+    __slots__ = ()
+    COMMAND: ClassVar[Command]
+    HEADER: ClassVar[type[Any]]
+    CARRIES: ClassVar[Carries]
+
+    def __init_subclass__(
+        cls, command: Command | None = None, header: Any = None, carries: Carries = Carries.NOTHING
+    ) -> None:
+        super().__init_subclass__()
+        if command is not None:  # not again when @dataclass(slots=True) remakes the class
+            cls.COMMAND, cls.HEADER, cls.CARRIES = command, header, carries

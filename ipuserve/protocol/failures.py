@@ -1,12 +1,11 @@
 """A job's failure, as RESULTS, REPLIES, JOBS and REQUESTS carry it, and which codes
 a worker may send: the broker turns any other into WORKER_FAILED, so that no worker can
-make a client wait for ever (BROKER_SHUTDOWN) or blame its valid request.
-"""
+make a client wait for ever (BROKER_SHUTDOWN) or blame its valid request."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Self
 
 from ipuserve.errors import (
     DeadlineExceeded,
@@ -21,24 +20,37 @@ from ipuserve.errors import (
     WorkerFailedError,
     error_for_code,
 )
-from ipuserve.protocol.checks import _code, _job_id, _show, _text
-from ipuserve.protocol.envelope import Limits, _bounded
+from ipuserve.protocol.envelope import bounded
+from ipuserve.protocol.fields import Code, HexId, Row, hex_id
+
+
+class Coded:
+    """An error as it travels: an id, a wire code from ipuserve.errors and a message
+    (a job's :class:`Fail`, a request's ERROR)."""
+
+    __slots__ = ()
+    code: str
+    message: str
+
+    if TYPE_CHECKING:  # the dataclasses below define it
+
+        def __init__(self, ident: bytes, code: str, message: str) -> None: ...
+
+    @classmethod
+    def of(cls, ident: bytes, error: IpuserveError) -> Self:
+        return cls(ident, error.code, bounded(str(error)))
+
+    def exception(self) -> IpuserveError:
+        return error_for_code(self.code, self.message)
 
 
 @dataclass(frozen=True, slots=True)
-class Fail:
-    """A job that failed: a wire code from ipuserve.errors and a message."""
+class Fail(Coded):
+    """A job that failed."""
 
     job_id: bytes
     code: str
     message: str
-
-    @classmethod
-    def of(cls, job_id: bytes, error: IpuserveError) -> Fail:
-        return cls(job_id, error.code, _bounded(str(error)))
-
-    def exception(self) -> IpuserveError:
-        return error_for_code(self.code, self.message)
 
     def worker_exception(self) -> IpuserveError:
         """:meth:`exception` for a failure a worker sent: a code outside WORKER_CODES is
@@ -71,7 +83,16 @@ WORKER_CODES = frozenset(
 )
 
 
-def _failure_row(item: Any, limits: Limits) -> Fail:
-    if type(item) is not list or len(item) != 3:
-        raise ProtocolError(f"must be [job id, code, message]; got {_show(item)}")
-    return Fail(_job_id(item[0], limits), _code(item[1], limits), _text(item[2], limits))
+class FailRow(Row, frozen=True):
+    """A failure as RESULTS and REPLIES list it: ``[job id hex, code, message]``."""
+
+    job_id: HexId
+    code: Code
+    message: str
+
+    @classmethod
+    def of(cls, fail: Fail) -> FailRow:
+        return cls(fail.job_id.hex(), fail.code, bounded(fail.message))
+
+    def fail(self, where: str) -> Fail:
+        return Fail(hex_id(self.job_id, where), self.code, self.message)

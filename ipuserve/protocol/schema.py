@@ -1,22 +1,22 @@
 """A model's schema (:class:`ModelSpec`) and matching tensors against it: whether a
 request's inputs fit (:func:`check_inputs`) and a worker's outputs fit
 (:func:`outputs_problem`). Whether requests may share one job is
-:attr:`ModelSpec.groupable`. No zmq: the worker's backends use this module alone.
-"""
+:attr:`ModelSpec.groupable`. No zmq: the worker's backends use this module alone."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ipuserve.errors import InvalidInputError
-from ipuserve.protocol.envelope import ENTRY_OVERHEAD, CacheBudget
-from ipuserve.protocol.tensors import TensorSpec
+import msgspec
+
+from ipuserve.errors import InvalidInputError, ProtocolError
+from ipuserve.protocol.envelope import Command, Limits
+from ipuserve.protocol.fields import Count, Name, Positive
+from ipuserve.protocol.tensors import TensorSpec, checked_specs
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
+class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a worker serves: input/output specs at the compiled batch, and how it batches.
 
     With ``batching_dim`` set, a request may have any size >= 1 along that dimension
@@ -24,20 +24,24 @@ class ModelSpec:
     request's shapes must match exactly.
     """
 
-    name: str
+    name: Name
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    batch_size: int = 1
-    batching_dim: int | None = None
+    batch_size: Positive = 1
+    batching_dim: Count | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "inputs": [t.to_json() for t in self.inputs],
-            "outputs": [t.to_json() for t in self.outputs],
-            "batch_size": self.batch_size,
-            "batching_dim": self.batching_dim,
-        }
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+    def checked(self, limits: Limits, command: Command) -> ModelSpec:
+        """This spec, received in a ``command``, within a receiver's limits on tensors."""
+        where = f"model {self.name!r}"
+        checked_specs(self.inputs, limits, command, f"{where} inputs")
+        checked_specs(self.outputs, limits, command, f"{where} outputs")
+        dim = self.batching_dim
+        if dim is not None and any(dim >= len(t.shape) for t in self.inputs + self.outputs):
+            raise ProtocolError(f"{where}: batching_dim {dim} exceeds the rank of a tensor")
+        return self
 
     def signature(self) -> str:
         """Everything a request must match, in a line: ``x:float32[4, 8] -> y:float32[4, 8];
@@ -66,44 +70,9 @@ class ModelSpec:
         return dim is not None and all(len(t.shape) > dim for t in (*self.inputs, *self.outputs))
 
 
-class _Passed:
-    """(model, spec list) pairs a check passed, by identity: decoding hands out one
-    tuple per distinct spec list (see _memo), so requests and results repeat it, and
-    the broker and worker check each pair once, not per message. Holding the objects
-    rules out a reused id."""
-
-    def __init__(self) -> None:
-        self._pairs: dict[tuple[int, int], tuple[ModelSpec, Sequence[TensorSpec]]] = {}
-        #: the pairs hold spec lists alive: counted by their names' bytes
-        self._budget = CacheBudget()
-
-    def __contains__(self, pair: tuple[ModelSpec, Sequence[TensorSpec]]) -> bool:
-        seen = self._pairs.get((id(pair[0]), id(pair[1])))
-        return seen is not None and seen[0] is pair[0] and seen[1] is pair[1]
-
-    def add(self, model: ModelSpec, given: Sequence[TensorSpec]) -> None:
-        size = sum(len(spec.name) + ENTRY_OVERHEAD for spec in given) + ENTRY_OVERHEAD
-        if self._budget.admit(self._pairs, size):
-            self._pairs[(id(model), id(given))] = (model, given)
-
-
-_INPUTS_PASSED = _Passed()
-_OUTPUTS_PASSED = _Passed()
-
-
-def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
-    """Raise InvalidInputError unless ``given`` matches the model's input specs."""
-    if (model, given) in _INPUTS_PASSED:
-        return
-    _check_inputs(model, given)
-    _INPUTS_PASSED.add(model, given)
-
-
 def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None:
     """Why a worker's outputs do not fit ``model``'s schema (names, dtypes, and shapes
     but for the batching dimension), else None: the broker checks before forwarding."""
-    if (model, given) in _OUTPUTS_PASSED:
-        return None
     want = {spec.name: spec for spec in model.outputs}
     got = {spec.name: spec for spec in given}
     if want.keys() != got.keys() or len(given) != len(got):
@@ -120,7 +89,6 @@ def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None
             or any(other.shape[i] != spec.shape[i] for i in fixed)
         ):
             return f"output {other}; the model's is {spec}"
-    _OUTPUTS_PASSED.add(model, given)
     return None
 
 
@@ -138,7 +106,8 @@ def batch_problem(model: ModelSpec, given: Sequence[TensorSpec], samples: int) -
     return None
 
 
-def _check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+def check_inputs(model: ModelSpec, given: Sequence[TensorSpec]) -> None:
+    """Raise InvalidInputError unless ``given`` matches the model's input specs."""
     expected = {spec.name: spec for spec in model.inputs}
     names = [spec.name for spec in given]
     missing = [name for name in expected if name not in names]

@@ -1,63 +1,53 @@
-"""The tensor model: the dtype allow-list, tensor specs with their byte counts, and
-:class:`Tensors`, named tensors held as the frames that carry them.
-
-Arrays travel without copies: :meth:`Tensors.of` keeps an array as its frame, and a
-received frame is read as a read-only ``np.frombuffer`` view. This module does not
-import zmq (a received ``zmq.Frame`` is read through its ``buffer``), so code that
-only handles tensors and specs needs no ZeroMQ.
-"""
+"""The tensor model: the dtype allow-list, tensor specs (declared, as they travel),
+the checks of received specs and frames, and :class:`Tensors`, named tensors held as
+the frames that carry them: arrays are sent without copies and received frames read
+as read-only ``np.frombuffer`` views. No zmq: a ``zmq.Frame`` is read as a buffer."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
+import msgspec
 import numpy as np
+from msgspec import Meta
 
-from ipuserve.errors import InvalidInputError
+from ipuserve.errors import InvalidInputError, PayloadTooLargeError, ProtocolError
+from ipuserve.protocol.envelope import Command, Limits, nbytes
+from ipuserve.protocol.fields import DTYPE_NAMES, Name, at_most
 
 if TYPE_CHECKING:
     import zmq
 
 #: dtype name -> wire dtype (little-endian); the allow-list.
-DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(name).newbyteorder("<")
-    for name in (
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    )
-}
+DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES}
 
 #: Anything pyzmq can send: bytes, a received zmq.Frame, a numpy array, a memoryview.
 Frame: TypeAlias = "bytes | zmq.Frame | np.ndarray[Any, Any] | memoryview"
 
 
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """A tensor's name, dtype name (from :data:`DTYPES`) and shape."""
+if TYPE_CHECKING:
+    DType = str
+else:  # declared for msgspec: a dtype off the allow-list is refused, its value named
+    DType = Literal[tuple(DTYPES)]
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    #: prod(shape) * itemsize, computed once: every message checks every frame against it.
-    nbytes: int = field(init=False, repr=False, compare=False, hash=False)
 
-    def __post_init__(self) -> None:
-        wire = DTYPES.get(self.dtype)
-        itemsize = wire.itemsize if wire is not None else np.dtype(self.dtype).itemsize
-        object.__setattr__(self, "nbytes", math.prod(self.shape) * itemsize)
+class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A tensor's name, dtype name (from :data:`DTYPES`) and shape: as it travels.
+
+    The shape's bounds that depend on the receiver (rank, elements) are checked by
+    :func:`checked_specs`."""
+
+    name: Name
+    dtype: DType
+    shape: tuple[Annotated[int, Meta(ge=0)], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """prod(shape) * itemsize."""
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
@@ -67,16 +57,72 @@ class TensorSpec:
         return f"{self.name}:{self.dtype}{list(self.shape)}"
 
 
+Specs: TypeAlias = "tuple[TensorSpec, ...]"
+
+
+def checked_specs(
+    specs: Specs, limits: Limits, command: Command, field: str, index: int | None = None
+) -> Specs:
+    """``specs`` within a receiver's limits: count, unique names, rank, elements;
+    ``command``, ``field`` and ``index`` (of a spec table) say where, when they are not."""
+    if len(specs) > limits.max_tensors:
+        at = "" if index is None else f": [{index}]"
+        at_most(len(specs), limits.max_tensors, f"{command.name} header {field}{at}")
+    if len(specs) > 1 and len({spec.name for spec in specs}) != len(specs):
+        raise InvalidInputError(f"a tensor is named twice: {[spec.name for spec in specs]}")
+    for spec in specs:
+        shape, most = spec.shape, limits.max_elements
+        elements = math.prod(shape)
+        if len(shape) > limits.max_rank or elements > most or (not elements and max(shape) > most):
+            raise InvalidInputError(_shape_problem(spec.name, list(shape), limits))
+    return specs
+
+
+def _shape_problem(name: str, shape: list[int], limits: Limits) -> str:
+    if len(shape) > limits.max_rank:
+        rank = f"at most {limits.max_rank} integers; got {shape}"[:120]
+        return f"tensor {name!r} shape must be a list of {rank}"
+    if any(dim > limits.max_elements for dim in shape):  # numpy cannot view it
+        return f"tensor {name!r} shape {shape} has a dimension above {limits.max_elements}"
+    return f"tensor {name!r} shape {shape} has more than {limits.max_elements} elements"
+
+
+def received(
+    specs: Specs,
+    frames: Sequence[Frame],
+    where: str,
+    limits: Limits,
+    members: int = 1,
+) -> Tensors:
+    """The tensors of one request or job as received (a group's: each frame holds every
+    member's): as many frames as specs, each of the right size; the payload limit holds
+    per member."""
+    if len(frames) != len(specs):
+        raise ProtocolError(
+            f"{where} lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) follow"
+        )
+    sizes = [math.prod(spec.shape) * DTYPES[spec.dtype].itemsize for spec in specs]
+    if sum(sizes) > limits.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"the tensors take {sum(sizes)} bytes; the limit is {limits.max_payload_bytes}"
+        )
+    for spec, size, frame in zip(specs, sizes, frames, strict=True):
+        if nbytes(frame) != size * members:
+            each = f" for each of {members} members" if members > 1 else ""
+            raise InvalidInputError(
+                f"tensor {spec.name!r} ({spec.dtype}{list(spec.shape)}) needs {size} "
+                f"bytes{each}; its frame has {nbytes(frame)}"
+            )
+    return Tensors(specs, tuple(frames), members)
+
+
 @dataclass(frozen=True, slots=True)
 class Tensors:
     """Named tensors on the wire: specs plus one frame each (arrays, or received frames).
 
-    A group's tensors (``members`` > 1: several requests of one layout travelling as
-    one job) still have one frame per spec, holding every member's tensor, member
-    after member: ``members x spec.nbytes`` bytes, as if stacked on a new first axis.
-    Nobody between the client and the backend touches a member on its own.
-    ``specs`` and ``nbytes`` describe one member.
-    """
+    A group's tensors (``members`` > 1: several requests of one layout as one job) have
+    one frame per spec too, holding every member's tensor, member after member, as if
+    stacked on a new first axis; ``specs`` and ``nbytes`` describe one member."""
 
     specs: tuple[TensorSpec, ...] = ()
     frames: tuple[Frame, ...] = ()
@@ -88,7 +134,7 @@ class Tensors:
         specs, frames = [], []
         for name, value in arrays.items():
             array, dtype = _wire_array(name, value)
-            specs.append(_spec_of(name, dtype, array.shape))
+            specs.append(TensorSpec(name, dtype, array.shape))
             frames.append(array)
         return cls(tuple(specs), tuple(frames))
 
@@ -126,7 +172,7 @@ class Tensors:
             if dim:  # members side by side inside each row: bring them to the front
                 split = array.reshape(*shape[:dim], members, *member[dim:])
                 array = np.ascontiguousarray(np.moveaxis(split, dim, 0))
-            specs.append(_spec_of(name, dtype, member))
+            specs.append(TensorSpec(name, dtype, member))
             frames.append(array)
         return cls(tuple(specs), tuple(frames), members)
 
@@ -205,24 +251,6 @@ def _wire_array(name: str, value: Any) -> tuple[np.ndarray[Any, Any], str]:
             f"tensor {name!r} has dtype {array.dtype}; allowed: {', '.join(DTYPES)}"
         )
     return np.ascontiguousarray(array, dtype=wire), array.dtype.name
-
-
-#: (name, dtype, shape) -> the one TensorSpec for it: a sender (a worker's outputs, a
-#: client's inputs) repeats the same specs, so equal specs are the same objects and
-#: their JSON is found in _SPECS_JSON without building anything.
-_SPECS: dict[tuple[str, str, tuple[int, ...]], TensorSpec] = {}
-_SPECS_SIZE = 4096
-
-
-def _intern(spec: TensorSpec) -> TensorSpec:
-    if len(_SPECS) >= _SPECS_SIZE:
-        _SPECS.clear()
-    return _SPECS.setdefault((spec.name, spec.dtype, spec.shape), spec)
-
-
-def _spec_of(name: str, dtype: str, shape: tuple[int, ...]) -> TensorSpec:
-    spec = _SPECS.get((name, dtype, shape))
-    return spec if spec is not None else _intern(TensorSpec(name, dtype, tuple(shape)))
 
 
 def _view(spec: TensorSpec, frame: Frame, members: int = 1) -> np.ndarray[Any, Any]:

@@ -644,6 +644,7 @@ def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
     client.send(wire.Requests((group_request(ids, given),)))
     job = worker.job()
     assert job.tensors.members == 3
+    assert job.samples == 3  # counted once, by the broker: 1 sample a member
     assert loads(client)["fake"] == (2, 1)  # one job: one credit
     worker.answer(job)
     replies = client.recv()
@@ -685,7 +686,9 @@ def test_a_group_for_a_model_without_a_batching_dim_is_refused_not_dissolved(
     client.send(wire.Requests((group_request((b"a", b"b"), given),)))
     assert_refused(client, (b"a", b"b"), "INVALID_INPUT", "cannot take a group of requests")
     client.request("add", given[0], request_id=b"c")  # a lone request still runs
-    worker.answer(worker.job())
+    job = worker.job()
+    assert job.samples == 4  # no batching dim: the compiled batch, counted by the broker
+    worker.answer(job)
     assert_add_reply(client.recv(), given[0])
     assert broker.metrics.requests.value(model="add") == 1
 
@@ -915,7 +918,7 @@ def test_a_name_with_a_lone_surrogate_is_refused_and_cannot_break_the_metrics_pa
     client.send_frames([wire.envelope(wire.Command.REQUEST, b"r1"), header])
     error = client.recv()
     assert isinstance(error, wire.ErrorReply) and error.code == "BAD_MESSAGE"
-    assert "lone surrogate" in error.message
+    assert "surrogate" in error.message
 
 
 def test_overload_refusals_not_yet_reported_are_reported_at_shutdown(

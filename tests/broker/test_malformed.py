@@ -59,6 +59,7 @@ CASES: list[tuple[str, list[bytes], str] | tuple[str, list[bytes], str, bytes]] 
     ("wrong version", [b"IPUS\x07\x01bad", b"{}"], "UNSUPPORTED_VERSION"),
     ("version 1 layout", [b"IPUS\x01", bytes([REQ]), b"bad", b"{}"], "UNSUPPORTED_VERSION", b""),
     ("version 2", [b"IPUS\x02\x01bad", b"{}"], "UNSUPPORTED_VERSION"),
+    ("version 3", [b"IPUS\x03\x01bad", b"{}"], "UNSUPPORTED_VERSION"),
     ("no command", [wire.TAG, b"{}"], "BAD_MESSAGE", b""),
     ("unknown command", [wire.TAG + b"\x7fbad", b"{}"], "BAD_MESSAGE"),
     (
@@ -194,6 +195,21 @@ def test_malformed_input_gets_an_error_and_the_next_request_is_served(
     assert reply.message
     inputs = add_inputs(3)
     assert_add_reply(client.call("add", inputs), inputs)
+
+
+def test_a_version_3_client_is_told_to_upgrade(client: RawClient) -> None:
+    """A REQUEST exactly as a version-3 client sends it (version 4 changed only the
+    header's declaration and the JOBS rows) is refused, saying which versions and what
+    to do, and addressed to its id so that client fails at once, not at its timeout."""
+    header = {"model": "add", "tensors": [F32, Y32], "timeout_ms": 1000.0}
+    client.send_frames([b"IPUS\x03\x01v3-id", json.dumps(header).encode(), ROWS, ROWS])
+    reply = client.recv()
+    assert isinstance(reply, wire.ErrorReply), reply
+    assert (reply.request_id, reply.code) == (b"v3-id", "UNSUPPORTED_VERSION")
+    assert reply.message.startswith(
+        "protocol version 3 is not supported; this peer speaks 4: "
+        "upgrade ipuserve on the side that speaks 3"
+    ), reply.message
 
 
 def test_garbage_on_the_worker_socket_is_dropped_and_counted(fabric: BrokerProc) -> None:

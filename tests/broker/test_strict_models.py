@@ -97,13 +97,13 @@ def test_the_broker_knows_at_most_max_models_and_forgets_orphans_for_new_ones(
 def test_workers_with_long_ids_cannot_push_models_reply_past_the_header_limit(
     start_broker_thread: StartBroker, made: list[FakeWorker]
 ) -> None:
-    """Each (worker, model) is an entry of MODELS_REPLY: 256 non-ASCII characters of
-    worker id are 1.5 KiB of JSON, 64 models 100 KiB a worker."""
+    """Each (worker, model) is an entry of MODELS_REPLY: 256 characters of worker id
+    outside the BMP are 1 KiB of JSON (UTF-8, 4 bytes each), 64 models 64 KiB a worker."""
     broker = start_broker_thread()
     served = models("m", MAX_WORKER_MODELS)
     refusals: list[str] = []
-    for n in range(4):
-        worker = join(broker, made, worker_id=f"{n}" + "\u00e9" * 255, models=served)
+    for n in range(5):
+        worker = join(broker, made, worker_id=f"{n}" + "\U0001f600" * 255, models=served)
         assert worker.welcome is not None
         refusals += [why for _name, why in worker.welcome.refused]
     assert refusals and all("MODELS reply would pass" in why for why in refusals)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zmq
 
-from ipuserve import errors
+from ipuserve import errors, transport
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientConfig
 from ipuserve.client.core import Core
@@ -178,7 +178,7 @@ def test_a_big_request_is_held_until_the_brokers_limit_is_known() -> None:
     core = Core(CONFIG)
     port = Port()
     link = core.add_link("tcp://a:1", port)
-    big = request(1, x=np.zeros(wire.FRAME_SLACK_BYTES // 4 + 1, np.float32))
+    big = request(1, x=np.zeros(transport.FRAME_SLACK_BYTES // 4 + 1, np.float32))
     core.submit(big, time.monotonic())
     core.flush()
     assert not port.ids() and big.request_id in link.held

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipuserve import errors, protocol
+from ipuserve import errors, transport
 from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig
 from tests.helpers import (
@@ -53,7 +53,7 @@ def huge_inputs(frame_bytes: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     "frame_bytes",
-    [LIMIT + 4096, protocol.max_frame_bytes(LIMIT) + 4096],
+    [LIMIT + 4096, transport.max_frame_bytes(LIMIT) + 4096],
     ids=["over-the-limit", "over-what-zeromq-accepts"],
 )
 def test_an_oversized_first_request_is_refused_and_the_client_goes_on(
@@ -69,7 +69,7 @@ def test_an_oversized_first_request_is_refused_and_the_client_goes_on(
 
 def test_without_a_timeout_an_oversized_request_still_fails(served: BrokerProc) -> None:
     with Client(served.frontend, timeout=None) as client:
-        future = client.infer_async("add", huge_inputs(protocol.max_frame_bytes(LIMIT) * 2))
+        future = client.infer_async("add", huge_inputs(transport.max_frame_bytes(LIMIT) * 2))
         error = future.exception(timeout=30)  # a backstop: the failure comes at the first PONG
         assert isinstance(error, errors.PayloadTooLargeError)
 

@@ -116,9 +116,18 @@ class FakeBroker:
         model: str = "add",
     ) -> dict[str, Any]:
         inputs = dict(inputs or add_inputs())
-        job = wire.Job(job_id, model, wire.Tensors.of(inputs), budget_ms)
+        job = add_job(job_id, wire.Tensors.of(inputs), budget_ms, model)
         self.send(identity, wire.Jobs((job,)))
         return inputs
+
+
+def add_job(
+    job_id: bytes, tensors: wire.Tensors, budget_ms: float | None = None, model: str = "add"
+) -> wire.Job:
+    """A JOBS row for ``tensors`` as a broker sends it: the samples counted by the
+    broker, all members together (ADD's rule, which the tests' other models share)."""
+    samples = tensors.members * ADD.samples(spec.shape for spec in tensors.specs)
+    return wire.Job(job_id, model, tensors, budget_ms, samples)
 
 
 def add(inputs: Mapping[str, Any]) -> Mapping[str, Any]:

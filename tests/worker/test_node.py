@@ -16,7 +16,7 @@ from ipuserve.worker.backend import Backend, FunctionBackend
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.node import WorkerNode
 from tests.helpers import time_scale_for_run, wait_until, write_example
-from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add, add_inputs
+from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add, add_inputs, add_job
 
 
 class RunningNode:
@@ -125,7 +125,7 @@ def test_a_job_with_a_bad_frame_fails_alone(broker: FakeBroker, start_node: Star
     identity = broker.welcome()
     inputs = add_inputs()
     batch = wire.Jobs(
-        tuple(wire.Job(job_id, "add", wire.Tensors.of(inputs), None) for job_id in (b"j1", b"j2"))
+        tuple(add_job(job_id, wire.Tensors.of(inputs), None, "add") for job_id in (b"j1", b"j2"))
     )
     frames = batch.encode()
     broker.socket.send_multipart([identity, *frames[:-1], b"short"])  # j2's y
@@ -145,7 +145,7 @@ def test_a_batch_that_cannot_be_read_fails_every_job_it_names(
     identity = broker.welcome()
     batch = wire.Jobs(
         tuple(
-            wire.Job(job_id, "add", wire.Tensors.of(add_inputs()), None) for job_id in (b"a", b"b")
+            add_job(job_id, wire.Tensors.of(add_inputs())) for job_id in (b"a", b"b")
         )
     )
     frames = batch.encode()
@@ -164,8 +164,8 @@ def test_outcomes_ready_together_leave_in_one_results(
     node = start_node(FunctionBackend({ADD: add}, threads=0, capacity=8))
     identity = broker.welcome()
     inputs = add_inputs()
-    jobs = tuple(wire.Job(b"j%d" % i, "add", wire.Tensors.of(inputs), None) for i in range(5))
-    broker.send(identity, wire.Jobs((*jobs, wire.Job(b"bad", "mul", wire.Tensors.of({}), None))))
+    jobs = tuple(add_job(b"j%d" % i, wire.Tensors.of(inputs), None, "add") for i in range(5))
+    broker.send(identity, wire.Jobs((*jobs, add_job(b"bad", wire.Tensors.of({}), None, "mul"))))
     message = broker.next_message(wire.Results)
     assert [r.job_id for r in message.results] == [job.job_id for job in jobs]
     assert [(f.job_id, f.code) for f in message.failures] == [(b"bad", "UNKNOWN_MODEL")]
@@ -311,7 +311,7 @@ def group_of(count: int, rows: int = 2) -> list[dict[str, np.ndarray[Any, Any]]]
 
 def send_group(broker: FakeBroker, identity: bytes, job_id: bytes, given: list[Any]) -> None:
     tensors = wire.Tensors.group([wire.Tensors.of(inputs) for inputs in given])
-    broker.send(identity, wire.Jobs((wire.Job(job_id, "add", tensors, None),)))
+    broker.send(identity, wire.Jobs((add_job(job_id, tensors, None, "add"),)))
 
 
 def test_a_group_job_runs_once_and_answers_each_member(
@@ -363,7 +363,7 @@ def _simple_jobs(count: int, budget_ms: float | None) -> wire.Jobs:
     ]
     return wire.Jobs(
         tuple(
-            wire.Job(b"j%02d" % i, "simple", wire.Tensors.of(a), budget_ms)
+            add_job(b"j%02d" % i, wire.Tensors.of(a), budget_ms, "simple")
             for i, a in enumerate(arrays)
         )
     )

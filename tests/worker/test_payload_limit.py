@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ipuserve import protocol as wire
-from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add_inputs
+from tests.worker.fakes import ADD, FakeBroker, GatedAdd, add_inputs, add_job
 from tests.worker.test_node import (  # noqa: F401  (fixtures)
     StartNode,
     broker,
@@ -42,6 +42,6 @@ def test_a_groups_outputs_beyond_the_limit_fail_the_group(
     identity = welcome_with_limit(broker, start_node, 129)
     member = wire.Tensors.of(add_inputs(rows=2))  # z: 64 bytes each; 3 of them 192
     group = wire.Tensors.group([member, member, member])
-    broker.send(identity, wire.Jobs((wire.Job(b"g", "add", group, None),)))
+    broker.send(identity, wire.Jobs((add_job(b"g", group),)))
     fail = expect_fail(broker, b"g", "PAYLOAD_TOO_LARGE")
     assert "group of 3 requests take 192 bytes" in fail.message

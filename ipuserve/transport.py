@@ -1,7 +1,6 @@
 """Sending and receiving encoded messages on ZeroMQ sockets, and the socket frame limit.
 
-The only protocol module with zmq's sockets in it (the frame checks in
-:mod:`ipuserve.protocol.checks` test for ``zmq.Frame`` too).
+The wire package imports no zmq: this module is where the wire meets the sockets.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from typing import Any
 
 import zmq
 
-from ipuserve.protocol.tensors import Frame
+from ipuserve.protocol import Frame
 
 #: ZeroMQ drops the connection of a peer sending a frame beyond a socket's
 #: ``ZMQ_MAXMSGSIZE``: nobody can be answered then. Sockets set it this far above the

@@ -1,0 +1,112 @@
+"""The declared field types every header uses (names, ids, counts, durations, codes,
+timings), their limits as ``msgspec.Meta`` constraints that msgspec checks while it
+parses, and msgspec's refusals as ours (keeping the field's path, ``$.tensors[0]``).
+What depends on a receiver's :class:`Limits` is checked after, by each message."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from ipuserve.errors import InvalidInputError, IpuserveError, ProtocolError
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS
+from ipuserve.protocol.envelope import (
+    MAX_COUNT,
+    MAX_ID_BYTES,
+    MAX_TIMING_KEYS,
+    MAX_TIMING_VALUE,
+    bounded,
+)
+
+#: A model, tensor, worker or timing name.
+Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+#: A job or request id, as hex (decoded by :func:`hex_id`: a pattern costs 3x the parse).
+HexId = Annotated[str, Meta(max_length=2 * MAX_ID_BYTES)]
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+#: Whole milliseconds a peer asks us to wait.
+Interval = Annotated[int, Meta(ge=1, lt=int(MAX_DURATION_MS))]
+#: A request's timeout: never spent already.
+Duration = Annotated[float, Meta(gt=0, lt=MAX_DURATION_MS)]
+#: A job's budget: the time left before its deadline (spent already: negative).
+Budget = Annotated[float, Meta(gt=-MAX_DURATION_MS, lt=MAX_DURATION_MS)]
+Code = Annotated[str, Meta(max_length=64, pattern=r"^[A-Z0-9_]*[A-Z][A-Z0-9_]*$")]
+Timing = Annotated[
+    dict[Name, Annotated[float, Meta(gt=-MAX_TIMING_VALUE, lt=MAX_TIMING_VALUE)]],
+    Meta(max_length=MAX_TIMING_KEYS),
+]
+#: The members of a group job; a receiver's max_batch bounds them further.
+Members = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+#: The samples of a job, all members together (counted once, where the job is made).
+Samples = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+
+
+class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A message's header: an object with exactly its declared fields."""
+
+
+class Row(msgspec.Struct, frozen=True, array_like=True):
+    """A batch row: a JSON array of its fields in order (the trailing defaults optional)."""
+
+
+#: Where an error is the sender's input, not its protocol: a tensor's dtype or shape.
+_INPUT_PATH = re.compile(r"\]\.(dtype|shape)\b")
+#: The dtypes a tensor may have (ipuserve.protocol.tensors.DTYPES: their numpy dtypes).
+DTYPE_NAMES: tuple[str, ...] = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16")
+DTYPE_NAMES += ("uint32", "uint64", "float16", "float32", "float64")
+_ALLOWED = f"; allowed: {', '.join(DTYPE_NAMES)}"
+
+
+_ROW_PATH = re.compile(r"\$\.(\w+)\[(\d+)\](?:\[(\d+)\])?")
+
+
+def refused(
+    exc: msgspec.MsgspecError | UnicodeDecodeError, where: str, rows: Mapping[str, tuple[str, ...]]
+) -> IpuserveError:
+    """msgspec's refusal of a header, as the error to answer it with: its message keeps
+    the field's path and the rule it broke; a batch row's entry is named by its field
+    (``$.jobs[0].members``, not ``$.jobs[0][3]``), a row of the wrong shape shows the
+    shape (``rows``: each batch key's row fields)."""
+    text = bounded(str(exc))
+    if not isinstance(exc, msgspec.ValidationError):
+        return ProtocolError(f"{where} is not valid UTF-8 JSON: {text}")
+    path = _ROW_PATH.search(text)
+    names = rows.get(path.group(1), ()) if path is not None else ()
+    if path is not None and names:
+        if path.group(3) is None:
+            text += f" (a row is [{', '.join(names)}])"
+        elif int(path.group(3)) < len(names):
+            named = f"$.{path.group(1)}[{path.group(2)}].{names[int(path.group(3))]}"
+            text = text[: path.start()] + named + text[path.end() :]
+    if _INPUT_PATH.search(text):
+        hint = _ALLOWED if "enum value" in text else ""
+        return InvalidInputError(f"{where}: {text}{hint}")
+    return ProtocolError(f"{where}: {text}")
+
+
+def hex_id(value: str, where: str) -> bytes:
+    """A declared HexId as bytes; ``where`` names it when it is no hex."""
+    found = peek_hex(value)
+    if found is None:
+        raise ProtocolError(f"{where}: {bounded(repr(value[:80]))} is not a hex job id")
+    return found
+
+
+def at_most(count: int, limit: int, where: str) -> None:
+    """Refuse ``count`` entries of ``where`` beyond a receiver's ``limit``."""
+    if count > limit:
+        raise ProtocolError(f"{where} has {count} entries; the limit is {limit}")
+
+
+def peek_hex(value: Any) -> bytes | None:
+    """A hex id from a header that may be malformed, else None."""
+    if type(value) is not str or len(value) > 2 * MAX_ID_BYTES:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
