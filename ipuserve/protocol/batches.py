@@ -131,8 +131,8 @@ class Job:
     job_id: bytes
     model: str
     tensors: Tensors
-    budget_ms: float | None
-    samples: int
+    budget_ms: float | None = None
+    samples: int = 1
 
 
 @dataclass(frozen=True, slots=True)
