@@ -50,7 +50,10 @@ def test_ten_thousand_requests_three_workers_two_models(
 def test_kill_9_of_a_worker_under_load(
     procs: Processes, models: dict[str, Model], make_client: MakeClient
 ) -> None:
-    broker = start_broker(procs, liveness_ms=400)
+    # liveness 1 s: short enough to notice the kill mid-load, long enough that the
+    # survivor, stalled by a loaded machine, is not dropped as silent too (it was, at
+    # 400 ms, once in a full suite run beside three other test runs)
+    broker = start_broker(procs, liveness_ms=1000)
     victim = serve(procs, broker, models["mlp"], "victim")
     serve(procs, broker, models["mlp"], "survivor")
     plan = [(models["mlp"], 1 + i % 8) for i in range(3000)]
@@ -66,7 +69,8 @@ def test_kill_9_of_a_worker_under_load(
     assert_all_correct(outcomes)
     samples = scrape(broker.metrics_url)
     # The broker noticed the one loss and re-sent what the victim held to the survivor...
-    assert metric(samples, "ipuserve_broker_workers_lost_total") == 1
+    lost = {k: v for k, v in samples.items() if k.startswith("ipuserve_broker_workers_lost")}
+    assert metric(samples, "ipuserve_broker_workers_lost_total") == 1, lost
     assert metric(samples, "ipuserve_broker_requeued_total") >= 1
     # ...and answered each request exactly once: one job and one reply per call, and
     # no reply reached the client that no caller was waiting for (a duplicate).
