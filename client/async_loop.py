@@ -7,7 +7,7 @@ on a thread of their own (:class:`~ipuserve.client.following.Following`) and rin
 :class:`~ipuserve.waker.Waker` whose descriptor is a reader too. Everything else runs
 on the event loop's thread, so there is no lock: a request is sent from the calling
 coroutine when nothing else was handed over in this pass of the loop (the lone
-request, no hop), else it joins its link's outbox and leaves with the others when
+request, no hop), else it joins its link's turn batch and leaves with the others when
 the turn scheduled for them runs (``call_soon``) -- the requests of coroutines that
 the same replies woke leave together.
 
@@ -96,7 +96,7 @@ class AsyncLoop:
 
     def submit(self, pending: Pending, to: str | None = None) -> None:
         """Send ``pending`` now if nothing was handed over in this pass of the event
-        loop, else give it to its link's outbox; a turn follows either way. Call on
+        loop, else give it to its link's turn batch; a turn follows either way. Call on
         the event loop's thread (a coroutine of the client)."""
         refuse_if_forked(self._pid)
         if self._closed:
@@ -217,7 +217,7 @@ class AsyncLoop:
         if core.due:
             settle(core.due)  # asyncio futures: their callbacks run in a later pass
             # The coroutines just woken run next, before this turn: what they send then
-            # goes to the outbox and leaves together in that turn, as the Client's
+            # goes to the turn batch and leaves together in that turn, as the Client's
             # done-callbacks' requests do (one REQUESTS message, one job for a group),
             # rather than the first alone and the rest a turn later.
             self._schedule()

@@ -145,8 +145,8 @@ class Link:
         self.unsent: dict[bytes, None] = {}
         #: what this broker said about its models' groups
         self.groups = GroupRules()
-        self.outbox = TurnBatch(config, self.stats, self, self._current, self.groups)
-        self.replies = LinkReplyRouter(
+        self.batch = TurnBatch(config, self.stats, self, self._current, self.groups)
+        self.router = LinkReplyRouter(
             table,
             shared,
             self.liveness,
@@ -156,7 +156,7 @@ class Link:
             self.groups,
             lambda models: lacking.serves(endpoint, models),
         )
-        self.replies.due = due
+        self.router.due = due
 
     def __repr__(self) -> str:
         return f"Link({self.endpoint!r}, pending={len(self.ids)})"
@@ -213,7 +213,7 @@ class Link:
                 f"the request's tensors take {size} bytes; the limit of the broker at "
                 f"{self.endpoint} is {limit}"
             )
-            self.replies.finish(pending.request_id, lambda p: p.fail(error))
+            self.router.finish(pending.request_id, lambda p: p.fail(error))
         elif not self.sendable(pending):
             self.held[pending.request_id] = None  # sent by _on_pong
         elif not self.port.send_frames(pending.frames(time.perf_counter_ns())):
@@ -227,7 +227,7 @@ class Link:
         self.unsent.update(dict.fromkeys(request_ids))
 
     def ask_models(self) -> None:
-        """A MODELS of the link's own: its reply tells the outbox how to group."""
+        """A MODELS of the link's own: its reply tells the turn batch how to group."""
         self.port.send_frames(wire.ListModels(MODELS_PROBE).encode())
 
     def send_unsent(self) -> None:
@@ -259,7 +259,7 @@ class Link:
     def on_frames(self, frames: list[zmq.Frame], now: float) -> None:
         """One message the socket received."""
         self.liveness.heard(now)
-        self.replies.on_frames(frames)
+        self.router.on_frames(frames)
 
     def on_connection_event(self, event: int, value: int, now: float) -> None:
         """One event of the socket's connection monitor; a new connection re-sends."""

@@ -12,7 +12,7 @@ I/O thread holds it for each turn, letting go only to wait in ``poll`` and to se
 futures (so the caller a reply wakes finds the sockets free). Otherwise the request
 goes through the :class:`~ipuserve.inbox.Inbox` and callers never wait for the I/O
 thread. Future callbacks (on the I/O thread) give their requests to the core
-directly; the links' outboxes batch what a turn hands over.
+directly; the links' turn batches hold what a turn hands over.
 
 Why no reply goes missing. The I/O thread waits on each socket's ``zmq.FD``, not on
 the socket (``poll`` on the socket itself would be an operation on it, racing a
