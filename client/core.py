@@ -63,8 +63,9 @@ import zmq
 
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.lacking import Lacking
-from ipuserve.client.link import Due, Link, Port
+from ipuserve.client.link import Link, Port
 from ipuserve.client.pending import Pending, PendingTable
+from ipuserve.client.reply_router import Due
 from ipuserve.errors import DeadlineExceeded, IpuserveError, UnavailableError
 
 __all__ = ["Core", "LinkInfo", "least_loaded"]
