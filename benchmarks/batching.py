@@ -40,7 +40,8 @@ from ipuserve.bench.bench import bench
 from ipuserve.bench.loadgen import LoadConfig
 from ipuserve.bench.processes import PYTHON, ChildProcesses, endpoint, wait_for_models
 from ipuserve.bench.suite import ONE_BLAS_THREAD, SuiteConfig, time_scale_for, write_models
-from ipuserve.client.client import Client, ClientConfig
+from ipuserve.client.client import Client
+from ipuserve.client.config import ClientConfig
 
 LEVELS = (1, 4, 16, 64)
 #: name -> worker options; the default policy is the one with no options

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 from ipuserve import protocol as wire
+from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.dispatch import Dispatcher
 from ipuserve.broker.jobs import JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
-from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry, Worker
 from ipuserve.broker.timers import Timers
 from ipuserve.errors import InferenceError, IpuserveError, OverloadedError, WorkerFailedError
@@ -46,7 +46,7 @@ class Answers:
         registry: Registry,
         jobs: JobTable,
         dispatcher: Dispatcher,
-        outbox: Outbox,
+        backlog: Backlog,
         metrics: BrokerMetrics,
         timers: Timers,
         group_sizer: GroupSizer,
@@ -55,7 +55,7 @@ class Answers:
         self._specs = registry.specs
         self._jobs = jobs
         self._dispatcher = dispatcher
-        self._outbox = outbox
+        self._backlog = backlog
         self._metrics = metrics
         self._timers = timers
         self._group_sizer = group_sizer
@@ -149,7 +149,7 @@ class Answers:
         if job.batched:
             self._replies.setdefault(job.client, []).append((reply, model))
             self.unsent += 1
-        elif self._outbox.to_client(job.client, reply.encode()):
+        elif self._backlog.to_client(job.client, reply.encode()):
             self._metrics.replies.inc(model=model)
         now = time.monotonic()
         self._metrics.request_seconds.observe(now - job.received, requests)
@@ -166,13 +166,13 @@ class Answers:
     def _send_replies(self, client: bytes, replies: list[tuple[wire.Reply, str]]) -> None:
         if len(replies) == 1 and not replies[0][0].group:
             reply, model = replies[0]
-            if self._outbox.to_client(client, reply.encode()):
+            if self._backlog.to_client(client, reply.encode()):
                 self._metrics.replies.inc(model=model)
             return
         models = {id(reply): model for reply, model in replies}
         batch = wire.Replies(tuple(reply for reply, _model in replies))
         for part, frames in wire.split_batch(batch):  # the client decodes with the defaults
-            if self._outbox.to_client(client, frames):
+            if self._backlog.to_client(client, frames):
                 for reply in part.replies:
                     self._metrics.replies.inc(len(reply.group) or 1, model=models[id(reply)])
 
@@ -188,14 +188,14 @@ class Answers:
         """Answer a request the broker did not accept with ``error`` (counted under its
         model: "" when the request could not be read that far)."""
         self._count_error(error, model)
-        self._outbox.to_client(client, wire.error_frames(request_id, error))
+        self._backlog.to_client(client, wire.error_frames(request_id, error))
 
     def reject(self, job: JobEntry, error: IpuserveError) -> None:
         """Answer every request of an admitted job with ``error``, and retire it."""
         self.retire(job)
         for request_id in job.request_ids:
             self._count_error(error, job.model)
-            self._outbox.to_client(job.client, wire.error_frames(request_id, error))
+            self._backlog.to_client(job.client, wire.error_frames(request_id, error))
 
     def _count_error(self, error: IpuserveError, model: str) -> None:
         """Counted under the model only if one is registered: any client may name any

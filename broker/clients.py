@@ -11,11 +11,11 @@ import time
 
 from ipuserve import protocol as wire
 from ipuserve.broker.answers import Answers
+from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.dispatch import Dispatcher
 from ipuserve.broker.jobs import JobTable
 from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
-from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry
 from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError, ProtocolError
 from ipuserve.grouping import GroupSizer, group_problem
@@ -36,7 +36,7 @@ class ClientHandlers:
         registry: Registry,
         jobs: JobTable,
         dispatcher: Dispatcher,
-        outbox: Outbox,
+        backlog: Backlog,
         metrics: BrokerMetrics,
         answers: Answers,
         life: Lifecycle,
@@ -48,7 +48,7 @@ class ClientHandlers:
         self._jobs = jobs
         self._keys = jobs.keys
         self._queues = dispatcher.queues
-        self._outbox = outbox
+        self._backlog = backlog
         self._metrics = metrics
         self._answers = answers
         self._life = life
@@ -209,4 +209,4 @@ class ClientHandlers:
         )
 
     def _send(self, client: bytes, message: wire.Message) -> None:
-        self._outbox.to_client(client, message.encode())
+        self._backlog.to_client(client, message.encode())

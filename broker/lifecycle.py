@@ -168,7 +168,7 @@ class Lifecycle:
 
     def abandon_client(self, client: bytes) -> None:
         """Drop the queued jobs of a client a reply could not reach for a liveness window
-        (killed, most likely; the outbox's timer says when): nobody would read their
+        (killed, most likely; the backlog's timer says when): nobody would read their
         results, and other clients' requests queue behind them. Jobs already at a worker
         run on; their replies are dropped as they come."""
         dropped = 0

@@ -6,8 +6,9 @@ then fires the timers that are due, if any: every timer (deadlines, heartbeats a
 liveness, the start-up grace, orphaned models, unreachable and slow clients, the
 shedding report) sits on one heap (:mod:`ipuserve.broker.timers`), so a turn that
 only moved messages does one comparison of timer work and scans nothing. Nothing
-here blocks: sends that cannot go are dropped and counted
-(:mod:`ipuserve.broker.outbox`). :meth:`Broker.stop` may be called from any thread
+here blocks: a reply a client's pipe cannot take yet waits in that client's backlog,
+and only what a full backlog or a vanished peer cannot take is dropped and counted
+(:mod:`ipuserve.broker.backlog`). :meth:`Broker.stop` may be called from any thread
 or a signal handler.
 """
 
@@ -25,13 +26,13 @@ import zmq
 from ipuserve import probes, transport
 from ipuserve import protocol as wire
 from ipuserve.broker.answers import Answers
+from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.clients import ClientHandlers
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.dispatch import Dispatcher
 from ipuserve.broker.jobs import JobTable
 from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
-from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.timers import Timers
@@ -126,7 +127,7 @@ class Broker:
         self.backend_endpoint = _endpoint(self._backend)
         self.registry = Registry()
         self.timers = Timers()
-        self._outbox = Outbox(
+        self._backlog = Backlog(
             self._frontend,
             self._backend,
             self.metrics,
@@ -138,13 +139,13 @@ class Broker:
         self.dispatcher = Dispatcher(self.registry, config.queue_limit)
         self.group_sizer = GroupSizer()
         self.placement = Placement(
-            self.registry, self.dispatcher, self._outbox, self.metrics, self._limits
+            self.registry, self.dispatcher, self._backlog, self.metrics, self._limits
         )
         self.answers = Answers(
             self.registry,
             self.jobs,
             self.dispatcher,
-            self._outbox,
+            self._backlog,
             self.metrics,
             self.timers,
             self.group_sizer,
@@ -160,7 +161,7 @@ class Broker:
             self.metrics,
             self.timers,
         )
-        self._outbox.abandon = self.life.abandon_client
+        self._backlog.abandon = self.life.abandon_client
         now = time.monotonic()
         self._clients = ClientHandlers(
             self.epoch,
@@ -169,7 +170,7 @@ class Broker:
             registry=self.registry,
             jobs=self.jobs,
             dispatcher=self.dispatcher,
-            outbox=self._outbox,
+            backlog=self._backlog,
             metrics=self.metrics,
             answers=self.answers,
             life=self.life,
@@ -181,7 +182,7 @@ class Broker:
         self._workers = WorkerHandlers(
             welcome,
             registry=self.registry,
-            outbox=self._outbox,
+            backlog=self._backlog,
             metrics=self.metrics,
             placement=self.placement,
             answers=self.answers,
@@ -326,8 +327,8 @@ class Broker:
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
-        if self._outbox.unreachable:
-            self._outbox.heard_from(client)  # reachable again: it keeps its queue
+        if self._backlog.unreachable:
+            self._backlog.heard_from(client)  # reachable again: it keeps its queue
         message: wire.Message | None = None
         try:
             message = wire.decode(body, self._limits)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 
 from ipuserve import protocol as wire
+from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.dispatch import Dispatcher
 from ipuserve.broker.jobs import JobEntry, State
 from ipuserve.broker.metrics import BrokerMetrics
-from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.registry import Registry, Worker
 
 #: A worker a JOBS message could not reach, with the ids of the jobs that message held.
@@ -34,14 +34,14 @@ class Placement:
         self,
         registry: Registry,
         dispatcher: Dispatcher,
-        outbox: Outbox,
+        backlog: Backlog,
         metrics: BrokerMetrics,
         limits: wire.Limits,
     ) -> None:
         self._workers = registry.workers
         self._dispatcher = dispatcher
         self._queued = dispatcher.total
-        self._outbox = outbox
+        self._backlog = backlog
         self._metrics = metrics
         self._limits = limits
         #: jobs placed on each worker since the last flush (a worker's jobs stay in order)
@@ -146,6 +146,6 @@ class Placement:
             )
         )
         for frames in wire.encode_batch(message, self._limits):
-            if not self._outbox.to_worker(worker.identity, frames):
+            if not self._backlog.to_worker(worker.identity, frames):
                 return False
         return True

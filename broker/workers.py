@@ -13,9 +13,9 @@ import msgspec
 
 from ipuserve import protocol as wire
 from ipuserve.broker.answers import Answers
+from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
-from ipuserve.broker.outbox import Outbox
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry, Worker
 from ipuserve.errors import IpuserveError, WorkerFailedError
@@ -29,14 +29,14 @@ class WorkerHandlers:
         welcome: wire.Welcome,
         *,
         registry: Registry,
-        outbox: Outbox,
+        backlog: Backlog,
         metrics: BrokerMetrics,
         placement: Placement,
         answers: Answers,
         life: Lifecycle,
     ) -> None:
         self._registry = registry
-        self._outbox = outbox
+        self._backlog = backlog
         self._metrics = metrics
         self._placement = placement
         self._answers = answers
@@ -63,7 +63,7 @@ class WorkerHandlers:
         elif worker is not None:
             log.warning("worker %s sent %s; ignored", worker.worker_id, message.COMMAND.name)
         if worker is None and not isinstance(message, wire.Hello | wire.Bye):
-            self._outbox.to_worker(identity, self._reconnect)
+            self._backlog.to_worker(identity, self._reconnect)
 
     def on_hello(self, identity: bytes, hello: wire.Hello, now: float) -> None:
         old = self._registry.get(identity)
@@ -85,7 +85,7 @@ class WorkerHandlers:
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
             welcome = msgspec.structs.replace(self._welcome, refused=refused).encode()
-        if not self._outbox.to_worker(identity, welcome):
+        if not self._backlog.to_worker(identity, welcome):
             self._life.drop_worker(worker, "unreachable")
             return
         self._placement.pump(worker)
@@ -99,7 +99,7 @@ class WorkerHandlers:
         namesake = self._registry.by_worker_id(worker_id)
         if namesake is None:
             return
-        if self._outbox.worker_connected(namesake.identity, self._heartbeat):
+        if self._backlog.worker_connected(namesake.identity, self._heartbeat):
             log.warning(
                 "two connected workers call themselves %r; both serve, but give each its "
                 "own --worker-id so that logs and `ipuserve models` tell them apart",
@@ -127,7 +127,7 @@ class WorkerHandlers:
             return  # unreachable: dropped
         worker.credit = heartbeat.credit
         echo = wire.Heartbeat(credit=worker.credit).encode()
-        if not self._outbox.to_worker(worker.identity, echo):
+        if not self._backlog.to_worker(worker.identity, echo):
             self._life.drop_worker(worker, "unreachable")
             return
         self._placement.pump(worker)
@@ -150,5 +150,5 @@ class WorkerHandlers:
         for worker in list(self._registry.workers.values()):
             if now - worker.last_seen > self._liveness_s:
                 self._life.drop_worker(worker, "silent")
-            elif not self._outbox.to_worker(worker.identity, self._heartbeat):
+            elif not self._backlog.to_worker(worker.identity, self._heartbeat):
                 self._life.drop_worker(worker, "unreachable")

@@ -21,49 +21,27 @@ belongs to the event loop it is first used on, and its methods must be called th
 from __future__ import annotations
 
 import asyncio
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-import zmq
-
 from ipuserve import protocol as wire
 from ipuserve.client.async_loop import AsyncLoop
-from ipuserve.client.client import CLIENT_TIMEOUT, ClientSetup, build_request, check_timeout
-from ipuserve.client.config import ClientConfig, ClientStats
-from ipuserve.client.core import LinkInfo
+from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup
+from ipuserve.client.client import build_request
 from ipuserve.client.fleet import merge_models
 from ipuserve.client.pending import Arrays, Pending, parse_models, parse_reply
 from ipuserve.client.timing import Timing
 from ipuserve.errors import IpuserveError
-from ipuserve.security import KeySource
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(ClientBase[AsyncLoop]):
     """An asyncio client of one broker or several; see the module's docstring."""
 
-    def __init__(
-        self,
-        address: str | Sequence[str],
-        timeout: float | None = 30.0,
-        *,
-        config: ClientConfig | None = None,
-        context: zmq.Context[Any] | None = None,
-        curve_secret_key: KeySource | None = None,
-        broker_public_key: KeySource | None = None,
-    ) -> None:
-        setup = ClientSetup(address, timeout, config, context, curve_secret_key, broker_public_key)
-        self.address = setup.address
-        self.config = setup.config
-        self.timeout = setup.timeout
-        self.routing_id = setup.routing_id
-        self._ids = setup.ids
-        self._io = AsyncLoop(setup.endpoints, setup.connect, self.config, follow=setup.follow)
-        # A client dropped without close() lets its sockets go when collected.
-        self._closer = weakref.finalize(self, self._io.close)
+    def _start(self, setup: ClientSetup) -> AsyncLoop:
+        return AsyncLoop(setup.endpoints, setup.connect, setup.config, follow=setup.follow)
 
     async def infer(
         self,
@@ -134,22 +112,8 @@ class AsyncClient:
         del timeout
         return await future
 
-    def _call_timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
-
-    def links(self) -> list[LinkInfo]:
-        """The client's brokers and whether each is usable now."""
-        return self._io.links()
-
-    @property
-    def stats(self) -> ClientStats:
-        return self._io.stats
-
     async def aclose(self) -> None:
         """Fail pending requests with :class:`ClosedError` and let the brokers go."""
-        self._closer()
-
-    def close(self) -> None:
         self._closer()
 
     async def __aenter__(self) -> AsyncClient:
@@ -159,6 +123,3 @@ class AsyncClient:
         self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"AsyncClient({self.address!r}, timeout={self.timeout})"

@@ -7,7 +7,7 @@ on a thread of their own (:class:`~ipuserve.client.following.Following`) and rin
 :class:`~ipuserve.waker.Waker` whose descriptor is a reader too. Everything else runs
 on the event loop's thread, so there is no lock: a request is sent from the calling
 coroutine when nothing else was handed over in this pass of the loop (the lone
-request, no hop), else it joins its link's outbox and leaves with the others when
+request, no hop), else it joins its link's turn batch and leaves with the others when
 the turn scheduled for them runs (``call_soon``) -- the requests of coroutines that
 the same replies woke leave together.
 
@@ -28,15 +28,13 @@ import logging
 import os
 import time
 
-from ipuserve.client.config import ClientConfig, ClientStats
-from ipuserve.client.core import Core, LinkInfo
-from ipuserve.client.following import Following
+from ipuserve.client.config import ClientConfig
+from ipuserve.client.driver import Connect, Driver
 from ipuserve.client.pending import Pending, refuse_if_forked
 from ipuserve.client.reply_router import settle
 from ipuserve.client.sockets import LinkSocket
-from ipuserve.client.thread_loop import Connect
 from ipuserve.discovery import EndpointSet
-from ipuserve.errors import ClosedError, IpuserveError, RuntimeUsageError
+from ipuserve.errors import ClosedError, RuntimeUsageError
 from ipuserve.waker import Waker
 
 __all__ = ["AsyncLoop"]
@@ -47,18 +45,14 @@ log = logging.getLogger(__name__)
 MAX_WAIT_S = 60.0
 
 
-class AsyncLoop:
+class AsyncLoop(Driver):
     """Drives a :class:`Core` from one asyncio event loop (the first that uses it)."""
 
     def __init__(
         self, endpoints: EndpointSet, connect: Connect, config: ClientConfig, *, follow: bool
     ) -> None:
-        self.config = config
-        self.core = Core(config)
-        self._connect = connect
-        self._sockets: dict[str, LinkSocket] = {}
         self._waker = Waker()
-        self._following = Following(endpoints, self._waker.wake) if follow else None
+        super().__init__(endpoints, connect, config, follow=follow, wake=self._waker.wake)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -66,9 +60,7 @@ class AsyncLoop:
         self._closed = False
         self._pid = os.getpid()
         try:
-            first = endpoints.refresh()[0] if follow else list(endpoints.configured)
-            for endpoint in first:
-                self._add_link(endpoint)
+            self._open_links()
         except BaseException:
             self.close()
             raise
@@ -78,25 +70,11 @@ class AsyncLoop:
             return
         self._bind()
 
-    @property
-    def follows(self) -> bool:
-        return self._following is not None
-
-    @property
-    def stats(self) -> ClientStats:
-        return self.core.stats
-
-    def links(self) -> list[LinkInfo]:
-        return self.core.link_infos(time.monotonic())
-
-    def silence_hint(self) -> str:
-        return self.core.silence_hint()
-
     # ------------------------------------------------------------ requests
 
     def submit(self, pending: Pending, to: str | None = None) -> None:
         """Send ``pending`` now if nothing was handed over in this pass of the event
-        loop, else give it to its link's outbox; a turn follows either way. Call on
+        loop, else give it to its link's turn batch; a turn follows either way. Call on
         the event loop's thread (a coroutine of the client)."""
         refuse_if_forked(self._pid)
         if self._closed:
@@ -144,18 +122,12 @@ class AsyncLoop:
 
     # ------------------------------------------------------------ links
 
-    def _add_link(self, endpoint: str) -> None:
-        sockets = self._connect(endpoint)
-        self._sockets[endpoint] = sockets
-        self.core.add_link(endpoint, sockets)
+    def _linked(self, endpoint: str, sockets: LinkSocket) -> None:
         if self._loop is not None:
             self._watch(endpoint, sockets)
 
-    def _drop_link(self, endpoint: str) -> None:
-        self.core.drop_link(endpoint)
-        sockets = self._sockets.pop(endpoint)
+    def _unlinked(self, sockets: LinkSocket) -> None:
         self._unwatch(sockets)
-        sockets.close()
 
     def _on_readable(self, endpoint: str, sockets: LinkSocket) -> None:
         """A socket's descriptor fired. It may have fired before this pass's turn read
@@ -170,22 +142,6 @@ class AsyncLoop:
     def _on_waker(self) -> None:
         self._waker.clear()
         self._schedule()
-
-    def _follow_endpoints(self) -> None:
-        following = self._following
-        lost, self.core.lost = self.core.lost, False
-        if following is None:
-            return
-        if lost:
-            following.lost()
-        for added, removed in following.changes():
-            for endpoint in removed:
-                self._drop_link(endpoint)
-            for endpoint in added:
-                try:
-                    self._add_link(endpoint)
-                except IpuserveError as exc:  # ZeroMQ refused it: the others carry on
-                    log.warning("%s", exc)
 
     # ------------------------------------------------------------ turns
 
@@ -217,7 +173,7 @@ class AsyncLoop:
         if core.due:
             settle(core.due)  # asyncio futures: their callbacks run in a later pass
             # The coroutines just woken run next, before this turn: what they send then
-            # goes to the outbox and leaves together in that turn, as the Client's
+            # goes to the turn batch and leaves together in that turn, as the Client's
             # done-callbacks' requests do (one REQUESTS message, one job for a group),
             # rather than the first alone and the rest a turn later.
             self._schedule()
@@ -227,18 +183,12 @@ class AsyncLoop:
         """The last operation on each socket: run again at once if something is ready
         (the descriptors signal only what comes after this), else at the next PING or
         deadline."""
-        links, ready = self.core.links, False
-        for endpoint, sockets in self._sockets.items():
-            ready = ready or sockets.ready(want_room=bool(links[endpoint].unsent))
-        if ready:
+        if self._sockets_ready():
             self._schedule()
             return
         loop = self._loop
         assert loop is not None
-        wait_s = self.core.wait_s(time.monotonic(), time.perf_counter_ns())
-        if self._following is not None:
-            wait_s = min(wait_s, self._following.seconds_until_due())
-        at = loop.time() + min(wait_s, MAX_WAIT_S) + 0.001
+        at = loop.time() + min(self._wait_s(), MAX_WAIT_S) + 0.001
         if self._timer is not None:
             if self._timer_at <= at:
                 return  # an earlier turn is harmless: it plans again

@@ -8,10 +8,10 @@ one-line ``Error: [CODE] message`` exits instead of tracebacks.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import numpy as np
@@ -32,6 +32,8 @@ from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
 from ipuserve.security import ClientKeys
 from ipuserve.security.cli import curve_client_options, keys_from_options
+
+F = TypeVar("F", bound=Callable[..., object])
 
 BROKER_HELP = (
     "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
@@ -112,6 +114,11 @@ def parse_npy_inputs(
     return {name: item.array for name, item in read.items()}
 
 
+def _timeout_option(default_s: float, help_text: str) -> Callable[[F], F]:
+    """``--timeout-s``, which both commands take, with its default and help."""
+    return option("--timeout-s", type=TimeoutSeconds(), default=default_s, help=help_text)
+
+
 @click.command()
 @option("--broker", required=True, multiple=True, type=Endpoint(), help=BROKER_HELP)
 @option(
@@ -130,12 +137,7 @@ def parse_npy_inputs(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Save the outputs to this file, as given, in numpy's .npz format.",
 )
-@option(
-    "--timeout-s",
-    type=TimeoutSeconds(),
-    default=30.0,
-    help="Give up (DEADLINE_EXCEEDED) after this long.",
-)
+@_timeout_option(30.0, "Give up (DEADLINE_EXCEEDED) after this long.")
 @curve_client_options
 def infer(
     broker: tuple[str, ...],
@@ -173,12 +175,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
 @click.command()
 @option("--broker", required=True, multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP)
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@option(
-    "--timeout-s",
-    type=TimeoutSeconds(),
-    default=10.0,
-    help="Give up after this long.",
-)
+@_timeout_option(10.0, "Give up after this long.")
 @curve_client_options
 def models(
     broker: tuple[str, ...],

@@ -43,25 +43,17 @@ in the model's dtype, which ``ipuserve models`` shows).
 
 from __future__ import annotations
 
-import itertools
-import math
-import numbers
-import secrets
 import threading
-import uuid
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, TypeVar
 
 import numpy as np
-import zmq
 
 from ipuserve import protocol as wire
-from ipuserve.client.config import ClientConfig, ClientStats
-from ipuserve.client.core import LinkInfo
+from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup, type_name
 from ipuserve.client.fleet import FleetModel, merge_models
 from ipuserve.client.pending import (
     Arrays,
@@ -71,35 +63,19 @@ from ipuserve.client.pending import (
     parse_models,
     parse_reply,
 )
-from ipuserve.client.sockets import LinkSocket, open_socket
 from ipuserve.client.thread_loop import ThreadLoop
-from ipuserve.discovery import EndpointSet, expand
-from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import (
-    ConfigError,
     DeadlineExceeded,
     InvalidInputError,
     IpuserveError,
     RuntimeUsageError,
 )
-from ipuserve.security import KeySource, client_keys
 
-
-class _Default:
-    """The default of a call's ``timeout``: the client's own."""
-
-    def __repr__(self) -> str:
-        return "<the client's timeout>"
-
-
-#: the default of every call's ``timeout`` (both faces): "the client's own"
-CLIENT_TIMEOUT: Any = _Default()
 T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
-_KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigError
 
 
-class Client:
+class Client(ClientBase[ThreadLoop]):
     """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``), or to
     several.
 
@@ -125,29 +101,16 @@ class Client:
     ``curve_secret_key`` and ``broker_public_key`` (each a key file's path, or the key
     itself as bytes) make the connection CURVE, for a broker with keys
     (docs/security.md); give both or neither (a :class:`ConfigError` names the one
-    missing). A broker that refuses the key never answers: requests time out.
+    missing). A broker that refuses the handshake never answers, but the socket's
+    connection monitor sees the refusal: requests fail at once with
+    :class:`HandshakeRefusedError`, saying why, not at their timeout (with several
+    brokers, only when no other is usable; :mod:`ipuserve.client.core`).
     """
 
-    def __init__(
-        self,
-        address: str | Sequence[str],
-        timeout: float | None = 30.0,
-        *,
-        config: ClientConfig | None = None,
-        context: zmq.Context[Any] | None = None,
-        curve_secret_key: KeySource | None = None,
-        broker_public_key: KeySource | None = None,
-    ) -> None:
-        setup = ClientSetup(address, timeout, config, context, curve_secret_key, broker_public_key)
-        self.address = setup.address
-        self.config = setup.config
-        self.timeout = setup.timeout
-        self.routing_id = setup.routing_id
-        self._ids = setup.ids
-        self._io = ThreadLoop(setup.endpoints, setup.connect, self.config, follow=setup.follow)
-        self._io.thread.start()
-        # A client dropped without close() stops its thread and socket when collected.
-        self._closer = weakref.finalize(self, self._io.close)
+    def _start(self, setup: ClientSetup) -> ThreadLoop:
+        io = ThreadLoop(setup.endpoints, setup.connect, setup.config, follow=setup.follow)
+        io.thread.start()
+        return io
 
     # ------------------------------------------------------------------ requests
 
@@ -177,7 +140,7 @@ class Client:
         land in a call meant to return at once after its request has left (a load
         generator would take it for a refusal and lose track of the request).
         """
-        timeout = self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
+        timeout = self._call_timeout(timeout)
         direct = threading.current_thread() is not threading.main_thread()
         return self._request(model, inputs, timeout, copy=copy, direct=direct)
 
@@ -203,7 +166,7 @@ class Client:
 
         ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
         inputs are sent without a copy: they must not change while this runs."""
-        timeout = self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
+        timeout = self._call_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
         message = build_request(next(self._ids), model, inputs, timeout, copy=False)
         waiter: Waiter[Arrays] = Waiter()  # lighter than the InferFuture nobody sees
@@ -251,14 +214,6 @@ class Client:
                 answers[endpoint] = exc
         return answers
 
-    def links(self) -> list[LinkInfo]:
-        """The client's brokers: endpoint, usable now, pending and assigned requests,
-        epoch. A client of one broker has one (usable: connected)."""
-        return self._io.links()
-
-    def _call_timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
-
     def _ask_models(self, to: str | None, timeout: float | None) -> Future[list[wire.ModelInfo]]:
         """Send a LIST_MODELS (``to``: that broker only, never moved to another)."""
         self._refuse_blocking_on_io_thread("models")
@@ -279,15 +234,6 @@ class Client:
 
     # ------------------------------------------------------------------ lifecycle
 
-    @property
-    def stats(self) -> ClientStats:
-        """Counters: sent, re-sent, replies, dropped (duplicate or late) replies, epoch, ..."""
-        return self._io.stats
-
-    def close(self) -> None:
-        """Fail pending requests with :class:`ClosedError` and stop the I/O thread."""
-        self._closer()
-
     def __enter__(self) -> Client:
         return self
 
@@ -295,9 +241,6 @@ class Client:
         self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Client({self.address!r}, timeout={self.timeout})"
 
 
 def build_request(
@@ -314,22 +257,6 @@ def build_request(
     return wire.Request(number.to_bytes(8, "little"), model, tensors, timeout_ms)
 
 
-def check_timeout(timeout: Any) -> float | None:
-    """Seconds > 0 that the wire can carry, or None (no timeout)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise ConfigError(f"timeout must be seconds > 0 or None, not {_type_name(timeout)}")
-    seconds = float(timeout)
-    limit_s = wire.MAX_DURATION_MS / 1e3
-    if not (math.isfinite(seconds) and 0 < seconds < limit_s):
-        raise ConfigError(
-            f"timeout must be seconds > 0 and below {limit_s:g}, or None to wait for ever; "
-            f"got {timeout!r}"
-        )
-    return seconds
-
-
 def _check_model(model: Any) -> None:
     problem = wire.name_problem(model)
     if problem is not None:
@@ -340,7 +267,7 @@ def _check_inputs(inputs: Any) -> None:
     """A clear error for inputs the wire would misread (a bare array, a list of floats)."""
     if not isinstance(inputs, Mapping):
         raise InvalidInputError(
-            f"inputs must be a dict of input name -> numpy array, not {_type_name(inputs)}"
+            f"inputs must be a dict of input name -> numpy array, not {type_name(inputs)}"
         )
     for name, value in inputs.items():
         problem = wire.name_problem(name)
@@ -348,27 +275,10 @@ def _check_inputs(inputs: Any) -> None:
             raise InvalidInputError(f"input name {name!r}: the name {problem}")
         if not isinstance(value, np.ndarray):
             raise InvalidInputError(
-                f"input {name!r} is {_type_name(value)}, not a numpy array; convert it with "
+                f"input {name!r} is {type_name(value)}, not a numpy array; convert it with "
                 "numpy.asarray(value, dtype=...) in the model's dtype (`ipuserve models` "
                 "lists it)"
             )
-
-
-def _type_name(value: Any) -> str:
-    kind = type(value)
-    return f"a {kind.__module__}.{kind.__qualname__}".replace("a builtins.", "a ")
-
-
-def _check_endpoints(endpoints: list[Any], address: Any) -> None:
-    """Each a ZeroMQ endpoint to connect to, and at least one."""
-    if not endpoints:
-        raise ConfigError(f"a Client needs at least one broker endpoint, got {address!r}")
-    for endpoint in endpoints:
-        if not isinstance(endpoint, str):
-            raise ConfigError(f"an endpoint must be a string, not {_type_name(endpoint)}")
-        problem = endpoint_problem(endpoint)
-        if problem is not None:
-            raise ConfigError(problem)
 
 
 def _wait(future: Future[T] | Waiter[T], timeout: float | None, io: ThreadLoop) -> T:
@@ -379,55 +289,3 @@ def _wait(future: Future[T] | Waiter[T], timeout: float | None, io: ThreadLoop) 
         raise
     except FutureTimeout:
         raise DeadlineExceeded(f"no reply within {timeout} s{io.silence_hint()}") from None
-
-
-class ClientSetup:
-    """What both faces (:class:`Client`, :class:`~ipuserve.client.AsyncClient`) make
-    of their constructor's arguments, checked alike: the endpoints and whether they are
-    followed, the config, the timeout, the routing id, the request ids, and how to open
-    a link's socket."""
-
-    def __init__(
-        self,
-        address: str | Sequence[str],
-        timeout: float | None,
-        config: ClientConfig | None,
-        context: zmq.Context[Any] | None,
-        curve_secret_key: KeySource | None,
-        broker_public_key: KeySource | None,
-    ) -> None:
-        if isinstance(address, str) and _stands_for_several(address):
-            address = [address]  # Swarm's tasks.broker: one link per broker, followed
-        endpoints = [address] if isinstance(address, str) else list(address)
-        _check_endpoints(endpoints, address)
-        keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
-        self.address: str | tuple[str, ...] = (
-            address if isinstance(address, str) else tuple(endpoints)
-        )
-        self.config = config or ClientConfig()
-        self.timeout = check_timeout(timeout)
-        self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
-        # From a random start: the broker takes (routing id, request id) for a re-send of
-        # a job it still holds, so a new Client reusing a fixed routing_id must not
-        # reuse the ids of one that died (it got that one's results).
-        self.ids = itertools.count(secrets.randbits(62))
-        self.endpoints = EndpointSet(endpoints)
-        # one endpoint given as a string, or one that is no name: the one link, not
-        # followed (ZeroMQ resolves its host); else a link per address, followed
-        self.follow = not (
-            isinstance(address, str) or (len(endpoints) == 1 and not self.endpoints.follows_names)
-        )
-        self._context = context or zmq.Context.instance()
-        self._keys = keys
-
-    def connect(self, endpoint: str) -> LinkSocket:
-        return open_socket(self._context, endpoint, self.routing_id, self.config, self._keys)
-
-
-def _stands_for_several(endpoint: str) -> bool:
-    """Whether ``endpoint``'s host resolves to several addresses now (not resolvable
-    yet: no, ZeroMQ resolves it when it can)."""
-    try:
-        return len(expand(endpoint)) > 1
-    except OSError:
-        return False

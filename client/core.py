@@ -63,8 +63,9 @@ import zmq
 
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.lacking import Lacking
-from ipuserve.client.link import Due, Link, Port
+from ipuserve.client.link import Link, Port
 from ipuserve.client.pending import Pending, PendingTable
+from ipuserve.client.reply_router import Due
 from ipuserve.errors import DeadlineExceeded, IpuserveError, UnavailableError
 
 __all__ = ["Core", "LinkInfo", "least_loaded"]
@@ -154,7 +155,7 @@ class Core:
         gone = _failing(UnavailableError(f"the broker at {endpoint} is gone"))
         for request_id in list(link.ids):
             if request_id in self._targets:
-                link.replies.finish(request_id, gone)
+                link.router.finish(request_id, gone)
             else:
                 self._unassign(request_id)
                 self._parked[request_id] = None
@@ -165,7 +166,7 @@ class Core:
     # ------------------------------------------------------------ requests
 
     def submit(self, pending: Pending, now: float, to: str | None = None) -> None:
-        """Register a new request and give it to a link's outbox (or park it);
+        """Register a new request and give it to a link's turn batch (or park it);
         ``to``: only that link's broker. Sent by :meth:`flush`."""
         self.table.add(pending)
         self.shared.sent += 1
@@ -189,7 +190,7 @@ class Core:
         if self._parked:
             return None
         link = self._pick(now, pending.model)
-        if link is None or link.unsent or link.outbox or not link.sendable(pending):
+        if link is None or link.unsent or link.batch or not link.sendable(pending):
             return None
         self.table.add(pending)
         self.shared.sent += 1
@@ -231,20 +232,20 @@ class Core:
         self._rebalance(now)
 
     def flush(self) -> None:
-        """Send what the links' outboxes hold (the end of a driver's turn)."""
+        """Send what the links' turn batches hold (the end of a driver's turn)."""
         for link in self.links.values():
-            link.outbox.flush()
+            link.batch.flush()
 
     # ------------------------------------------------------------ questions
 
     def wait_s(self, now: float, now_ns: int) -> float:
         """How long the driver may wait for I/O before the next :meth:`tick`: the next
         PING or deadline, a quarter of the liveness window while requests are out
-        (to notice a silence in time), 0 while an outbox holds requests."""
+        (to notice a silence in time), 0 while a turn batch holds requests."""
         waits = [self.config.ping_interval_s]
         busy = bool(self._parked)
         for link in self.links.values():
-            if link.outbox:
+            if link.batch:
                 return 0.0
             waits.append(link.liveness.seconds_to_ping(now))
             busy = busy or bool(link.ids)
@@ -346,7 +347,7 @@ class Core:
         link.ids[request_id] = None
         self._assigned[link.endpoint] = self._assigned.get(link.endpoint, 0) + 1
         if batch:
-            link.outbox.add(pending)
+            link.batch.add(pending)
 
     def _rebalance(self, now: float) -> None:
         """Parked requests to usable links; a failed link's requests to the others."""
@@ -382,7 +383,7 @@ class Core:
     def _fail_on(self, link: Link, request_ids: Iterable[bytes], error: IpuserveError) -> None:
         """``link`` is a dead end and no other broker may take these requests."""
         for request_id in list(request_ids):
-            link.replies.finish(request_id, _failing(error))
+            link.router.finish(request_id, _failing(error))
 
     def _fail_parked(self) -> None:
         """Every link is a dead end: the parked requests fail with the first's reason."""

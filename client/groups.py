@@ -1,4 +1,4 @@
-"""What one broker said about its models' groups, for the outbox to form groups by.
+"""What one broker said about its models' groups, for the turn batch to form groups by.
 
 A client forms each group once, and the broker carries it as it is (a group it
 cannot take is refused, never cut: ``ipuserve.grouping``). So before grouping

@@ -3,12 +3,13 @@ endpoint, or one address of a name), without the socket.
 
 A :class:`Link` holds the broker's liveness (PING/PONG, epoch, silence), its payload
 limit, what is held for that limit or deferred for the socket's high-water mark, a
-turn's :class:`~ipuserve.client.turn_batch.TurnBatch`, and the ids of the pending requests
-given to it. The requests themselves stay in the core's one
-:class:`~ipuserve.client.pending.PendingTable`, shared by every link: a reply settles
-its request whichever broker sends it, and only the first settles it (a second, from
-the broker that had it before a failover, finds the id gone and is dropped and
-counted).
+turn's :class:`~ipuserve.client.turn_batch.TurnBatch` (``batch``), the
+:class:`~ipuserve.client.reply_router.ReplyRouter` that settles what its broker sends
+(``router``), and the ids of the pending requests given to it. The requests themselves
+stay in the core's one :class:`~ipuserve.client.pending.PendingTable`, shared by every
+link: a reply settles its request whichever broker sends it, and only the first
+settles it (a second, from the broker that had it before a failover, finds the id gone
+and is dropped and counted).
 
 A link does no I/O of its own: it sends through the :class:`Port` its driver gives it
 (a non-blocking ``send_frames``), and is told what the socket received and what its
@@ -17,9 +18,7 @@ connection monitor saw (:mod:`ipuserve.client.core`).
 
 from __future__ import annotations
 
-import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -32,17 +31,13 @@ from ipuserve.client.groups import MODELS_PROBE, GroupRules
 from ipuserve.client.lacking import Lacking
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.pending import Pending, PendingTable
-from ipuserve.client.reply_router import ReplyRouter
+from ipuserve.client.reply_router import Due, ReplyRouter
 from ipuserve.client.turn_batch import TurnBatch
-from ipuserve.errors import PayloadTooLargeError, UnknownModelError
-
-log = logging.getLogger(__name__)
+from ipuserve.errors import PayloadTooLargeError
 
 #: silence since a link opened after which "is the broker running?" is a fair question:
 #: a PONG on a working connection takes milliseconds
 SUSPECT_SILENCE_S = 0.05
-
-Due = deque[tuple[Pending, Callable[[Pending], None]]]
 
 
 class Port(Protocol):
@@ -51,62 +46,6 @@ class Port(Protocol):
     def send_frames(self, frames: list[wire.Frame]) -> bool:
         """Send one encoded message without blocking and without copying tensors;
         False: the socket's pipe was full (nothing was queued)."""
-
-
-class LinkReplyRouter(ReplyRouter):
-    """A link's replies: the shared table's, plus three changes for several brokers.
-
-    A settled request leaves its link's list too (``forget``). A link pointed at a
-    broker's backend (worker) port is only marked unusable: the core gives the
-    requests it had to the other links, and fails them when there is none.
-    UNKNOWN_MODEL from one broker is not the fleet's answer: a broker just restarted
-    (its workers not back yet) or one the model's workers never joined says it while
-    another serves the model, so the request tries the brokers it has not tried
-    (``elsewhere``) before it fails. The models a MODELS_REPLY lists are the broker's
-    now (``serves``: the core asks it for them again).
-    """
-
-    def __init__(
-        self,
-        table: PendingTable,
-        stats: ClientStats,
-        liveness: Liveness,
-        on_pong: Callable[[wire.Pong], None],
-        forget: Callable[[bytes], None],
-        elsewhere: Callable[[bytes], bool],
-        groups: GroupRules,
-        serves: Callable[[list[str]], None],
-    ) -> None:
-        super().__init__(table, stats, liveness, on_pong)
-        self._forget = forget
-        self._elsewhere = elsewhere
-        self._groups = groups
-        self._serves = serves
-
-    def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
-        request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
-        if error.code == UnknownModelError.code and self._elsewhere(request_id):
-            return
-        super()._on_error(error)
-
-    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
-        """A MODELS_REPLY, the link's own probe or a user's, also says which models the
-        broker serves now and how to group their requests."""
-        if type(message) is wire.ModelsReply:
-            self._serves([info.spec.name for info in message.models])
-            self._groups.learn(message.models)
-            if message.request_id == MODELS_PROBE:
-                return
-        super()._on_answer(message)
-
-    def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
-        super().finish(request_id, settle)
-        self._forget(request_id)
-
-    def _on_backend_port(self) -> None:
-        if not self._liveness.backend_port:
-            log.error("%s", self._liveness.silence_hint().removeprefix(": "))
-        self._liveness.backend_port = True
 
 
 class Link:
@@ -145,18 +84,18 @@ class Link:
         self.unsent: dict[bytes, None] = {}
         #: what this broker said about its models' groups
         self.groups = GroupRules()
-        self.outbox = TurnBatch(config, self.stats, self, self._current, self.groups)
-        self.replies = LinkReplyRouter(
+        self.batch = TurnBatch(config, self.stats, self, self._current, self.groups)
+        self.router = ReplyRouter(
             table,
             shared,
             self.liveness,
+            due,
             self._on_pong,
             forget,
             lambda rid: elsewhere(self, rid),
             self.groups,
             lambda models: lacking.serves(endpoint, models),
         )
-        self.replies.due = due
 
     def __repr__(self) -> str:
         return f"Link({self.endpoint!r}, pending={len(self.ids)})"
@@ -213,7 +152,7 @@ class Link:
                 f"the request's tensors take {size} bytes; the limit of the broker at "
                 f"{self.endpoint} is {limit}"
             )
-            self.replies.finish(pending.request_id, lambda p: p.fail(error))
+            self.router.finish(pending.request_id, lambda p: p.fail(error))
         elif not self.sendable(pending):
             self.held[pending.request_id] = None  # sent by _on_pong
         elif not self.port.send_frames(pending.frames(time.perf_counter_ns())):
@@ -227,7 +166,7 @@ class Link:
         self.unsent.update(dict.fromkeys(request_ids))
 
     def ask_models(self) -> None:
-        """A MODELS of the link's own: its reply tells the outbox how to group."""
+        """A MODELS of the link's own: its reply tells the turn batch how to group."""
         self.port.send_frames(wire.ListModels(MODELS_PROBE).encode())
 
     def send_unsent(self) -> None:
@@ -259,7 +198,7 @@ class Link:
     def on_frames(self, frames: list[zmq.Frame], now: float) -> None:
         """One message the socket received."""
         self.liveness.heard(now)
-        self.replies.on_frames(frames)
+        self.router.on_frames(frames)
 
     def on_connection_event(self, event: int, value: int, now: float) -> None:
         """One event of the socket's connection monitor; a new connection re-sends."""

@@ -17,16 +17,26 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import zmq
 
 from ipuserve import protocol as wire
 from ipuserve.client.config import ClientStats
+from ipuserve.client.groups import MODELS_PROBE, GroupRules
 from ipuserve.client.liveness import Liveness
 from ipuserve.client.pending import EXPECTS, Pending, PendingTable
-from ipuserve.errors import BrokerShutdownError, IpuserveError, ProtocolError, UnavailableError
+from ipuserve.errors import (
+    BrokerShutdownError,
+    IpuserveError,
+    ProtocolError,
+    UnknownModelError,
+)
 
 log = logging.getLogger(__name__)
+
+#: settled requests waiting for the driver to settle their futures, in order
+Due = deque[tuple[Pending, Callable[[Pending], None]]]
 
 #: what a broker's backend sends its workers: a client that receives one has been
 #: pointed at the backend (worker) port
@@ -35,26 +45,41 @@ _TO_WORKERS = frozenset(
 )
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class ReplyRouter:
-    """Settles the table's requests from the broker's messages; PONG goes to ``on_pong``.
+    """Settles the table's requests from one link's messages; PONG goes to ``on_pong``.
 
     Named for what it does (routes each message to the request it answers), apart
-    from ``wire.Replies``, the message that carries a batch of replies."""
+    from ``wire.Replies``, the message that carries a batch of replies.
 
-    def __init__(
-        self,
-        table: PendingTable,
-        stats: ClientStats,
-        liveness: Liveness,
-        on_pong: Callable[[wire.Pong], None],
-    ) -> None:
-        self._table = table
-        self._stats = stats
-        self._liveness = liveness
-        self._on_pong = on_pong
-        #: out of the table, to settle once the driver's lock is let go (in order); each
-        #: leaves only once settled, so close() can fail what a blocked callback strands
-        self.due: deque[tuple[Pending, Callable[[Pending], None]]] = deque()
+    The table is shared by every link, so a settled request also leaves its link's
+    list (``forget``). A link pointed at a broker's backend (worker) port is only
+    marked unusable: the core gives the requests it had to the other links, and fails
+    them when there is none. UNKNOWN_MODEL from one broker is not the fleet's answer:
+    a broker just restarted (its workers not back yet) or one the model's workers
+    never joined says it while another serves the model, so the request tries the
+    brokers it has not tried (``elsewhere``) before it fails. The models a
+    MODELS_REPLY lists are the broker's now (``serves``), and say how to group their
+    requests (``groups``).
+    """
+
+    #: the requests of every link, shared; and the client's counters
+    table: PendingTable
+    stats: ClientStats
+    #: the link's: its broker's health
+    liveness: Liveness
+    #: where settled requests wait for the driver (:func:`settle`), in order; each
+    #: leaves only once settled, so close() can fail what a blocked callback strands
+    due: Due
+    on_pong: Callable[[wire.Pong], None]
+    #: a settled request leaves its link's list too
+    forget: Callable[[bytes], None]
+    #: gives a request this broker lacks the model for to another (False: none left)
+    elsewhere: Callable[[bytes], bool]
+    #: what this broker said about its models' groups
+    groups: GroupRules
+    #: the models a MODELS_REPLY lists, as the broker's now
+    serves: Callable[[list[str]], None]
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -70,7 +95,7 @@ class ReplyRouter:
             self._on_malformed(frames, exc)
             return
         if isinstance(message, wire.Pong):
-            self._on_pong(message)
+            self.on_pong(message)
         elif isinstance(message, wire.ErrorReply):
             self._on_error(message)
         elif isinstance(message, wire.Reply | wire.ModelsReply):
@@ -89,26 +114,36 @@ class ReplyRouter:
             )
 
     def _on_error(self, error: wire.ErrorReply | wire.Fail) -> None:
-        """Fail the request with the error its peer reported, except that a broker's
-        BROKER_SHUTDOWN keeps it pending: a restarted broker gets it again (new epoch,
-        or silence, re-send everything pending), and its deadline still applies."""
+        """Fail the request with the error its peer reported, except that UNKNOWN_MODEL
+        first tries another broker, and a broker's BROKER_SHUTDOWN keeps it pending: a
+        restarted broker gets it again (new epoch, or silence, re-send everything
+        pending), and its deadline still applies."""
         request_id = error.request_id if isinstance(error, wire.ErrorReply) else error.job_id
-        if error.code == BrokerShutdownError.code and request_id in self._table:
-            self._liveness.broker_shut_down = True
-            self._stats.held_over_shutdown += 1
+        if error.code == UnknownModelError.code and self.elsewhere(request_id):
+            return
+        if error.code == BrokerShutdownError.code and request_id in self.table:
+            self.liveness.broker_shut_down = True
+            self.stats.held_over_shutdown += 1
             return
         exception = error.exception()
         self.finish(request_id, lambda p: p.fail(exception))
 
     def _on_backend_port(self) -> None:
-        """Pointed at a broker's backend: nothing sent there will ever be answered."""
-        self._liveness.backend_port = True
-        error = UnavailableError(self._liveness.silence_hint().removeprefix(": "))
-        for request_id in self._table.ids():
-            self.finish(request_id, lambda p: p.fail(error))
+        """Pointed at a broker's backend: nothing sent there will ever be answered. The
+        link is unusable from now on (the core moves or fails its requests)."""
+        if not self.liveness.backend_port:
+            log.error("%s", self.liveness.silence_hint().removeprefix(": "))
+        self.liveness.backend_port = True
 
     def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
-        pending = self._table.get(message.request_id)
+        """A MODELS_REPLY, the link's own probe or a user's, also says which models the
+        broker serves now and how to group their requests."""
+        if type(message) is wire.ModelsReply:
+            self.serves([info.spec.name for info in message.models])
+            self.groups.learn(message.models)
+            if message.request_id == MODELS_PROBE:
+                return
+        pending = self.table.get(message.request_id)
         if pending is not None and EXPECTS[type(pending.message)] is not type(message):
             error = ProtocolError(f"{message.COMMAND.name} does not answer this request")
             self.finish(message.request_id, lambda p: p.fail(error))
@@ -117,23 +152,25 @@ class ReplyRouter:
 
     def _on_malformed(self, frames: list[zmq.Frame], error: IpuserveError) -> None:
         """A reply we cannot read fails its request (when its id is readable), never the loop."""
-        self._stats.malformed += 1
+        self.stats.malformed += 1
         log.warning("malformed message from the broker: %s", error)
         for request_id in wire.peek_ids(frames) or [wire.peek_id(frames)]:
-            if request_id in self._table:
+            if request_id in self.table:
                 self.finish(request_id, lambda p: p.fail(error))
 
     def finish(self, request_id: bytes, settle: Callable[[Pending], None]) -> None:
-        """Take the request out of the table; ``settle`` settles it in :func:`settle`."""
-        pending = self._table.pop(request_id)
+        """Take the request out of the table and its link's list; ``settle`` settles it
+        in :func:`settle`."""
+        pending = self.table.pop(request_id)
         if pending is None:
-            self._stats.dropped_replies += 1
-            return
-        self._stats.replies += 1
-        self.due.append((pending, settle))
+            self.stats.dropped_replies += 1
+        else:
+            self.stats.replies += 1
+            self.due.append((pending, settle))
+        self.forget(request_id)
 
 
-def settle(due: deque[tuple[Pending, Callable[[Pending], None]]]) -> None:
+def settle(due: Due) -> None:
     """Settle what replies and expiry took out, in order, without the driver's lock
     held (done-callbacks run here: one that sends takes the lock like any caller).
     Each leaves ``due`` only once settled, so that close() can fail what a blocked

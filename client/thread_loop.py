@@ -12,7 +12,7 @@ I/O thread holds it for each turn, letting go only to wait in ``poll`` and to se
 futures (so the caller a reply wakes finds the sockets free). Otherwise the request
 goes through the :class:`~ipuserve.inbox.Inbox` and callers never wait for the I/O
 thread. Future callbacks (on the I/O thread) give their requests to the core
-directly; the links' outboxes batch what a turn hands over.
+directly; the links' turn batches hold what a turn hands over.
 
 Why no reply goes missing. The I/O thread waits on each socket's ``zmq.FD``, not on
 the socket (``poll`` on the socket itself would be an operation on it, racing a
@@ -44,7 +44,9 @@ done-callbacks would run on callers' threads and every waiter would depend on
 another's progress; the one hop back is kept for that simplicity.
 
 Discovery: :class:`~ipuserve.client.following.Following` re-resolves names on a
-thread of its own and rings the inbox's waker; links are added and dropped here.
+thread of its own and rings the inbox's waker; links are added and dropped on the
+I/O thread, as :class:`~ipuserve.client.driver.Driver` (shared with the asyncio driver)
+does it.
 """
 
 from __future__ import annotations
@@ -53,14 +55,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from ipuserve.client.config import ClientConfig, ClientStats
-from ipuserve.client.core import Core, LinkInfo
-from ipuserve.client.following import Following
+from ipuserve.client.config import ClientConfig
+from ipuserve.client.driver import Connect, Driver
 from ipuserve.client.lifecycle import IoThread
 from ipuserve.client.link import Link
 from ipuserve.client.pending import Pending, refuse_if_forked
@@ -77,27 +77,20 @@ log = logging.getLogger(__name__)
 #: The longest poll: a deadline years away must not overflow poll's int milliseconds.
 MAX_POLL_MS = 60_000
 
-Connect = Callable[[str], LinkSocket]
 
-
-class ThreadLoop(IoThread):
+class ThreadLoop(IoThread, Driver):
     """Drives a :class:`Core` from one I/O thread (its start and end:
     :class:`~ipuserve.client.lifecycle.IoThread`)."""
 
     def __init__(
         self, endpoints: EndpointSet, connect: Connect, config: ClientConfig, *, follow: bool
     ) -> None:
-        """``follow``: the endpoints' names are re-resolved and followed (else the one
-        configured endpoint is the one link, ZeroMQ resolving its host)."""
-        self.config = config
-        self.core = Core(config)
-        self._connect = connect
-        self._sockets: dict[str, LinkSocket] = {}
+        """``follow``: as :class:`~ipuserve.client.driver.Driver` takes it."""
         self._inbox: Inbox[tuple[Pending, str | None]] = Inbox()
+        super().__init__(endpoints, connect, config, follow=follow, wake=self._inbox.wake)
         self._waker = self._inbox.waker
         self._lock = self._inbox.lock  # the inbox and _closed
         self._work_lock = threading.Lock()  # the core and every socket (module docstring)
-        self._following = Following(endpoints, self._inbox.wake) if follow else None
         #: when the I/O thread's poll ends at the latest (perf_counter ns)
         self._wake_at_ns = 0
         self._poller_stale = True
@@ -106,31 +99,14 @@ class ThreadLoop(IoThread):
         self._pid = os.getpid()
         self._crash: Exception | None = None
         try:
-            first = endpoints.refresh()[0] if follow else list(endpoints.configured)
-            for endpoint in first:
-                self._add_link(endpoint)
+            self._open_links()
         except BaseException:
             self._release()
             self._inbox.close()
             raise
         self.thread = threading.Thread(target=self._run, name="ipuserve-client-io", daemon=True)
 
-    @property
-    def follows(self) -> bool:
-        """Whether names are followed (a link per address, as they change)."""
-        return self._following is not None
-
     # ------------------------------------------------------------ any thread
-
-    @property
-    def stats(self) -> ClientStats:
-        return self.core.stats
-
-    def links(self) -> list[LinkInfo]:
-        return self.core.link_infos(time.monotonic())
-
-    def silence_hint(self) -> str:
-        return self.core.silence_hint()
 
     def submit(self, pending: Pending, *, direct: bool = True, to: str | None = None) -> None:
         """Send a request now when the sockets are free (or on the I/O thread, at the
@@ -212,35 +188,11 @@ class ThreadLoop(IoThread):
 
     # ------------------------------------------------------------ links
 
-    def _add_link(self, endpoint: str) -> None:
-        sockets = self._connect(endpoint)
-        self._sockets[endpoint] = sockets
-        self.core.add_link(endpoint, sockets)
+    def _linked(self, endpoint: str, sockets: LinkSocket) -> None:
         self._poller_stale = True
 
-    def _drop_link(self, endpoint: str) -> None:
-        self.core.drop_link(endpoint)
-        self._sockets.pop(endpoint).close()
+    def _unlinked(self, sockets: LinkSocket) -> None:
         self._poller_stale = True
-
-    def _follow_endpoints(self) -> None:
-        """Links follow the addresses the endpoints stand for (re-resolved when due or
-        after a lost connection, off this thread: :mod:`ipuserve.client.following`)."""
-        following = self._following
-        if following is None:
-            self.core.lost = False
-            return
-        if self.core.lost:
-            self.core.lost = False
-            following.lost()
-        for added, removed in following.changes():
-            for endpoint in removed:
-                self._drop_link(endpoint)
-            for endpoint in added:
-                try:
-                    self._add_link(endpoint)
-                except IpuserveError as exc:  # ZeroMQ refused it: the others carry on
-                    log.warning("%s", exc)
 
     # ------------------------------------------------------------ I/O thread
 
@@ -305,15 +257,9 @@ class ThreadLoop(IoThread):
     def _plan(self) -> int:
         """The last operation on each socket before the lock is let go: wait only if
         nothing is ready (the descriptors signal only what comes after this)."""
-        links, ready = self.core.links, self._inbox.ready
-        for endpoint, sockets in self._sockets.items():
-            ready = ready or sockets.ready(want_room=bool(links[endpoint].unsent))
-        if ready:
+        if self._inbox.ready or self._sockets_ready():
             timeout_ms = 0
         else:
-            wait_s = self.core.wait_s(time.monotonic(), time.perf_counter_ns())
-            if self._following is not None:
-                wait_s = min(wait_s, self._following.seconds_until_due())
-            timeout_ms = min(max(int(wait_s * 1e3) + 1, 0), MAX_POLL_MS)
+            timeout_ms = min(max(int(self._wait_s() * 1e3) + 1, 0), MAX_POLL_MS)
         self._wake_at_ns = time.perf_counter_ns() + timeout_ms * 1_000_000
         return timeout_ms

@@ -48,8 +48,8 @@ class TurnBatch:
     """The requests handed over this turn, in order; :meth:`flush` sends them.
 
     A batch, not a backlog: it empties at every flush (what the socket does not take
-    the link defers), where the broker's ``Outbox`` keeps what a client's pipe could
-    not take until it can. A link holds one, as ``Link.outbox``."""
+    the link defers), where the broker's ``Backlog`` keeps what a client's pipe could
+    not take until it can. A link holds one, as ``Link.batch``."""
 
     def __init__(
         self,

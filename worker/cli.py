@@ -93,7 +93,8 @@ class ModelFiles(click.Path):
     default="adaptive",
     type=click.Choice(POLICIES),
     help="When a partial batch runs: adaptive waits only for requests on their way "
-    "back, and only while that is shorter than a device run (no tuning); eager runs it "
+    "back, and only while that is shorter than what a run costs the device and the "
+    "host, both measured (no tuning); eager runs it "
     "as soon as the device is free; fixed waits --batch-timeout-ms from its first sample.",
 )
 @option(
@@ -103,7 +104,8 @@ class ModelFiles(click.Path):
     callback=parse_duration_ms,
     help="Longest a partial batch waits for more requests, from its first sample's "
     "arrival: the window of --batch-policy fixed (needed there), an upper bound for "
-    "adaptive [default: no bound beyond its own, about one device run].",
+    "adaptive [default: no bound beyond its own, what one run costs the device and the "
+    "host].",
 )
 @option(
     "--look-ahead",

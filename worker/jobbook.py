@@ -83,7 +83,7 @@ class JobBook:
         self.held_current = 0
         #: the most jobs of the current connection to hold; None: the single-broker
         #: rule (jobs beyond the credit wait here, up to twice the credit in all)
-        self.session_limit: int | None = None
+        self.connection_limit: int | None = None
         self.waiting: deque[Held] = deque()
         #: no waiting job expires before this (monotonic seconds)
         self.next_expiry = math.inf
@@ -129,10 +129,10 @@ class JobBook:
             problem = group_problem(spec, members, message.samples // members)
             if problem is not None:  # the broker checked it: a broker of another version
                 raise InvalidInputError(problem)
-        if self.session_limit is not None and self.held_current >= self.session_limit:
+        if self.connection_limit is not None and self.held_current >= self.connection_limit:
             raise OverloadedError(
                 f"the broker sent more jobs than this connection's credit "
-                f"({self.session_limit}); this worker serves several brokers"
+                f"({self.connection_limit}); this worker serves several brokers"
             )
         if len(self.jobs) >= 2 * self.credit:
             held, credit = len(self.jobs), self.credit

@@ -173,7 +173,7 @@ class WorkerNode:
             log.exception("worker %s: the socket loop crashed", self._config.worker_id)
             return 1
         finally:
-            self._close_session(linger=0)
+            self._close_connection(linger=0)
             if self._owns_backend:
                 self._backend.close()
                 self._mailbox.close()
@@ -184,7 +184,7 @@ class WorkerNode:
             joined = self._joiner.join()
             if joined is None:
                 break
-            self._start_session(joined)
+            self._start_connection(joined)
             why = self._serve()
             level = logging.INFO if why is Exit.STOP else logging.WARNING  # asked, or not
             reason = "gone from the endpoints" if self._leaving else why.value
@@ -194,7 +194,7 @@ class WorkerNode:
                 self._share.lost()
                 self._settle()
                 return 0
-            self._close_session(linger=0)
+            self._close_connection(linger=0)
             self._share.lost()
             if self._on_lost is not None:
                 self._on_lost()
@@ -231,9 +231,9 @@ class WorkerNode:
         self._announced = self._share.hello(len(self._book.jobs))
         return self._announced
 
-    # ------------------------------------------------------------ sessions
+    # ------------------------------------------------------------ connections
 
-    def _start_session(self, joined: Joined) -> None:
+    def _start_connection(self, joined: Joined) -> None:
         welcome = joined.welcome
         if welcome.epoch != self._book.epoch:
             self._book.forget_epoch(self._book.epoch, self._unsent)
@@ -264,7 +264,7 @@ class WorkerNode:
         """While joining: keep what finished, to answer once a broker lets us in."""
         self._unsent.extend(self._finished(self._mailbox.take()))
 
-    def _close_session(self, linger: int) -> None:
+    def _close_connection(self, linger: int) -> None:
         if self._connection is not None:
             self._connection.socket.close(linger=linger)
             self._connection = None
@@ -380,7 +380,7 @@ class WorkerNode:
             self._draining += [job.job_id for job in message.jobs]
             return
         share = self._share
-        self._book.session_limit = None if share.solo else share.exposure
+        self._book.connection_limit = None if share.solo else share.exposure
         self._book.admit(message.jobs, message.rejected)
         self._book.start_waiting(self._on_done)
 
@@ -460,7 +460,7 @@ class WorkerNode:
             running - len(book.jobs),
             len(handed_back),
         )
-        self._close_session(linger=self._config.bye_linger_ms)
+        self._close_connection(linger=self._config.bye_linger_ms)
 
     def _finish_running(self, connection: Connection) -> None:
         deadline = time.monotonic() + self._config.drain_timeout_ms / 1000

@@ -4,8 +4,9 @@ Every job from every client goes into the same runner, so requests share its
 dynamic batches: the runner is configured for dynamic batching on the model's
 batch dimension and runs a partial batch when its batch policy says so
 (``batch_policy``, docs/architecture.md §1.5): ``adaptive`` by default (waits
-only for samples on their way back, and only while the device idles less than a
-run), ``eager`` (as soon as the device would otherwise wait) or ``fixed``
+only for samples on their way back, and only while that idles the device less than
+what a run costs: its device time plus the host CPU it takes, both measured),
+``eager`` (as soon as the device would otherwise wait) or ``fixed``
 (``batch_timeout_ms`` after its first sample arrived); ``batch_timeout_ms`` bounds
 any wait. It flushes only when a request is actually waiting
 (``flush_on_waiting_outputs``), so an idle worker runs nothing.

@@ -23,7 +23,9 @@ RUNTIME_ENV = [
     (
         "IPUSERVE_SIM_TIME_SCALE",
         "1",
-        "Multiplier on simulated device time; 0 = none (runs take only as long as the numpy work).",
+        "Multiplier on the model's simulated steps, not the launch (a 10 us host sync): it "
+        "slows the model, not the host; 0 = no simulated time (runs take only as long as "
+        "the numpy work).",
     ),
     (
         "IPUSERVE_SIM_LOCK_DIR",

@@ -1,5 +1,5 @@
 """What a link knows of its broker's groups (client/groups.py): asked for, learned,
-and used to size the groups the outbox forms."""
+and used to size the groups the turn batch forms."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 
 from ipuserve import protocol as wire
 from ipuserve.client import Client, ClientConfig
-from ipuserve.client import client as client_module
+from ipuserve.client import base as client_base
 from ipuserve.client.cli import client_address
 from ipuserve.client.core import least_loaded
 from ipuserve.client.fleet import FleetWorker, merge_models
@@ -330,7 +330,7 @@ def test_a_name_with_several_addresses_is_one_link_each_followed_as_it_changes(
     b = FakeBroker(address=f"tcp://127.0.0.2:{port}").start()
     addresses = ["127.0.0.1", "127.0.0.2"]
     follow = partial(EndpointSet, resolver=lambda _host: list(addresses), interval_s=0.05)
-    monkeypatch.setattr(client_module, "EndpointSet", follow)
+    monkeypatch.setattr(client_base, "EndpointSet", follow)
     try:
         with Client([f"tcp://localhost:{port}"], timeout=20, config=ROOMY_CONFIG) as client:
             wait_until(lambda: usable_links(client) == 2)
@@ -369,8 +369,8 @@ def test_a_string_naming_several_brokers_is_taken_as_a_list_of_that_name(
     def table(_host: str) -> list[str]:
         return ["127.0.0.1", "127.0.0.2"]
 
-    monkeypatch.setattr(client_module, "EndpointSet", partial(EndpointSet, resolver=table))
-    monkeypatch.setattr(client_module, "expand", partial(expand, resolver=table))
+    monkeypatch.setattr(client_base, "EndpointSet", partial(EndpointSet, resolver=table))
+    monkeypatch.setattr(client_base, "expand", partial(expand, resolver=table))
     try:
         with Client(f"tcp://localhost:{port}", timeout=20, config=ROOMY_CONFIG) as client:
             wait_until(lambda: usable_links(client) == 2)
@@ -397,7 +397,7 @@ def test_a_slow_resolver_does_not_stall_the_replies(monkeypatch: pytest.MonkeyPa
         return ["127.0.0.1", "127.0.0.2"]
 
     follow = partial(EndpointSet, resolver=table, interval_s=0.05)
-    monkeypatch.setattr(client_module, "EndpointSet", follow)
+    monkeypatch.setattr(client_base, "EndpointSet", follow)
     try:
         with Client([f"tcp://localhost:{port}"], timeout=5, config=ROOMY_CONFIG) as client:
             wait_until(lambda: usable_links(client) == 2 and len(lookups) >= 2)

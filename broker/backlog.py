@@ -3,14 +3,14 @@
 Both ROUTERs set ROUTER_MANDATORY, so a send to a peer that is gone raises
 EHOSTUNREACH and a send to a peer whose pipe is full raises EAGAIN instead of
 silently dropping or blocking. A reply that does not fit waits in that client's
-backlog (in order, frames by reference) and is retried by :meth:`Outbox.flush`;
+backlog (in order, frames by reference) and is retried by :meth:`Backlog.flush`;
 only a client whose backlog is full — one that stopped reading — loses replies
 (counted). A worker we cannot reach is reported to the caller, which drops it and
 re-queues its jobs.
 
 Both waits are timers on the broker's one heap, armed when they start: the backlog's
 retry (every ``BACKLOG_RETRY_S`` while one is pending) and, for a client a reply
-could not reach at all, the end of its liveness window, when :attr:`Outbox.abandon`
+could not reach at all, the end of its liveness window, when :attr:`Backlog.abandon`
 drops what it still has queued.
 """
 
@@ -38,10 +38,14 @@ BACKLOG_RETRY_S = 0.002
 
 
 def _keep(_client: bytes) -> None:
-    """What :attr:`Outbox.abandon` does until the broker sets it (the job life's)."""
+    """What :attr:`Backlog.abandon` does until the broker sets it (the job life's)."""
 
 
-class Outbox:
+class Backlog:
+    """The broker's sends on its two ROUTERs, none of which blocks: a reply a client's
+    pipe cannot take yet joins that client's backlog (the name: what it keeps), a
+    worker's send that fails is reported (the caller drops the worker)."""
+
     def __init__(
         self,
         frontend: zmq.Socket[Any],

@@ -1,0 +1,183 @@
+"""What the two faces of the client (:class:`~ipuserve.client.Client`, with its I/O
+thread, and :class:`~ipuserve.client.AsyncClient`, on an event loop) share: the
+constructor's arguments, checked alike (:class:`ClientSetup`), and the members that
+only hand over to the driver of the core (:class:`ClientBase`). Each face adds its
+own way of waiting for a request; both start their driver from the same setup.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+import secrets
+import uuid
+import weakref
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+import zmq
+
+from ipuserve import protocol as wire
+from ipuserve.client.config import ClientConfig, ClientStats
+from ipuserve.client.core import LinkInfo
+from ipuserve.client.driver import Driver
+from ipuserve.client.sockets import LinkSocket, open_socket
+from ipuserve.discovery import EndpointSet, expand
+from ipuserve.endpoints import endpoint_problem
+from ipuserve.errors import ConfigError
+from ipuserve.security import KeySource, client_keys
+
+
+class _Default:
+    """The default of a call's ``timeout``: the client's own."""
+
+    def __repr__(self) -> str:
+        return "<the client's timeout>"
+
+
+#: the default of every call's ``timeout`` (both faces): "the client's own"
+CLIENT_TIMEOUT: Any = _Default()
+_KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigError
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """Seconds > 0 that the wire can carry, or None (no timeout)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise ConfigError(f"timeout must be seconds > 0 or None, not {type_name(timeout)}")
+    seconds = float(timeout)
+    limit_s = wire.MAX_DURATION_MS / 1e3
+    if not (math.isfinite(seconds) and 0 < seconds < limit_s):
+        raise ConfigError(
+            f"timeout must be seconds > 0 and below {limit_s:g}, or None to wait for ever; "
+            f"got {timeout!r}"
+        )
+    return seconds
+
+
+def type_name(value: Any) -> str:
+    """How an error names what it got instead: ``a list``, ``a numpy.float64``."""
+    kind = type(value)
+    return f"a {kind.__module__}.{kind.__qualname__}".replace("a builtins.", "a ")
+
+
+def _check_endpoints(endpoints: list[Any], address: Any) -> None:
+    """Each a ZeroMQ endpoint to connect to, and at least one."""
+    if not endpoints:
+        raise ConfigError(f"a Client needs at least one broker endpoint, got {address!r}")
+    for endpoint in endpoints:
+        if not isinstance(endpoint, str):
+            raise ConfigError(f"an endpoint must be a string, not {type_name(endpoint)}")
+        problem = endpoint_problem(endpoint)
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+class ClientSetup:
+    """What both faces (:class:`Client`, :class:`~ipuserve.client.AsyncClient`) make
+    of their constructor's arguments, checked alike: the endpoints and whether they are
+    followed, the config, the timeout, the routing id, the request ids, and how to open
+    a link's socket."""
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        timeout: float | None,
+        config: ClientConfig | None,
+        context: zmq.Context[Any] | None,
+        curve_secret_key: KeySource | None,
+        broker_public_key: KeySource | None,
+    ) -> None:
+        if isinstance(address, str) and _stands_for_several(address):
+            address = [address]  # Swarm's tasks.broker: one link per broker, followed
+        endpoints = [address] if isinstance(address, str) else list(address)
+        _check_endpoints(endpoints, address)
+        keys = client_keys(curve_secret_key, broker_public_key, names=_KEY_NAMES)
+        self.address: str | tuple[str, ...] = (
+            address if isinstance(address, str) else tuple(endpoints)
+        )
+        self.config = config or ClientConfig()
+        self.timeout = check_timeout(timeout)
+        self.routing_id = self.config.routing_id or b"c" + uuid.uuid4().bytes
+        # From a random start: the broker takes (routing id, request id) for a re-send of
+        # a job it still holds, so a new Client reusing a fixed routing_id must not
+        # reuse the ids of one that died (it got that one's results).
+        self.ids = itertools.count(secrets.randbits(62))
+        self.endpoints = EndpointSet(endpoints)
+        # one endpoint given as a string, or one that is no name: the one link, not
+        # followed (ZeroMQ resolves its host); else a link per address, followed
+        self.follow = not (
+            isinstance(address, str) or (len(endpoints) == 1 and not self.endpoints.follows_names)
+        )
+        self._context = context or zmq.Context.instance()
+        self._keys = keys
+
+    def connect(self, endpoint: str) -> LinkSocket:
+        return open_socket(self._context, endpoint, self.routing_id, self.config, self._keys)
+
+
+def _stands_for_several(endpoint: str) -> bool:
+    """Whether ``endpoint``'s host resolves to several addresses now (not resolvable
+    yet: no, ZeroMQ resolves it when it can)."""
+    try:
+        return len(expand(endpoint)) > 1
+    except OSError:
+        return False
+
+
+DriverT = TypeVar("DriverT", bound=Driver)
+
+
+class ClientBase(Generic[DriverT]):
+    """A face of the client: its checked arguments and its driver (``_io``), which
+    :meth:`_start` makes from them; see :class:`~ipuserve.client.Client` for the
+    arguments."""
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        timeout: float | None = 30.0,
+        *,
+        config: ClientConfig | None = None,
+        context: zmq.Context[Any] | None = None,
+        curve_secret_key: KeySource | None = None,
+        broker_public_key: KeySource | None = None,
+    ) -> None:
+        setup = ClientSetup(address, timeout, config, context, curve_secret_key, broker_public_key)
+        self.address = setup.address
+        self.config = setup.config
+        self.timeout = setup.timeout
+        self.routing_id = setup.routing_id
+        self._ids = setup.ids
+        self._io: DriverT = self._start(setup)
+        # A client dropped without close() lets its driver (thread, sockets) go when
+        # collected.
+        self._closer = weakref.finalize(self, self._io.close)
+
+    def _start(self, setup: ClientSetup) -> DriverT:
+        """The face's driver of the core, for the links ``setup`` names."""
+        raise NotImplementedError
+
+    def _call_timeout(self, timeout: Any) -> float | None:
+        """A call's ``timeout``: the client's own (:data:`CLIENT_TIMEOUT`), or checked."""
+        return self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
+
+    def links(self) -> list[LinkInfo]:
+        """The client's brokers: endpoint, usable now, pending and assigned requests,
+        epoch. A client of one broker has one (usable: connected)."""
+        return self._io.links()
+
+    @property
+    def stats(self) -> ClientStats:
+        """Counters: sent, re-sent, replies, dropped (duplicate or late) replies, epoch, ..."""
+        return self._io.stats
+
+    def close(self) -> None:
+        """Fail pending requests with :class:`ClosedError` and let the brokers go (the
+        :class:`~ipuserve.client.Client`'s I/O thread stops)."""
+        self._closer()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.address!r}, timeout={self.timeout})"
