@@ -62,6 +62,8 @@ class Lifecycle:
         self._timers = timers
         self._orphan_s = config.orphan_ms / 1000
         registry.orphan_s = self._orphan_s  # an orphan is kept that long, at least
+        # a deadline of an answered job is moot: the heap sheds it (not days later)
+        timers.lapses(self._expire, _answered)
 
     def admit(self, job: JobEntry, now: float) -> None:
         """Place or queue a new job (may raise OVERLOADED); a deadline arms its timer."""
@@ -215,3 +217,7 @@ class Lifecycle:
             answered += len(job.request_ids)
             self._answers.reject(job, error)
         return answered
+
+
+def _answered(job: JobEntry) -> bool:
+    return job.state is State.DONE

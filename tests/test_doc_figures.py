@@ -16,6 +16,7 @@ import pytest
 
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.loop import LIVE_AFTER_S
+from ipuserve.broker.timers import COMPACT_MIN
 from ipuserve.client.config import ClientConfig
 from ipuserve.client.lacking import FORGET_AFTER_S
 from ipuserve.discovery import REFRESH_INTERVAL_S
@@ -57,6 +58,7 @@ QUOTED: list[tuple[str, str, list[str]]] = [
         ["waits `deadline_grace_s` ({} ms) longer"],
     ),
     (seconds(BrokerConfig().orphan_ms / 1000), "protocol.md", ["for `--orphan-ms` ({} s)"]),
+    (f"{COMPACT_MIN:,}", "benchmarks.md", ["rebuild (never below {} entries)"]),
 ]
 
 

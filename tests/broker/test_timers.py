@@ -21,6 +21,7 @@ from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.jobs import JobEntry, State
 from ipuserve.broker.loop import Broker
 from ipuserve.broker.registry import Worker
+from ipuserve.broker.timers import Timers
 from tests.broker.fakes import ADD, TIMEOUT, FakeWorker
 from tests.helpers import RawClient, add_inputs
 
@@ -217,3 +218,61 @@ def test_a_jobs_sample_count_is_taken_at_admission_and_feeds_the_group_sizer(
     hand.read("backend")
     assert job.state is State.DONE
     assert hand.broker.group_sizer.members_per_job(ADD, 1) == 3000  # 1/3 us each
+
+
+def test_moot_timers_are_shed_when_the_heap_doubles_and_live_ones_still_fire() -> None:
+    """The heap alone: entries a kind of timer calls moot go at the next rebuild; the
+    others (and the sentinel) stay, and fire in due order."""
+    done: set[int] = set()
+    fired: list[int] = []
+
+    def fire(arg: int, _now: float) -> None:
+        fired.append(arg)
+
+    timers = Timers(compact_min=8)  # rebuilt when past 8 entries, the sentinel counted
+    timers.lapses(fire, lambda arg: arg in done)
+    for arg in range(7):
+        timers.at(float(arg), fire, arg)
+    done.update((1, 3))  # answered before their due time
+    assert len(timers) == 7 and timers.compact_at == 8  # no rebuild yet
+    timers.at(7.0, fire, 7)  # 9 entries: rebuilt without the two moot ones
+    assert len(timers) == 6 and timers.compact_at == 14  # 6 + the sentinel, doubled
+    assert timers.run(100.0) == 6
+    assert fired == [0, 2, 4, 5, 6, 7]
+    assert timers.next_due == float("inf")
+
+
+def test_answered_deadlines_leave_the_heap_long_before_they_are_due(
+    hand: HandTurned, client: RawClient
+) -> None:
+    """Requests with a timeout of days, answered at once: their deadline timers do not
+    pile up (the heap stays within twice its live timers), and the deadline of a job
+    still running fires when due (the heap rebuilt meanwhile)."""
+    timers = hand.broker.timers
+    timers.compact_min = timers.compact_at = 16
+    worker = hand.worker("a", credit=1)
+    day_ms = 86_400_000.0
+    for _ in range(60):
+        client.request("add", INPUTS, timeout_ms=day_ms)
+        hand.read("frontend")
+        worker.answer(worker.job())
+        hand.read("backend")
+        reply = client.recv()
+        assert isinstance(reply, wire.Reply)
+        assert len(timers) <= 32, "answered deadlines piled up on the heap"
+    running = client.request("add", INPUTS, timeout_ms=1000.0)  # within the liveness
+    hand.read("frontend")
+    worker.job()
+    for _ in range(40):  # more pushes than the heap holds: at least one rebuild
+        client.request("add", INPUTS, timeout_ms=1.0)
+        hand.read("frontend")
+    (job, *_queued) = hand.live()
+    assert job.request_id == running and job.deadline is not None
+    hand.at(job.deadline)
+    assert job.state is State.DONE  # its timer survived every rebuild
+    codes = {
+        message.request_id: message.code
+        for message in (client.recv() for _ in range(41))
+        if isinstance(message, wire.ErrorReply)
+    }
+    assert codes[running] == "DEADLINE_EXCEEDED"
