@@ -89,9 +89,10 @@ def bounded(message: str) -> str:
 
 
 def nbytes(frame: Frame) -> int:
-    """A frame's size in bytes, whatever its kind."""
+    """A frame's size in bytes, whatever its kind (the type is asked: hasattr on a zmq.Frame
+    runs pyzmq's Python __getattr__, 1.5-2.8 µs against 0.16, a dozen times a request)."""
     kind = type(frame)
-    if kind is bytes or (kind is not memoryview and not hasattr(frame, "nbytes")):
+    if kind is bytes or (kind is not memoryview and not hasattr(kind, "nbytes")):
         return len(frame)  # bytes, a zmq.Frame
     return int(frame.nbytes)  # type: ignore[union-attr]  # arrays and memoryviews
 
