@@ -49,13 +49,13 @@ ROUND_TRIPS: list[p.Message] = [
     p.Hello("host:1", (SPEC,), 8),
     p.Welcome("9f8e", 1000, 3000),
     p.Welcome("9f8e", 1000, 3000, refused=(("m", "model 'm' is served with another schema"),)),
-    p.Jobs((p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), -5.0),)),
+    p.Jobs((p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), -5.0, 1),)),
     p.Jobs(
         (
-            p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), 12.25),
-            p.Job(b"\x00\x02", "add", tensors(), budget_ms=None),
-            p.Job(b"", "m", tensors(b=np.arange(3), a=np.ones(1, np.float32)), 7.0),
-            p.Job(b"\x00\x03", "add", tensors(a=np.ones((1, 3), np.float32)), 1e-3),
+            p.Job(b"\x00\x01", "add", tensors(a=np.zeros((1, 3), np.float32)), 12.25, 1),
+            p.Job(b"\x00\x02", "add", tensors(), budget_ms=None, samples=1),
+            p.Job(b"", "m", tensors(b=np.arange(3), a=np.ones(1, np.float32)), 7.0, 3),
+            p.Job(b"\x00\x03", "add", tensors(a=np.ones((1, 3), np.float32)), 1e-3, 1),
         )
     ),
     p.Results(
@@ -596,7 +596,7 @@ def test_a_client_batch_too_big_for_the_broker_is_split() -> None:
 
 def test_a_job_whose_frames_do_not_match_is_rejected_alone() -> None:
     good = tensors(x=np.zeros(2, np.float32))
-    frames = p.Jobs((p.Job(b"a", "m", good, 5.0), p.Job(b"b", "m", good, None))).encode()
+    frames = p.Jobs((p.Job(b"a", "m", good, 5.0, 1), p.Job(b"b", "m", good, None, 1))).encode()
     frames[2] = b"\0" * 7
     decoded = p.decode(frames)
     assert isinstance(decoded, p.Jobs)
@@ -622,7 +622,7 @@ def test_a_result_over_the_payload_limit_fails_alone() -> None:
 
 def test_a_batch_lists_each_distinct_spec_once() -> None:
     x = tensors(x=np.zeros(2, np.float32))
-    batch = p.Jobs(tuple(p.Job(bytes([i]), "m", x, None) for i in range(3)))
+    batch = p.Jobs(tuple(p.Job(bytes([i]), "m", x, None, 1) for i in range(3)))
     header = json.loads(batch.encode()[1])
     assert len(header["specs"]) == 1
     assert [row[1] for row in header["jobs"]] == [0, 0, 0]
@@ -630,7 +630,7 @@ def test_a_batch_lists_each_distinct_spec_once() -> None:
 
 def test_a_batch_too_big_for_the_receiver_is_split() -> None:
     x = tensors(x=np.zeros(2, np.float32))
-    batch = p.Jobs(tuple(p.Job(bytes([i]) * 20, "m", x, 1.5) for i in range(9)))
+    batch = p.Jobs(tuple(p.Job(bytes([i]) * 20, "m", x, 1.5, 1) for i in range(9)))
     messages = p.encode_batch(batch, LIMITS)
     assert len(messages) > 2  # 9 rows, at most 4 per message
     decoded = [p.decode(frames, LIMITS) for frames in messages]
@@ -757,7 +757,7 @@ def test_a_group_job_is_stacked_along_the_batching_dim_and_cut_back(dim: int) ->
     rng = np.random.default_rng(dim)
     parts = [rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3)]
     group = p.Tensors.group([p.Tensors.of({"a": part}) for part in parts])
-    jobs = p.decode(received(p.Jobs((p.Job(b"j", "m", group, 9.0),)).encode()))
+    jobs = p.decode(received(p.Jobs((p.Job(b"j", "m", group, 9.0, group.members),)).encode()))
     assert isinstance(jobs, p.Jobs)
     stacked = jobs.jobs[0].tensors.stacked(dim)["a"]
     np.testing.assert_array_equal(stacked, np.concatenate(parts, axis=dim))
