@@ -44,6 +44,8 @@ from ipuserve.protocol.fields import (
     Samples,
     Timing,
     at_most,
+    finite,
+    finite_timing,
     hex_id,
     peek_hex,
 )
@@ -147,7 +149,10 @@ class Jobs(_Batch, command=Command.JOBS, header=JobsHeader, carries=Carries.BATC
     def encode(self) -> list[Frame]:
         keys, at = _tabled(self.jobs, lambda j: (j.model, j.tensors.specs))
         rows = tuple(
-            JobRow(j.job_id.hex(), n, j.budget_ms, j.tensors.members, j.samples) for j, n in at
+            JobRow(
+                j.job_id.hex(), n, finite(j.budget_ms, "budget_ms"), j.tensors.members, j.samples
+            )
+            for j, n in at
         )
         return self._frames(JobsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
@@ -181,7 +186,7 @@ class Requests(_Batch, command=Command.REQUESTS, header=RequestsHeader, carries=
 
     def encode(self) -> list[Frame]:
         keys, at = _tabled(self.requests, lambda r: (r.model, r.tensors.specs))
-        rows = tuple(RequestRow(_row_id(r), n, r.timeout_ms) for r, n in at)
+        rows = tuple(RequestRow(_row_id(r), n, finite(r.timeout_ms, "timeout_ms")) for r, n in at)
         return self._frames(RequestsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
     @classmethod
@@ -234,7 +239,7 @@ class Results(_Outputs, command=Command.RESULTS, header=ResultsHeader, carries=C
     never the client's fault)."""
 
     _ROWS = ("results", "failures")
-    _row = lambda r, n: ResultRow(r.job_id.hex(), n, dict(r.timing), r.tensors.members)  # noqa: E731
+    _row = lambda r, n: ResultRow(r.job_id.hex(), n, finite_timing(r.timing), r.tensors.members)  # noqa: E731
     _output = lambda row, i, _g, _s, t: Result(i, t, row.timing)  # noqa: E731
     results: tuple[Result, ...] = ()
     failures: tuple[Fail, ...] = ()
@@ -259,7 +264,7 @@ class Replies(_Outputs, command=Command.REPLIES, header=RepliesHeader, carries=C
     match its specs into an error."""
 
     _ROWS = ("replies", "errors")
-    _row = lambda r, n: ReplyRow(_row_id(r), n, dict(r.timing))  # noqa: E731
+    _row = lambda r, n: ReplyRow(_row_id(r), n, finite_timing(r.timing))  # noqa: E731
     _output = lambda row, i, g, _s, t: Reply(i, t, row.timing, g)  # noqa: E731
     replies: tuple[Reply, ...] = ()
     errors: tuple[Fail, ...] = ()
@@ -340,8 +345,9 @@ def _unpack(
     if len(rows) > lim.max_batch:
         at_most(len(rows), lim.max_batch, f"{cmd.name} header field {key!r}")
     specs = [entry.tensors if isinstance(entry, JobSpec) else entry for entry in table]
+    field = "$.specs[{}].tensors" if cmd in (Command.JOBS, Command.REQUESTS) else "$.specs[{}]"
     for n, entry in enumerate(specs):
-        checked_specs(entry, lim, cmd, "field 'specs'", n)
+        checked_specs(entry, lim, cmd, field, n)
     listed = 0
     for n, row in enumerate(rows):
         if row.spec >= len(table):

@@ -71,7 +71,8 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     try:
         header = header_decoder.decode(as_bytes(raw))
     except (msgspec.MsgspecError, UnicodeDecodeError) as exc:  # msgspec's, and bad UTF-8
-        raise refused(exc, f"{kind.COMMAND.name} header", batches.ROW_FIELDS) from None
+        where = f"{kind.COMMAND.name} header"
+        raise refused(exc, where, batches.ROW_FIELDS, as_bytes(raw)) from None
     message: Message = kind.from_wire(head[ENVELOPE_BYTES:], header, frames[2:], limits)
     return message
 

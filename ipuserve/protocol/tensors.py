@@ -64,10 +64,10 @@ def checked_specs(
     specs: Specs, limits: Limits, command: Command, field: str, index: int | None = None
 ) -> Specs:
     """``specs`` within a receiver's limits: count, unique names, rank, elements;
-    ``command``, ``field`` and ``index`` (of a spec table) say where, when they are not."""
+    ``command`` and ``field`` (formatted with ``index``, a spec table's) say where."""
     if len(specs) > limits.max_tensors:
-        at = "" if index is None else f": [{index}]"
-        at_most(len(specs), limits.max_tensors, f"{command.name} header {field}{at}")
+        where = field if index is None else field.format(index)
+        at_most(len(specs), limits.max_tensors, f"{command.name} header: {where}")
     if len(specs) > 1 and len({spec.name for spec in specs}) != len(specs):
         raise InvalidInputError(f"a tensor is named twice: {[spec.name for spec in specs]}")
     for spec in specs:
@@ -184,13 +184,6 @@ class Tensors:
             spec.name: _view(spec, frame)
             for spec, frame in zip(self.specs, self.frames, strict=True)
         }
-
-    def slice(self, start: int, stop: int) -> Tensors:
-        """Members ``start`` to ``stop`` of a group, as views (one member: a single one)."""
-        stacks = self._stacks()
-        if stop - start == 1:
-            return Tensors(self.specs, tuple(stack[start] for stack in stacks))
-        return Tensors(self.specs, tuple(stack[start:stop] for stack in stacks), stop - start)
 
     def split(self) -> list[Tensors]:
         """Each member's tensors, in order, as views of the group's frames (read-only ones,
