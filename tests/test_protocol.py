@@ -216,6 +216,8 @@ LIMITS = p.Limits(
 )
 
 SPEC_X = {"name": "x", "dtype": "float32", "shape": [2]}
+#: more tensors than LIMITS allows
+MANY = [{**SPEC_X, "name": f"x{i}"} for i in range(4)]
 JOBS, RESULTS = 0x12, 0x13
 REQUESTS, REPLIES = 0x08, 0x09
 
@@ -948,3 +950,80 @@ def test_a_version_3_peer_is_told_which_side_to_upgrade() -> None:
         "upgrade ipuserve on the side that speaks 3"
     )
     assert p.peek_id([b"IPUS\x03\x01id", b"{}"]) == b"id"  # so the refusal reaches it
+
+
+WORKER = {"worker_id": "w", "credit": 8, "in_flight": 2, "requests": 3}
+LISTED = {"spec": SPEC.to_json(), "queued": 0, "workers": [WORKER]}
+
+
+def test_a_worker_listed_without_its_request_count_is_refused() -> None:
+    """Version 4 requires each worker's ``requests`` in MODELS_REPLY: read as 0, a
+    missing count would make a busy worker look idle to a client choosing by load."""
+    whole = p.decode(frames_with({"models": [LISTED]}, cmd=0x05))
+    assert isinstance(whole, p.ModelsReply) and whole.models[0].workers[0].requests == 3
+    partial = {**LISTED, "workers": [{k: v for k, v in WORKER.items() if k != "requests"}]}
+    with pytest.raises(ProtocolError) as info:
+        p.decode(frames_with({"models": [partial]}, cmd=0x05))
+    assert str(info.value) == (
+        "MODELS_REPLY header: Object missing required field `requests` - at "
+        "`$.models[0].workers[0]`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (
+            {"tensors": [], "timing": {"a": 1.0, "b": 1e300}},
+            '$.timing["b"] is 1E+300; it must be <',
+        ),
+        ({"tensors": [], "timing": {"": 1.0}}, '$.timing has the key ""; it must be a string'),
+        ({"tensors": [], "timing": {"a": True}}, '$.timing["a"] is true; it must be a number'),
+        ({"tensors": [{**SPEC_X, "shape": [2, -3]}], "timing": {}}, "shape[1] is -3; it must be"),
+    ],
+)
+def test_a_refusal_names_the_value_sent_and_where(header: dict[str, Any], message: str) -> None:
+    with pytest.raises(IpuserveError) as info:
+        p.decode(frames_with(header, F8, cmd=0x02), LIMITS)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("specs", "cmd", "where"),
+    [
+        ([{"model": "m", "tensors": [SPEC_X]}, {"model": "m", "tensors": MANY}], JOBS, "JOBS"),
+        ([[SPEC_X], MANY], RESULTS, "RESULTS"),
+    ],
+)
+def test_a_spec_table_entry_over_the_tensor_limit_is_named(
+    specs: Any, cmd: int, where: str
+) -> None:
+    key = "jobs" if cmd == JOBS else "results"
+    row = ["01", 1, None] if cmd == JOBS else ["01", 1, {}]
+    with pytest.raises(ProtocolError) as info:
+        p.decode(frames_with({"specs": specs, key: [_full(row)]}, F8, cmd=cmd), LIMITS)
+    field = ".tensors" if cmd == JOBS else ""
+    assert str(info.value) == f"{where} header: $.specs[1]{field} has 4 entries; the limit is 3"
+
+
+NAN, INF = float("nan"), float("inf")
+X = p.Tensors.of({"x": np.zeros(2, np.float32)})
+
+
+@pytest.mark.parametrize(
+    ("message", "what"),
+    [
+        (p.Jobs((p.Job(b"j", "m", X, NAN, 1),)), "budget_ms is nan"),
+        (p.Jobs((p.Job(b"j", "m", X, -INF, 1),)), "budget_ms is -inf"),
+        (p.Request(b"r", "m", X, INF), "timeout_ms is inf"),
+        (p.Requests((p.Request(b"r", "m", X, NAN),)), "timeout_ms is nan"),
+        (p.Reply(b"r", X, {"a": 1.0, "b": NAN}), "only finite numbers"),
+        (p.Results((p.Result(b"j", X, {"a": INF}),)), "only finite numbers"),
+        (p.Replies((p.Reply(b"r", X, {"a": -INF}),)), "only finite numbers"),
+    ],
+)
+def test_a_number_json_cannot_carry_is_refused_when_sent(message: Any, what: str) -> None:
+    """msgspec writes NaN and infinities as null: a NaN budget or timeout would arrive
+    as no deadline at all, so the sender refuses it, as the JSON encoder once did."""
+    with pytest.raises(ValueError, match=re.escape(what)):
+        message.encode()

@@ -1,8 +1,7 @@
-"""The batches: JOBS (broker -> worker) and RESULTS (worker -> broker), and REQUESTS
-(client -> broker) and REPLIES (broker -> client), laid out as JOBS and RESULTS: a
-table of the distinct tensor specs, one declared :class:`Row` per job, result or
-failure, the tensor frames job by job. A row whose frames do not fit its specs is
-refused alone; anything else wrong refuses the message."""
+"""The batches: JOBS and RESULTS (broker and worker), REQUESTS and REPLIES (client and
+broker, laid out alike): a table of the distinct tensor specs, one declared :class:`Row`
+per job, result or failure, the tensor frames job by job. A row whose frames do not fit
+its specs is refused alone; anything else wrong refuses the message."""
 
 from __future__ import annotations
 
@@ -116,7 +115,7 @@ class _Outputs(_Batch):
         outputs, failures = (getattr(self, name) for name in self._ROWS)
         specs, at = _tabled(outputs, lambda output: output.tensors.specs)
         rows = tuple(type(self)._row(output, n) for output, n in at)
-        return self._frames(self.HEADER(specs, rows, _fails(failures)))
+        return self._frames(self.HEADER(specs, rows, tuple(map(FailRow.of, failures))))
 
     @classmethod
     def from_wire(cls, _i: bytes, h: Any, tensors: Sequence[Frame], lim: Limits) -> Self:
@@ -222,11 +221,8 @@ class Result:
         (the broker's ``broker_queue_us``)."""
         timing = dict(self.timing)
         if key not in timing and len(timing) >= MAX_TIMING_KEYS:
-            # A worker may send MAX_TIMING_KEYS entries, but the reply must stay within
-            # that limit with ``key`` added, or the client refuses it as malformed (and
-            # with it a whole REPLIES batch). The outputs are right, and timing is only
-            # diagnostics: the worker's surplus entries (the last ones) are dropped
-            # rather than failing a correct result.
+            # With ``key`` the reply must stay within the limit, or the client refuses
+            # it (a whole REPLIES): timing is only diagnostics, so the last entries go.
             timing = dict(itertools.islice(timing.items(), MAX_TIMING_KEYS - 1))
         timing[key] = value
         return Reply(request_id, self.tensors, timing, group)
@@ -293,10 +289,6 @@ def _tabled(
     table: dict[K, int] = {}
     indexed = [(item, table.setdefault(key(item), len(table))) for item in items]
     return tuple(table), indexed
-
-
-def _fails(failures: tuple[Fail, ...]) -> tuple[FailRow, ...]:
-    return tuple(map(FailRow.of, failures))
 
 
 def _row_id(item: Request | Reply) -> Ids:

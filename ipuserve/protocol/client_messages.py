@@ -1,8 +1,6 @@
-"""The messages between a client and the broker: a request and its reply or error,
-the models listing, and PING/PONG. Each message's header is declared beside it (a
-:class:`Header`), with its one encoder (``encode``) and one decoder (``from_wire``,
-given the header msgspec decoded and validated).
-"""
+"""The messages between a client and the broker: a request and its reply or error, the
+models listing, PING and PONG; each with its declared :class:`Header`, its encoder
+(``encode``) and its decoder (``from_wire``, given the header msgspec validated)."""
 
 from __future__ import annotations
 

@@ -60,22 +60,15 @@ DTYPE_NAMES: tuple[str, ...] = ("bool", "int8", "int16", "int32", "int64", "uint
 DTYPE_NAMES += ("uint32", "uint64", "float16", "float32", "float64")
 _ALLOWED = f"; allowed: {', '.join(DTYPE_NAMES)}"
 _ROW_PATH = re.compile(r"\$\.(\w+)\[(\d+)\](?:\[(\d+)\])?")
-#: msgspec's refusal: the rule, then where (the path, or a key of the map at the path).
-_AT = re.compile(r"(.*) - at `(?:(key)` in `)?(\$[^`]*)`")
-_EXPECTED = re.compile(r"Expected `([^`]+)`(?:, got `[^`]+`)?(.*?)(?:, got \d+)?")
+#: msgspec's refusal: its rule (the type, the limit), then a path or a key at a path.
+_AT = re.compile(
+    r"(?:Expected `([^`]+)`(?:, got `[^`]+`)?(.*?)(?:, got \d+)?|Number out of range)"
+    r" - at `(key` in `)?(\$[^`]*)`"
+)
 _STEP = re.compile(r"\.(\w+)|\[(\d+)\]|\[\.\.\.\]")
 _NOUNS = {"str": "a string", "int": "an integer", "float": "a number", "array": "a list"}
 _NOUNS |= {"object": "an object", "float | null": "a number or null"}
-
-
-def _number(text: str) -> float | Decimal:
-    """A JSON number, read again to show it: 1e400 as a Decimal, not an error."""
-    number = float(text)
-    return number if math.isfinite(number) else Decimal(text)
-
-
-#: The header again, untyped, to show the value sent.
-_UNTYPED = msgspec.json.Decoder(float_hook=_number)
+_UNTYPED = msgspec.json.Decoder(float_hook=Decimal)  # each number as sent: 1e400 too
 _SHOW = msgspec.json.Encoder(decimal_format="number").encode
 
 
@@ -85,11 +78,10 @@ def refused(
     rows: Mapping[str, tuple[str, ...]],
     raw: bytes = b"",
 ) -> IpuserveError:
-    """msgspec's refusal of the header ``raw``, as the error to answer it with: it keeps
-    the field's path and says the value sent and the rule it broke (read again from
-    ``raw``, only now: the valid path pays nothing); a batch row's entry is named by
-    its field (``$.jobs[0].members``, not ``$.jobs[0][3]``), a row of the wrong shape
-    shows the shape (``rows``: each batch key's row fields)."""
+    """msgspec's refusal of the header ``raw`` as ours: the field's path, the value sent
+    (read again from ``raw`` only now, so the valid path pays nothing) and the rule; a
+    batch row's entry named by its field (``$.jobs[0].members``, not ``$.jobs[0][3]``),
+    a row of the wrong shape with the shape (``rows``: each batch key's row fields)."""
     text = bounded(str(exc))
     if not isinstance(exc, msgspec.ValidationError):
         return ProtocolError(f"{where} is not valid UTF-8 JSON: {text}")
@@ -109,30 +101,29 @@ def refused(
 
 
 def _precise(text: str, raw: bytes) -> str | None:
-    """``$.path is VALUE; it must be RULE`` for msgspec's ``Expected RULE - at $.path``
-    (a map's entry named by its key), or None where the value cannot be found."""
+    """``$.path is VALUE; it must be RULE`` for msgspec's ``Expected RULE - at $.path``,
+    or None where the value cannot be found."""
     at = _AT.fullmatch(text)
-    expected = _EXPECTED.fullmatch(at.group(1)) if at is not None else None
-    if at is None or (expected is None and at.group(1) != "Number out of range"):
+    if at is None:
         return None
     try:
-        path, value = _value_at(_UNTYPED.decode(raw), at.group(3), at.group(2) is not None)
+        path, value = _value_at(_UNTYPED.decode(raw), at.group(4), bool(at.group(3)))
     except (msgspec.MsgspecError, LookupError, TypeError, StopIteration):
         return None
     shown = _SHOW(value).decode()
     shown = shown if len(shown) <= 60 else f"{shown[:40]}... ({len(shown)} characters)"
-    if expected is None:
+    kind, rule = at.group(1, 2)
+    if kind is None:
         return f"{path} is {shown}: out of range"
-    kind, rule = expected.groups()
-    noun = "" if rule and kind in ("int", "float") else _NOUNS.get(kind, f"`{kind}`")
-    is_ = "has the key" if at.group(2) else "is"
-    return f"{path} {is_} {shown}; it must be {noun}{rule}".replace("be  ", "be ")
+    must = rule if rule and kind in ("int", "float") else _NOUNS.get(kind, f"`{kind}`") + rule
+    is_ = "has the key" if at.group(3) else "is"
+    return f"{path} {is_} {shown}; it must be {must.strip()}"
 
 
 def _value_at(header: Any, path: str, key: bool) -> tuple[str, Any]:
-    """The value at msgspec's ``path`` in the untyped ``header`` and the path to show;
-    ``[...]``, a map's entry, is the first that is no timing value (the one map the
-    headers declare), ``key`` the first key that is no name."""
+    """The value at msgspec's ``path`` in the untyped header, and the path to show: a
+    map's entry ``[...]`` is the first no timing value (the one map the headers declare),
+    a ``key`` the first that is no name."""
     shown, value = "$", header
     for step in _STEP.finditer(path, 1):
         name, index = step.groups()
@@ -140,9 +131,7 @@ def _value_at(header: Any, path: str, key: bool) -> tuple[str, Any]:
             name = name or next(k for k, v in value.items() if not _fits(v, TimingValue))
         shown += f".{name}" if step.group(1) else f"[{_SHOW(name or int(index)).decode()}]"
         value = value[int(index)] if index is not None else value[name]
-    if key:
-        return shown, next(k for k in value if not _fits(k, Name))
-    return shown, value
+    return (shown, next(k for k in value if not _fits(k, Name))) if key else (shown, value)
 
 
 def _fits(value: Any, kind: Any) -> bool:
@@ -173,9 +162,7 @@ def finite_timing(timing: Mapping[str, float]) -> dict[str, float]:
     """A timing to send, each value finite (one sum checks them all)."""
     copy = dict(timing)
     if not math.isfinite(sum(copy.values())):
-        for key, value in copy.items():
-            finite(value, f"timing[{key!r}]")
-        raise ValueError(f"timing {copy} sums past a float")
+        raise ValueError(f"timing {copy}: only finite numbers can travel")
     return copy
 
 

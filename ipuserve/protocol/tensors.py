@@ -35,10 +35,8 @@ else:  # declared for msgspec: a dtype off the allow-list is refused, its value 
 
 
 class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A tensor's name, dtype name (from :data:`DTYPES`) and shape: as it travels.
-
-    The shape's bounds that depend on the receiver (rank, elements) are checked by
-    :func:`checked_specs`."""
+    """A tensor's name, dtype name (from :data:`DTYPES`) and shape, as it travels; the
+    bounds that depend on the receiver (rank, elements): :func:`checked_specs`."""
 
     name: Name
     dtype: DType
@@ -48,9 +46,6 @@ class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def nbytes(self) -> int:
         """prod(shape) * itemsize."""
         return math.prod(self.shape) * DTYPES[self.dtype].itemsize
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     def __str__(self) -> str:
         """``x:float32[4, 8]``, as listings and messages show a tensor."""
@@ -88,11 +83,7 @@ def _shape_problem(name: str, shape: list[int], limits: Limits) -> str:
 
 
 def received(
-    specs: Specs,
-    frames: Sequence[Frame],
-    where: str,
-    limits: Limits,
-    members: int = 1,
+    specs: Specs, frames: Sequence[Frame], where: str, limits: Limits, members: int = 1
 ) -> Tensors:
     """The tensors of one request or job as received (a group's: each frame holds every
     member's): as many frames as specs, each of the right size; the payload limit holds
@@ -119,7 +110,6 @@ def received(
 @dataclass(frozen=True, slots=True)
 class Tensors:
     """Named tensors on the wire: specs plus one frame each (arrays, or received frames).
-
     A group's tensors (``members`` > 1: several requests of one layout as one job) have
     one frame per spec too, holding every member's tensor, member after member, as if
     stacked on a new first axis; ``specs`` and ``nbytes`` describe one member."""
@@ -220,9 +210,6 @@ class Tensors:
     @property
     def nbytes(self) -> int:
         return sum(spec.nbytes for spec in self.specs)
-
-    def header(self) -> list[dict[str, Any]]:
-        return [spec.to_json() for spec in self.specs]
 
 
 #: dtype -> its wire name, for the dtypes sent as they are (allowed, little-endian):
