@@ -48,10 +48,9 @@ from ipuserve.protocol.fields import (
     hex_id,
     peek_hex,
 )
-from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+from ipuserve.protocol.tensors import Frame, Specs, Tensors, checked_specs, received
 
 _encode = msgspec.json.encode
-Specs = tuple[TensorSpec, ...]
 #: A row's id: one hex id, or (REQUESTS and REPLIES) a group's ids.
 Ids = HexId | tuple[HexId, ...]
 

@@ -24,10 +24,9 @@ from ipuserve.protocol.fields import (
     finite_timing,
 )
 from ipuserve.protocol.schema import ModelSpec
-from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+from ipuserve.protocol.tensors import Frame, Specs, Tensors, checked_specs, received
 
 _encode = msgspec.json.encode
-Specs = tuple[TensorSpec, ...]
 
 
 class RequestHeader(Header, frozen=True):

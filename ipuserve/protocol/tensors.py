@@ -52,7 +52,7 @@ class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return f"{self.name}:{self.dtype}{list(self.shape)}"
 
 
-Specs: TypeAlias = "tuple[TensorSpec, ...]"
+Specs: TypeAlias = tuple[TensorSpec, ...]
 
 
 def checked_specs(
