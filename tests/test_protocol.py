@@ -1027,3 +1027,12 @@ def test_a_number_json_cannot_carry_is_refused_when_sent(message: Any, what: str
     as no deadline at all, so the sender refuses it, as the JSON encoder once did."""
     with pytest.raises(ValueError, match=re.escape(what)):
         message.encode()
+
+
+def test_a_refusal_is_kept_as_msgspec_gave_it_when_the_header_cannot_be_read_again() -> None:
+    """msgspec stops at the first bad field; bad UTF-8 after it (the fuzzer found this)
+    must not turn the refusal into a crash while the value is looked up."""
+    raw = b'{"model": "", "tensors": [], "x": "m\xa7"}'
+    with pytest.raises(ProtocolError) as info:
+        p.decode([p.envelope(p.Command.REQUEST), raw])
+    assert str(info.value) == "REQUEST header: Expected `str` of length >= 1 - at `$.model`"

@@ -108,8 +108,8 @@ def _precise(text: str, raw: bytes) -> str | None:
         return None
     try:
         path, value = _value_at(_UNTYPED.decode(raw), at.group(4), bool(at.group(3)))
-    except (msgspec.MsgspecError, LookupError, TypeError, StopIteration):
-        return None
+    except (msgspec.MsgspecError, ValueError, LookupError, TypeError, StopIteration):
+        return None  # ValueError: bad UTF-8 after the field msgspec refused
     shown = _SHOW(value).decode()
     shown = shown if len(shown) <= 60 else f"{shown[:40]}... ({len(shown)} characters)"
     kind, rule = at.group(1, 2)
