@@ -1036,3 +1036,10 @@ def test_a_refusal_is_kept_as_msgspec_gave_it_when_the_header_cannot_be_read_aga
     with pytest.raises(ProtocolError) as info:
         p.decode([p.envelope(p.Command.REQUEST), raw])
     assert str(info.value) == "REQUEST header: Expected `str` of length >= 1 - at `$.model`"
+
+
+def test_a_value_that_quotes_a_shape_path_is_still_a_protocol_error() -> None:
+    with pytest.raises(IpuserveError) as info:
+        p.decode(frames_with({"model": ["m].shape"], "tensors": []}))
+    assert type(info.value) is ProtocolError, info.value
+    assert str(info.value) == 'REQUEST header: $.model is ["m].shape"]; it must be a string'

@@ -85,7 +85,8 @@ def refused(
     text = bounded(str(exc))
     if not isinstance(exc, msgspec.ValidationError):
         return ProtocolError(f"{where} is not valid UTF-8 JSON: {text}")
-    text = _precise(text, raw) or text
+    precise = _precise(text, raw)
+    text, located = (precise, precise.split(" ")[0]) if precise else (text, text)
     path = _ROW_PATH.search(text)
     names = rows.get(path.group(1), ()) if path is not None else ()
     if path is not None and names:
@@ -94,7 +95,7 @@ def refused(
         elif int(path.group(3)) < len(names):
             named = f"$.{path.group(1)}[{path.group(2)}].{names[int(path.group(3))]}"
             text = text[: path.start()] + named + text[path.end() :]
-    if _INPUT_PATH.search(text):
+    if _INPUT_PATH.search(located):  # the path's: not a value sent that quotes one
         hint = _ALLOWED if "enum value" in text else ""
         return InvalidInputError(f"{where}: {text}{hint}")
     return ProtocolError(f"{where}: {text}")
