@@ -238,7 +238,7 @@ def models_table(found: list[wire.ModelInfo]) -> str:
     lines = [header, "-" * len(header)]
     for info in found:
         first = (info.spec.name, info.spec.batch_size, info.queued)
-        for i, w in enumerate(info.workers or (wire.WorkerLoad("-", 0, 0),)):
+        for i, w in enumerate(info.workers or (wire.WorkerLoad("-", 0, 0, 0),)):
             lines.append(
                 _ROW.format(
                     *(first if i == 0 else ("", "", "")),

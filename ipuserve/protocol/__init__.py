@@ -1,45 +1,31 @@
 """The ipuserve wire protocol: every message, and the only code that packs or parses frames.
 
-Every message is one ZeroMQ multipart message (a ROUTER adds the peer's routing
-identity in front; strip it before :func:`decode`)::
+A message is one ZeroMQ multipart message (a ROUTER adds the peer's identity in front;
+strip it before :func:`decode`): frame 0 the envelope (b"IPUS", a version byte, a
+:class:`Command` byte, then the id: 0..64 bytes, the client's request id, or empty);
+frame 1 the header, a UTF-8 JSON object of at most Limits.max_header_bytes whose fields
+depend on the command (docs/protocol.md); frames 2.. one raw frame per tensor the header
+lists, C-ordered little-endian, exactly prod(shape) * itemsize bytes.
 
-    frame 0   envelope   b"IPUS", one version byte (PROTOCOL_VERSION), one command
-                         byte (a :class:`Command`), then the id: 0..64 bytes, the
-                         client's request id, or empty
-    frame 1   header     a UTF-8 JSON object, at most Limits.max_header_bytes;
-                         its exact fields depend on the command (docs/protocol.md)
-    frame 2.. tensors    one raw frame per tensor the header lists, in order,
-                         C-ordered little-endian, exactly prod(shape) * itemsize bytes
+Each command's header is a ``msgspec.Struct`` whose fields carry their limits, so
+msgspec validates it while parsing; :func:`decode` checks all of a message before
+anything uses it and raises :class:`ProtocolError` (or :class:`UnsupportedVersionError`),
+:class:`InvalidInputError` or :class:`PayloadTooLargeError`, saying what is wrong.
+Tensors stay the received frames (forwarded by reference), read as read-only
+``np.frombuffer`` views; ``encode`` returns arrays as frames without copying them. Send
+with :func:`ipuserve.transport.send`: nothing here imports zmq.
 
-The header is declared per command as a ``msgspec.Struct`` whose fields carry
-their limits (``msgspec.Meta``), so msgspec validates it while parsing. The batches
-(JOBS and RESULTS between broker and worker, REQUESTS and REPLIES from and to a
-client) carry many jobs, and a row may be a *group* of requests sharing its frames
-(docs/protocol.md §2).
-
-:func:`decode` validates all of it before anything uses it and raises
-:class:`ProtocolError` (or :class:`UnsupportedVersionError`), :class:`InvalidInputError`
-or :class:`PayloadTooLargeError` with a message that says what is wrong. Tensors are
-kept as the received frames (forwarded by reference) and read as read-only
-``np.frombuffer`` views; ``encode`` returns arrays as frames without copying them
-(non-contiguous or big-endian arrays are made contiguous once). Send with
-:func:`ipuserve.transport.send` (or ``send_multipart(frames, copy=False)``): pyzmq
-copies only frames below its copy threshold.
-
-The package's modules, by job (callers import from the package: ``from ipuserve
-import protocol as wire``; its ``__all__`` is the public API). Nothing here imports
-zmq: sending and receiving are :mod:`ipuserve.transport`.
+The modules, by job (callers import the package, ``from ipuserve import protocol as
+wire``; its ``__all__`` is the public API):
 
 * ``envelope``  constants, Command, Limits, and building a message's frames
-* ``fields``    the declared field types (msgspec constraints) every header uses, and
-                msgspec's refusals as ours
-* ``tensors``   the tensor model: dtype allow-list, TensorSpec, Tensors, frame checks
-* ``schema``    ModelSpec, and whether tensors fit it: check_inputs, outputs_problem,
-                batch_problem
+* ``fields``    the declared field types every header uses; msgspec's refusals as ours
+* ``tensors``   dtype allow-list, TensorSpec, Tensors, frame checks
+* ``schema``    ModelSpec, and whether tensors fit it (check_inputs, outputs_problem)
 * ``failures``  Fail, its row, and the codes a worker may send (WORKER_CODES)
-* ``client_messages``, ``worker_messages``, ``batches``
-                the messages by family: each with its declared header, its one
-                encoder (``encode``) and its one decoder (``from_wire``)
+* ``client_messages``, ``worker_messages``, ``batches`` (JOBS, RESULTS, REQUESTS,
+  REPLIES: rows that may be groups, docs/protocol.md §2): each message with its
+  declared header, its encoder (``encode``) and its decoder (``from_wire``)
 * ``codec``     decode(), and the ids of messages it cannot decode (peek_id(s))
 """
 
@@ -67,13 +53,7 @@ from ipuserve.protocol.client_messages import (
     Request,
     WorkerLoad,
 )
-from ipuserve.protocol.codec import (
-    Message,
-    decode,
-    error_frames,
-    peek_id,
-    peek_ids,
-)
+from ipuserve.protocol.codec import Message, decode, error_frames, peek_id, peek_ids
 from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
     ENVELOPE_BYTES,
@@ -91,26 +71,9 @@ from ipuserve.protocol.envelope import (
     envelope,
 )
 from ipuserve.protocol.failures import WORKER_CODES, Fail
-from ipuserve.protocol.schema import (
-    ModelSpec,
-    batch_problem,
-    check_inputs,
-    outputs_problem,
-)
-from ipuserve.protocol.tensors import (
-    DTYPES,
-    Frame,
-    Tensors,
-    TensorSpec,
-)
-from ipuserve.protocol.worker_messages import (
-    Bye,
-    Heartbeat,
-    Hello,
-    Reconnect,
-    Refusals,
-    Welcome,
-)
+from ipuserve.protocol.schema import ModelSpec, batch_problem, check_inputs, outputs_problem
+from ipuserve.protocol.tensors import DTYPES, Frame, Tensors, TensorSpec
+from ipuserve.protocol.worker_messages import Bye, Heartbeat, Hello, Reconnect, Refusals, Welcome
 
 #: The public API, by kind: constants, messages and types, functions.
 __all__ = ["DEFAULT_LIMITS", "DTYPES", "ENVELOPE_BYTES", "HEADER_FRAMES", "MAX_COUNT"]

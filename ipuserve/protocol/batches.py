@@ -1,8 +1,7 @@
-"""The batches: JOBS (broker -> worker) and RESULTS (worker -> broker), and REQUESTS
-(client -> broker) and REPLIES (broker -> client), laid out as JOBS and RESULTS: a
-table of the distinct tensor specs, one declared :class:`Row` per job, result or
-failure, the tensor frames job by job. A row whose frames do not fit its specs is
-refused alone; anything else wrong refuses the message."""
+"""The batches: JOBS and RESULTS (broker and worker), REQUESTS and REPLIES (client and
+broker, laid out alike): a table of the distinct tensor specs, one declared :class:`Row`
+per job, result or failure, the tensor frames job by job. A row whose frames do not fit
+its specs is refused alone; anything else wrong refuses the message."""
 
 from __future__ import annotations
 
@@ -44,13 +43,14 @@ from ipuserve.protocol.fields import (
     Samples,
     Timing,
     at_most,
+    finite,
+    finite_timing,
     hex_id,
     peek_hex,
 )
-from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+from ipuserve.protocol.tensors import Frame, Specs, Tensors, checked_specs, received
 
 _encode = msgspec.json.encode
-Specs = tuple[TensorSpec, ...]
 #: A row's id: one hex id, or (REQUESTS and REPLIES) a group's ids.
 Ids = HexId | tuple[HexId, ...]
 
@@ -114,7 +114,7 @@ class _Outputs(_Batch):
         outputs, failures = (getattr(self, name) for name in self._ROWS)
         specs, at = _tabled(outputs, lambda output: output.tensors.specs)
         rows = tuple(type(self)._row(output, n) for output, n in at)
-        return self._frames(self.HEADER(specs, rows, _fails(failures)))
+        return self._frames(self.HEADER(specs, rows, tuple(map(FailRow.of, failures))))
 
     @classmethod
     def from_wire(cls, _i: bytes, h: Any, tensors: Sequence[Frame], lim: Limits) -> Self:
@@ -147,7 +147,10 @@ class Jobs(_Batch, command=Command.JOBS, header=JobsHeader, carries=Carries.BATC
     def encode(self) -> list[Frame]:
         keys, at = _tabled(self.jobs, lambda j: (j.model, j.tensors.specs))
         rows = tuple(
-            JobRow(j.job_id.hex(), n, j.budget_ms, j.tensors.members, j.samples) for j, n in at
+            JobRow(
+                j.job_id.hex(), n, finite(j.budget_ms, "budget_ms"), j.tensors.members, j.samples
+            )
+            for j, n in at
         )
         return self._frames(JobsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
@@ -181,7 +184,7 @@ class Requests(_Batch, command=Command.REQUESTS, header=RequestsHeader, carries=
 
     def encode(self) -> list[Frame]:
         keys, at = _tabled(self.requests, lambda r: (r.model, r.tensors.specs))
-        rows = tuple(RequestRow(_row_id(r), n, r.timeout_ms) for r, n in at)
+        rows = tuple(RequestRow(_row_id(r), n, finite(r.timeout_ms, "timeout_ms")) for r, n in at)
         return self._frames(RequestsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
     @classmethod
@@ -217,11 +220,8 @@ class Result:
         (the broker's ``broker_queue_us``)."""
         timing = dict(self.timing)
         if key not in timing and len(timing) >= MAX_TIMING_KEYS:
-            # A worker may send MAX_TIMING_KEYS entries, but the reply must stay within
-            # that limit with ``key`` added, or the client refuses it as malformed (and
-            # with it a whole REPLIES batch). The outputs are right, and timing is only
-            # diagnostics: the worker's surplus entries (the last ones) are dropped
-            # rather than failing a correct result.
+            # With ``key`` the reply must stay within the limit, or the client refuses
+            # it (a whole REPLIES): timing is only diagnostics, so the last entries go.
             timing = dict(itertools.islice(timing.items(), MAX_TIMING_KEYS - 1))
         timing[key] = value
         return Reply(request_id, self.tensors, timing, group)
@@ -234,7 +234,7 @@ class Results(_Outputs, command=Command.RESULTS, header=ResultsHeader, carries=C
     never the client's fault)."""
 
     _ROWS = ("results", "failures")
-    _row = lambda r, n: ResultRow(r.job_id.hex(), n, dict(r.timing), r.tensors.members)  # noqa: E731
+    _row = lambda r, n: ResultRow(r.job_id.hex(), n, finite_timing(r.timing), r.tensors.members)  # noqa: E731
     _output = lambda row, i, _g, _s, t: Result(i, t, row.timing)  # noqa: E731
     results: tuple[Result, ...] = ()
     failures: tuple[Fail, ...] = ()
@@ -259,7 +259,7 @@ class Replies(_Outputs, command=Command.REPLIES, header=RepliesHeader, carries=C
     match its specs into an error."""
 
     _ROWS = ("replies", "errors")
-    _row = lambda r, n: ReplyRow(_row_id(r), n, dict(r.timing))  # noqa: E731
+    _row = lambda r, n: ReplyRow(_row_id(r), n, finite_timing(r.timing))  # noqa: E731
     _output = lambda row, i, g, _s, t: Reply(i, t, row.timing, g)  # noqa: E731
     replies: tuple[Reply, ...] = ()
     errors: tuple[Fail, ...] = ()
@@ -288,10 +288,6 @@ def _tabled(
     table: dict[K, int] = {}
     indexed = [(item, table.setdefault(key(item), len(table))) for item in items]
     return tuple(table), indexed
-
-
-def _fails(failures: tuple[Fail, ...]) -> tuple[FailRow, ...]:
-    return tuple(map(FailRow.of, failures))
 
 
 def _row_id(item: Request | Reply) -> Ids:
@@ -340,8 +336,9 @@ def _unpack(
     if len(rows) > lim.max_batch:
         at_most(len(rows), lim.max_batch, f"{cmd.name} header field {key!r}")
     specs = [entry.tensors if isinstance(entry, JobSpec) else entry for entry in table]
+    field = "$.specs[{}].tensors" if cmd in (Command.JOBS, Command.REQUESTS) else "$.specs[{}]"
     for n, entry in enumerate(specs):
-        checked_specs(entry, lim, cmd, "field 'specs'", n)
+        checked_specs(entry, lim, cmd, field, n)
     listed = 0
     for n, row in enumerate(rows):
         if row.spec >= len(table):

@@ -1,8 +1,6 @@
-"""The messages between a client and the broker: a request and its reply or error,
-the models listing, and PING/PONG. Each message's header is declared beside it (a
-:class:`Header`), with its one encoder (``encode``) and one decoder (``from_wire``,
-given the header msgspec decoded and validated).
-"""
+"""The messages between a client and the broker: a request and its reply or error, the
+models listing, PING and PONG; each with its declared :class:`Header`, its encoder
+(``encode``) and its decoder (``from_wire``, given the header msgspec validated)."""
 
 from __future__ import annotations
 
@@ -14,12 +12,21 @@ import msgspec
 
 from ipuserve.protocol.envelope import Carries, Command, Limits, Wire, bounded, frames
 from ipuserve.protocol.failures import Coded
-from ipuserve.protocol.fields import Code, Count, Duration, Header, Name, Positive, Timing
+from ipuserve.protocol.fields import (
+    Code,
+    Count,
+    Duration,
+    Header,
+    Name,
+    Positive,
+    Timing,
+    finite,
+    finite_timing,
+)
 from ipuserve.protocol.schema import ModelSpec
-from ipuserve.protocol.tensors import Frame, Tensors, TensorSpec, checked_specs, received
+from ipuserve.protocol.tensors import Frame, Specs, Tensors, checked_specs, received
 
 _encode = msgspec.json.encode
-Specs = tuple[TensorSpec, ...]
 
 
 class RequestHeader(Header, frozen=True):
@@ -44,24 +51,15 @@ class Request(Wire, command=Command.REQUEST, header=RequestHeader, carries=Carri
         return self.group or (self.request_id,)
 
     def members(self) -> list[Request]:
-        """The group as single requests (a single request: itself)."""
-        return self.parts(1)
-
-    def parts(self, size: int) -> list[Request]:
-        """The group as groups of at most ``size`` requests (a part of one: a single
-        request), their tensors views of this group's frames."""
-        if not self.group or len(self.group) <= size:
-            return [self]
-        parts = []
-        for start in range(0, len(self.group), size):
-            ids = self.group[start : start + size]
-            tensors = self.tensors.slice(start, start + len(ids))
-            group = ids if len(ids) > 1 else ()
-            parts.append(Request(ids[0], self.model, tensors, self.timeout_ms, group))
-        return parts
+        """The group as single requests, their tensors views of its frames."""
+        split = zip(self.request_ids, self.tensors.split(), strict=True)
+        return [Request(ident, self.model, one, self.timeout_ms) for ident, one in split]
 
     def encode(self) -> list[Frame]:
-        return _with_tensors(self, RequestHeader(self.model, self.tensors.specs, self.timeout_ms))
+        return _with_tensors(
+            self,
+            RequestHeader(self.model, self.tensors.specs, finite(self.timeout_ms, "timeout_ms")),
+        )
 
     @classmethod
     def from_wire(cls, i: bytes, h: RequestHeader, t: Sequence[Frame], lim: Limits) -> Request:
@@ -91,7 +89,7 @@ class Reply(Wire, command=Command.REPLY, header=ReplyHeader, carries=Carries.ONE
         ]
 
     def encode(self) -> list[Frame]:
-        return _with_tensors(self, ReplyHeader(self.tensors.specs, dict(self.timing)))
+        return _with_tensors(self, ReplyHeader(self.tensors.specs, finite_timing(self.timing)))
 
     @classmethod
     def from_wire(cls, i: bytes, h: ReplyHeader, t: Sequence[Frame], lim: Limits) -> Reply:
@@ -105,7 +103,7 @@ def _with_tensors(message: Request | Reply, header: Header) -> list[Frame]:
 
 def _tensors(command: Command, specs: Specs, tensors: Sequence[Frame], lim: Limits) -> Tensors:
     """A REQUEST's or REPLY's tensors, checked against the receiver's limits."""
-    checked_specs(specs, lim, command, "field 'tensors'")
+    checked_specs(specs, lim, command, "$.tensors")
     return received(specs, tensors, _WHERE[command], lim)
 
 
@@ -169,7 +167,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     worker_id: Name
     credit: Count
     in_flight: Count
-    requests: Count = 0
+    requests: Count  # required since version 4: a missing count would read as 0
 
     def to_json(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]

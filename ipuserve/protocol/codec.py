@@ -71,7 +71,8 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     try:
         header = header_decoder.decode(as_bytes(raw))
     except (msgspec.MsgspecError, UnicodeDecodeError) as exc:  # msgspec's, and bad UTF-8
-        raise refused(exc, f"{kind.COMMAND.name} header", batches.ROW_FIELDS) from None
+        where = f"{kind.COMMAND.name} header"
+        raise refused(exc, where, batches.ROW_FIELDS, as_bytes(raw)) from None
     message: Message = kind.from_wire(head[ENVELOPE_BYTES:], header, frames[2:], limits)
     return message
 
@@ -104,11 +105,8 @@ def error_frames(ident: bytes, error: IpuserveError) -> list[Frame]:
 
 
 def peek_id(frames: Sequence[Frame]) -> bytes:
-    """The id of a message that may be malformed, to address an error reply (or b"").
-
-    Any message whose envelope starts with the tag has one, whatever its version or
-    command, so a peer speaking another version learns why it is refused.
-    """
+    """The id of a message that may be malformed, to address an error reply (or b""):
+    any envelope that starts with the tag, so a peer of another version learns why."""
     if not frames or not ENVELOPE_BYTES <= nbytes(frames[0]) <= ENVELOPE_BYTES + MAX_ID_BYTES:
         return b""
     head = as_bytes(frames[0])
@@ -122,13 +120,9 @@ _ROW_KEYS = ("jobs", "results", "failures", "requests", "replies", "errors")
 
 
 def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
-    """The ids a batch (JOBS, RESULTS, REQUESTS, REPLIES) that may be malformed names,
-    best effort.
-
-    A receiver that cannot decode a batch answers each job or request it can
-    identify (the worker FAILs them, the broker and the client fail them), so none
-    waits for its deadline.
-    """
+    """The ids a batch that may be malformed names, best effort: a receiver that cannot
+    decode a batch fails each job or request it can identify, so none waits for its
+    deadline."""
     if len(frames) < HEADER_FRAMES or nbytes(frames[1]) > DEFAULT_LIMITS.max_header_bytes:
         return []
     if nbytes(frames[0]) > ENVELOPE_BYTES + MAX_ID_BYTES:
@@ -141,12 +135,8 @@ def peek_ids(frames: Sequence[Frame]) -> list[bytes]:
         return []
     if not isinstance(header, dict):
         return []
-    rows = [row for key in _ROW_KEYS for row in _as_list(header.get(key))]
+    rows = [row for key in _ROW_KEYS if isinstance(v := header.get(key), list) for row in v]
     firsts = [row[0] for row in rows if isinstance(row, list) and row]
     ids = [i for first in firsts for i in (first if isinstance(first, list) else [first])]
     found = (job_id for value in ids if (job_id := peek_hex(value)) is not None)
     return list(dict.fromkeys(found))  # each id once, in order
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []

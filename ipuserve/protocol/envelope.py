@@ -63,12 +63,9 @@ def envelope(command: Command, ident: bytes = b"") -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What :func:`decode` accepts beyond what the headers declare; the broker and
-    worker make the payload limit configurable.
-
-    ``max_payload_bytes`` and ``max_tensors`` hold per request (per job of a batch);
-    ``max_batch`` bounds the jobs (or outcomes) of one JOBS (or RESULTS) message.
-    """
+    """What :func:`decode` accepts beyond what the headers declare (the payload limit is
+    configurable): payload and tensors per request (per job of a batch); ``max_batch``
+    bounds the rows of one batch."""
 
     max_payload_bytes: int = 64 << 20
     max_header_bytes: int = 256 << 10

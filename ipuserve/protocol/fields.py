@@ -5,8 +5,10 @@ What depends on a receiver's :class:`Limits` is checked after, by each message."
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Annotated, Any
 
 import msgspec
@@ -35,10 +37,8 @@ Duration = Annotated[float, Meta(gt=0, lt=MAX_DURATION_MS)]
 #: A job's budget: the time left before its deadline (spent already: negative).
 Budget = Annotated[float, Meta(gt=-MAX_DURATION_MS, lt=MAX_DURATION_MS)]
 Code = Annotated[str, Meta(max_length=64, pattern=r"^[A-Z0-9_]*[A-Z][A-Z0-9_]*$")]
-Timing = Annotated[
-    dict[Name, Annotated[float, Meta(gt=-MAX_TIMING_VALUE, lt=MAX_TIMING_VALUE)]],
-    Meta(max_length=MAX_TIMING_KEYS),
-]
+TimingValue = Annotated[float, Meta(gt=-MAX_TIMING_VALUE, lt=MAX_TIMING_VALUE)]
+Timing = Annotated[dict[Name, TimingValue], Meta(max_length=MAX_TIMING_KEYS)]
 #: The members of a group job; a receiver's max_batch bounds them further.
 Members = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
 #: The samples of a job, all members together (counted once, where the job is made).
@@ -59,21 +59,34 @@ _INPUT_PATH = re.compile(r"\]\.(dtype|shape)\b")
 DTYPE_NAMES: tuple[str, ...] = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16")
 DTYPE_NAMES += ("uint32", "uint64", "float16", "float32", "float64")
 _ALLOWED = f"; allowed: {', '.join(DTYPE_NAMES)}"
-
-
 _ROW_PATH = re.compile(r"\$\.(\w+)\[(\d+)\](?:\[(\d+)\])?")
+#: msgspec's refusal: its rule (the type, the limit), then a path or a key at a path.
+_AT = re.compile(
+    r"(?:Expected `([^`]+)`(?:, got `[^`]+`)?(.*?)(?:, got \d+)?|Number out of range)"
+    r" - at `(key` in `)?(\$[^`]*)`"
+)
+_STEP = re.compile(r"\.(\w+)|\[(\d+)\]|\[\.\.\.\]")
+_NOUNS = {"str": "a string", "int": "an integer", "float": "a number", "array": "a list"}
+_NOUNS |= {"object": "an object", "float | null": "a number or null"}
+_UNTYPED = msgspec.json.Decoder(float_hook=Decimal)  # each number as sent: 1e400 too
+_SHOW = msgspec.json.Encoder(decimal_format="number").encode
 
 
 def refused(
-    exc: msgspec.MsgspecError | UnicodeDecodeError, where: str, rows: Mapping[str, tuple[str, ...]]
+    exc: msgspec.MsgspecError | UnicodeDecodeError,
+    where: str,
+    rows: Mapping[str, tuple[str, ...]],
+    raw: bytes = b"",
 ) -> IpuserveError:
-    """msgspec's refusal of a header, as the error to answer it with: its message keeps
-    the field's path and the rule it broke; a batch row's entry is named by its field
-    (``$.jobs[0].members``, not ``$.jobs[0][3]``), a row of the wrong shape shows the
-    shape (``rows``: each batch key's row fields)."""
+    """msgspec's refusal of the header ``raw`` as ours: the field's path, the value sent
+    (read again from ``raw`` only now, so the valid path pays nothing) and the rule; a
+    batch row's entry named by its field (``$.jobs[0].members``, not ``$.jobs[0][3]``),
+    a row of the wrong shape with the shape (``rows``: each batch key's row fields)."""
     text = bounded(str(exc))
     if not isinstance(exc, msgspec.ValidationError):
         return ProtocolError(f"{where} is not valid UTF-8 JSON: {text}")
+    precise = _precise(text, raw)
+    text, located = (precise, precise.split(" ")[0]) if precise else (text, text)
     path = _ROW_PATH.search(text)
     names = rows.get(path.group(1), ()) if path is not None else ()
     if path is not None and names:
@@ -82,10 +95,52 @@ def refused(
         elif int(path.group(3)) < len(names):
             named = f"$.{path.group(1)}[{path.group(2)}].{names[int(path.group(3))]}"
             text = text[: path.start()] + named + text[path.end() :]
-    if _INPUT_PATH.search(text):
+    if _INPUT_PATH.search(located):  # the path's: not a value sent that quotes one
         hint = _ALLOWED if "enum value" in text else ""
         return InvalidInputError(f"{where}: {text}{hint}")
     return ProtocolError(f"{where}: {text}")
+
+
+def _precise(text: str, raw: bytes) -> str | None:
+    """``$.path is VALUE; it must be RULE`` for msgspec's ``Expected RULE - at $.path``,
+    or None where the value cannot be found."""
+    at = _AT.fullmatch(text)
+    if at is None:
+        return None
+    try:
+        path, value = _value_at(_UNTYPED.decode(raw), at.group(4), bool(at.group(3)))
+    except (msgspec.MsgspecError, ValueError, LookupError, TypeError, StopIteration):
+        return None  # ValueError: bad UTF-8 after the field msgspec refused
+    shown = _SHOW(value).decode()
+    shown = shown if len(shown) <= 60 else f"{shown[:40]}... ({len(shown)} characters)"
+    kind, rule = at.group(1, 2)
+    if kind is None:
+        return f"{path} is {shown}: out of range"
+    must = rule if rule and kind in ("int", "float") else _NOUNS.get(kind, f"`{kind}`") + rule
+    is_ = "has the key" if at.group(3) else "is"
+    return f"{path} {is_} {shown}; it must be {must.strip()}"
+
+
+def _value_at(header: Any, path: str, key: bool) -> tuple[str, Any]:
+    """The value at msgspec's ``path`` in the untyped header, and the path to show: a
+    map's entry ``[...]`` is the first no timing value (the one map the headers declare),
+    a ``key`` the first that is no name."""
+    shown, value = "$", header
+    for step in _STEP.finditer(path, 1):
+        name, index = step.groups()
+        if index is None:
+            name = name or next(k for k, v in value.items() if not _fits(v, TimingValue))
+        shown += f".{name}" if step.group(1) else f"[{_SHOW(name or int(index)).decode()}]"
+        value = value[int(index)] if index is not None else value[name]
+    return (shown, next(k for k in value if not _fits(k, Name))) if key else (shown, value)
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    try:
+        msgspec.convert(value, kind)
+    except Exception:  # a ValidationError; a 400-digit int makes msgspec raise SystemError
+        return False
+    return True
 
 
 def hex_id(value: str, where: str) -> bytes:
@@ -94,6 +149,22 @@ def hex_id(value: str, where: str) -> bytes:
     if found is None:
         raise ProtocolError(f"{where}: {bounded(repr(value[:80]))} is not a hex job id")
     return found
+
+
+def finite(value: float | None, what: str) -> float | None:
+    """``value``, refused if JSON cannot carry it: msgspec writes NaN and infinities as
+    null, which a receiver would read as no deadline (a budget or timeout)."""
+    if value is None or math.isfinite(value):
+        return value
+    raise ValueError(f"{what} is {value}; only a finite number can travel")
+
+
+def finite_timing(timing: Mapping[str, float]) -> dict[str, float]:
+    """A timing to send, each value finite (one sum checks them all)."""
+    copy = dict(timing)
+    if not math.isfinite(sum(copy.values())):
+        raise ValueError(f"timing {copy}: only finite numbers can travel")
+    return copy
 
 
 def at_most(count: int, limit: int, where: str) -> None:

@@ -17,12 +17,9 @@ from ipuserve.protocol.tensors import TensorSpec, checked_specs
 
 
 class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What a worker serves: input/output specs at the compiled batch, and how it batches.
-
-    With ``batching_dim`` set, a request may have any size >= 1 along that dimension
-    (the same for every input); every other dimension must match. Without it, a
-    request's shapes must match exactly.
-    """
+    """What a worker serves: input/output specs at the compiled batch, and how it batches:
+    with ``batching_dim`` set, a request may have any size >= 1 along that dimension (the
+    same for every input) and every other must match; without it, every dimension."""
 
     name: Name
     inputs: tuple[TensorSpec, ...]
@@ -76,9 +73,8 @@ def outputs_problem(model: ModelSpec, given: Sequence[TensorSpec]) -> str | None
     want = {spec.name: spec for spec in model.outputs}
     got = {spec.name: spec for spec in given}
     if want.keys() != got.keys() or len(given) != len(got):
-        return f"outputs {', '.join(map(str, given)) or 'none'}; the model's are " + ", ".join(
-            map(str, model.outputs)
-        )
+        theirs = ", ".join(map(str, model.outputs))
+        return f"outputs {', '.join(map(str, given)) or 'none'}; the model's are {theirs}"
     dim = model.batching_dim
     for name, spec in want.items():
         other = got[name]

@@ -35,10 +35,8 @@ else:  # declared for msgspec: a dtype off the allow-list is refused, its value 
 
 
 class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A tensor's name, dtype name (from :data:`DTYPES`) and shape: as it travels.
-
-    The shape's bounds that depend on the receiver (rank, elements) are checked by
-    :func:`checked_specs`."""
+    """A tensor's name, dtype name (from :data:`DTYPES`) and shape, as it travels; the
+    bounds that depend on the receiver (rank, elements): :func:`checked_specs`."""
 
     name: Name
     dtype: DType
@@ -49,25 +47,22 @@ class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """prod(shape) * itemsize."""
         return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
     def __str__(self) -> str:
         """``x:float32[4, 8]``, as listings and messages show a tensor."""
         return f"{self.name}:{self.dtype}{list(self.shape)}"
 
 
-Specs: TypeAlias = "tuple[TensorSpec, ...]"
+Specs: TypeAlias = tuple[TensorSpec, ...]
 
 
 def checked_specs(
     specs: Specs, limits: Limits, command: Command, field: str, index: int | None = None
 ) -> Specs:
     """``specs`` within a receiver's limits: count, unique names, rank, elements;
-    ``command``, ``field`` and ``index`` (of a spec table) say where, when they are not."""
+    ``command`` and ``field`` (formatted with ``index``, a spec table's) say where."""
     if len(specs) > limits.max_tensors:
-        at = "" if index is None else f": [{index}]"
-        at_most(len(specs), limits.max_tensors, f"{command.name} header {field}{at}")
+        where = field if index is None else field.format(index)
+        at_most(len(specs), limits.max_tensors, f"{command.name} header: {where}")
     if len(specs) > 1 and len({spec.name for spec in specs}) != len(specs):
         raise InvalidInputError(f"a tensor is named twice: {[spec.name for spec in specs]}")
     for spec in specs:
@@ -88,11 +83,7 @@ def _shape_problem(name: str, shape: list[int], limits: Limits) -> str:
 
 
 def received(
-    specs: Specs,
-    frames: Sequence[Frame],
-    where: str,
-    limits: Limits,
-    members: int = 1,
+    specs: Specs, frames: Sequence[Frame], where: str, limits: Limits, members: int = 1
 ) -> Tensors:
     """The tensors of one request or job as received (a group's: each frame holds every
     member's): as many frames as specs, each of the right size; the payload limit holds
@@ -119,7 +110,6 @@ def received(
 @dataclass(frozen=True, slots=True)
 class Tensors:
     """Named tensors on the wire: specs plus one frame each (arrays, or received frames).
-
     A group's tensors (``members`` > 1: several requests of one layout as one job) have
     one frame per spec too, holding every member's tensor, member after member, as if
     stacked on a new first axis; ``specs`` and ``nbytes`` describe one member."""
@@ -185,13 +175,6 @@ class Tensors:
             for spec, frame in zip(self.specs, self.frames, strict=True)
         }
 
-    def slice(self, start: int, stop: int) -> Tensors:
-        """Members ``start`` to ``stop`` of a group, as views (one member: a single one)."""
-        stacks = self._stacks()
-        if stop - start == 1:
-            return Tensors(self.specs, tuple(stack[start] for stack in stacks))
-        return Tensors(self.specs, tuple(stack[start:stop] for stack in stacks), stop - start)
-
     def split(self) -> list[Tensors]:
         """Each member's tensors, in order, as views of the group's frames (read-only ones,
         for received frames)."""
@@ -227,9 +210,6 @@ class Tensors:
     @property
     def nbytes(self) -> int:
         return sum(spec.nbytes for spec in self.specs)
-
-    def header(self) -> list[dict[str, Any]]:
-        return [spec.to_json() for spec in self.specs]
 
 
 #: dtype -> its wire name, for the dtypes sent as they are (allowed, little-endian):

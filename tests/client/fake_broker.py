@@ -155,7 +155,7 @@ class FakeBroker:
             self.pings += 1
             return wire.Pong(message.request_id, self.epoch)
         if isinstance(message, wire.ListModels):
-            load = wire.WorkerLoad("w1", credit=8, in_flight=1)
+            load = wire.WorkerLoad("w1", credit=8, in_flight=1, requests=1)
             if self.group_samples is None:
                 return wire.ModelsReply(message.request_id, ())
             info = wire.ModelInfo(ADD, 0, (load,), group_samples=self.group_samples)

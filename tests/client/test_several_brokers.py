@@ -284,7 +284,7 @@ def test_least_loaded_takes_the_smallest_and_turns_among_equals() -> None:
 def test_merge_models_shows_each_model_and_worker_once() -> None:
     spec = fake_broker.ADD
     shared = wire.WorkerLoad("w1", credit=4, in_flight=1, requests=2)
-    a = [wire.ModelInfo(spec, 3, (shared, wire.WorkerLoad("w2", 8, 0)))]
+    a = [wire.ModelInfo(spec, 3, (shared, wire.WorkerLoad("w2", 8, 0, 0)))]
     b = [wire.ModelInfo(spec, 1, (wire.WorkerLoad("w1", 4, 2, 5),))]
     (model,) = merge_models({"tcp://a:1": a, "tcp://b:1": b})
     assert model.brokers == ("tcp://a:1", "tcp://b:1")
