@@ -216,8 +216,8 @@ class BrokerNodes:
         )
         name = f"worker-node-{len(self._nodes) + len(self._ended)}"
         running = _Running(node, share, name, self._wake.set)
+        running.thread.start()  # before the probes can see it: not started reads as ended
         self._nodes[endpoint] = running
-        running.thread.start()
 
     def _on_lost(self) -> None:
         """A node lost its broker (from its thread): re-resolve, it may have moved."""
