@@ -36,7 +36,7 @@ import pytest
 
 from ipuserve import protocol as wire
 from ipuserve.client import Client
-from ipuserve.errors import DeadlineExceeded
+from ipuserve.errors import HandshakeRefusedError
 from ipuserve.runtime.popef import examples
 from tests.compose.conftest import SERVING, WORKERS, HostKeys
 from tests.compose.harness import ComposeProject, ContainerState, metric_total, poll
@@ -142,11 +142,16 @@ def test_stack_is_healthy(stack: ComposeProject) -> None:
 
 
 def test_a_host_client_without_keys_is_refused_and_counted(frontend: str, metrics_url: str) -> None:
-    """The broker runs with keys: a plaintext client completes no handshake, so its
-    request dies of its own timeout, and the refusal shows in the metrics."""
+    """The broker runs with keys: a plaintext client completes no handshake, learns
+    it at once (not at its 60 s timeout) with the keys to give, and the refusal
+    shows in the metrics."""
     family = "ipuserve_broker_refused_handshakes_total"
     refused = metric_total(metrics_url, family)
-    with Client(frontend, timeout=2) as plain, pytest.raises(DeadlineExceeded):
+    named = "curve_secret_key and broker_public_key"  # whichever way the broker drops it
+    with (
+        Client(frontend, timeout=60) as plain,
+        pytest.raises(HandshakeRefusedError, match=named),
+    ):
         plain.models()
     poll(
         lambda: True if metric_total(metrics_url, family) > refused else None,
