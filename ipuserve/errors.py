@@ -77,6 +77,13 @@ class UnauthenticatedError(RequestError):
     code = "UNAUTHENTICATED"
 
 
+class PermissionDeniedError(RequestError):
+    """The sender's role may not do this: a repository command from a key that is not
+    an admin's (docs/security.md), or a key revoked since it connected."""
+
+    code = "PERMISSION_DENIED"
+
+
 class UnknownModelError(RequestError):
     code = "UNKNOWN_MODEL"
 
@@ -124,6 +131,12 @@ class InferenceError(ServingError):
 
 class UnavailableError(ServingError):
     code = "UNAVAILABLE"
+
+
+class NoRoomError(UnavailableError):
+    """A load no worker has the free IPUs (or the repository entry) for."""
+
+    code = "NO_ROOM"
 
 
 class BrokerShutdownError(UnavailableError):

@@ -243,12 +243,12 @@ BAD: list[tuple[str, list[Any], type[IpuserveError], str]] = [
     ("empty message", [b""], ProtocolError, "at least 2 frames"),
     ("one frame", [p.envelope(p.Command.PING)], ProtocolError, "at least 2 frames"),
     ("wrong tag", [b"HTTP/\x01", b"{}"], ProtocolError, "must be an envelope"),
-    ("no command", [b"IPUS\x04", b"{}"], ProtocolError, "must be an envelope"),
+    ("no command", [b"IPUS\x05", b"{}"], ProtocolError, "must be an envelope"),
     ("wrong version", [b"IPUS\x09\x06", b"{}"], UnsupportedVersionError, "version 9"),
     ("version 1", [b"IPUS\x01", b"\x06", b"", b"{}"], UnsupportedVersionError, "version 1"),
-    ("unknown command", [b"IPUS\x04\xee", b"{}"], ProtocolError, "unknown command 0xee"),
-    ("retired FAIL", [b"IPUS\x04\x14", b"{}"], ProtocolError, "unknown command 0x14"),
-    ("id too long", [b"IPUS\x04\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
+    ("unknown command", [b"IPUS\x05\xee", b"{}"], ProtocolError, "unknown command 0xee"),
+    ("retired FAIL", [b"IPUS\x05\x14", b"{}"], ProtocolError, "unknown command 0x14"),
+    ("id too long", [b"IPUS\x05\x06" + b"i" * 65, b"{}"], ProtocolError, "id is 65 bytes"),
     (
         "huge envelope",
         [b"IPUS\x01\x06" + b"i" * 100_000, b"{}"],
@@ -556,7 +556,7 @@ def test_peek_ids_names_the_jobs_of_a_batch_that_cannot_be_decoded() -> None:
     assert p.peek_ids(frames_with(failed, cmd=RESULTS)) == [b"\x02", b"\x03"]
     assert p.peek_ids(frames_with(b"{not json", cmd=JOBS)) == []
     assert p.peek_ids(frames_with(header, cmd=0x01)) == []  # not a batch
-    assert p.peek_ids([b"IPUS\x04\x12"]) == []
+    assert p.peek_ids([b"IPUS\x05\x12"]) == []
 
 
 def test_peek_ids_names_the_requests_of_a_client_batch_that_cannot_be_decoded() -> None:
@@ -942,14 +942,14 @@ def test_a_jobs_row_without_a_valid_sample_count_is_refused(row: list[Any], mess
     assert message in str(info.value)
 
 
-def test_a_version_3_peer_is_told_which_side_to_upgrade() -> None:
+def test_a_version_4_peer_is_told_which_side_to_upgrade() -> None:
     with pytest.raises(UnsupportedVersionError) as info:
-        p.decode([b"IPUS\x03\x01id", b"{}"])
+        p.decode([b"IPUS\x04\x01id", b"{}"])
     assert str(info.value) == (
-        "protocol version 3 is not supported; this peer speaks 4: "
-        "upgrade ipuserve on the side that speaks 3"
+        "protocol version 4 is not supported; this peer speaks 5: "
+        "upgrade ipuserve on the side that speaks 4"
     )
-    assert p.peek_id([b"IPUS\x03\x01id", b"{}"]) == b"id"  # so the refusal reaches it
+    assert p.peek_id([b"IPUS\x04\x01id", b"{}"]) == b"id"  # so the refusal reaches it
 
 
 WORKER = {"worker_id": "w", "credit": 8, "in_flight": 2, "requests": 3}

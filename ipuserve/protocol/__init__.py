@@ -26,6 +26,7 @@ wire``; its ``__all__`` is the public API):
 * ``client_messages``, ``worker_messages``, ``batches`` (JOBS, RESULTS, REQUESTS,
   REPLIES: rows that may be groups, docs/protocol.md §2): each message with its
   declared header, its encoder (``encode``) and its decoder (``from_wire``)
+* ``control``   the model repository's: REPOSITORY (admin), HOST, LOAD, UNLOAD
 * ``codec``     decode(), and the ids of messages it cannot decode (peek_id(s))
 """
 
@@ -54,6 +55,16 @@ from ipuserve.protocol.client_messages import (
     WorkerLoad,
 )
 from ipuserve.protocol.codec import Message, decode, error_frames, peek_id, peek_ids
+from ipuserve.protocol.control import (
+    Entry,
+    Host,
+    Hosted,
+    Load,
+    RepositoryCommand,
+    RepositoryReply,
+    Unload,
+    VersionState,
+)
 from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
     ENVELOPE_BYTES,
@@ -84,5 +95,7 @@ __all__ += ["Bye", "Command", "ErrorReply", "Fail", "Frame", "Heartbeat", "Hello
 __all__ += ["Limits", "ListModels", "Message", "ModelInfo", "ModelSpec", "ModelsReply", "Ping"]
 __all__ += ["Pong", "Reconnect", "Refusals", "Replies", "Reply", "Request", "Requests", "Result"]
 __all__ += ["Results", "TensorSpec", "Tensors", "Welcome", "WorkerLoad"]
+__all__ += ["Entry", "Host", "Hosted", "Load", "RepositoryCommand", "RepositoryReply"]
+__all__ += ["Unload", "VersionState"]
 __all__ += ["batch_problem", "check_inputs", "decode", "encode_batch", "envelope", "error_frames"]
 __all__ += ["name_problem", "outputs_problem", "peek_id", "peek_ids", "split_batch"]

@@ -42,6 +42,7 @@ from ipuserve.protocol.fields import (
     Row,
     Samples,
     Timing,
+    Version,
     at_most,
     finite,
     finite_timing,
@@ -56,10 +57,12 @@ Ids = HexId | tuple[HexId, ...]
 
 
 class JobSpec(Header, frozen=True):
-    """A JOBS or REQUESTS spec table entry: a model and its tensors' specs."""
+    """A JOBS or REQUESTS spec table entry: a model, its tensors' specs, and the version
+    asked for (REQUESTS: None for the default) or placed on (JOBS)."""
 
     model: Name
     tensors: Specs
+    version: Version | None = None
 
 
 class JobRow(Row, frozen=True):
@@ -133,6 +136,8 @@ class Job:
     tensors: Tensors
     budget_ms: float | None = None
     samples: int = 1
+    #: the version the broker placed it on (a worker serves each name at one version)
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,7 @@ class Jobs(_Batch, command=Command.JOBS, header=JobsHeader, carries=Carries.BATC
     rejected: tuple[Fail, ...] = ()
 
     def encode(self) -> list[Frame]:
-        keys, at = _tabled(self.jobs, lambda j: (j.model, j.tensors.specs))
+        keys, at = _tabled(self.jobs, lambda j: (j.model, j.tensors.specs, j.version))
         rows = tuple(
             JobRow(
                 j.job_id.hex(), n, finite(j.budget_ms, "budget_ms"), j.tensors.members, j.samples
@@ -157,7 +162,10 @@ class Jobs(_Batch, command=Command.JOBS, header=JobsHeader, carries=Carries.BATC
     @classmethod
     def from_wire(cls, _i: bytes, h: JobsHeader, tensors: Sequence[Frame], lim: Limits) -> Jobs:
         good, bad = _unpack(h.specs, h.jobs, tensors, cls.COMMAND, lim)
-        jobs = (Job(i, spec.model, t, row.budget_ms, row.samples) for row, i, _g, spec, t in good)
+        jobs = (
+            Job(i, spec.model, t, row.budget_ms, row.samples, spec.version)
+            for row, i, _g, spec, t in good
+        )
         return cls(tuple(jobs), bad)
 
 
@@ -183,7 +191,7 @@ class Requests(_Batch, command=Command.REQUESTS, header=RequestsHeader, carries=
     rejected: tuple[Fail, ...] = ()
 
     def encode(self) -> list[Frame]:
-        keys, at = _tabled(self.requests, lambda r: (r.model, r.tensors.specs))
+        keys, at = _tabled(self.requests, lambda r: (r.model, r.tensors.specs, r.version))
         rows = tuple(RequestRow(_row_id(r), n, finite(r.timeout_ms, "timeout_ms")) for r, n in at)
         return self._frames(RequestsHeader(tuple(JobSpec(*key) for key in keys), rows))
 
@@ -192,7 +200,7 @@ class Requests(_Batch, command=Command.REQUESTS, header=RequestsHeader, carries=
         cls, _i: bytes, h: RequestsHeader, tensors: Sequence[Frame], lim: Limits
     ) -> Requests:
         good, bad = _unpack(h.specs, h.requests, tensors, cls.COMMAND, lim)
-        rows = (Request(i, s.model, t, row.timeout_ms, g) for row, i, g, s, t in good)
+        rows = (Request(i, s.model, t, row.timeout_ms, g, s.version) for row, i, g, s, t in good)
         return cls(tuple(rows), bad)
 
 
@@ -215,16 +223,23 @@ class Result:
     tensors: Tensors
     timing: Mapping[str, float]
 
-    def reply(self, request_id: bytes, group: tuple[bytes, ...], key: str, value: float) -> Reply:
+    def reply(
+        self,
+        request_id: bytes,
+        group: tuple[bytes, ...],
+        key: str,
+        value: float,
+        version: str | None = None,
+    ) -> Reply:
         """The REPLY carrying this result to a client, its timing with ``key`` added
-        (the broker's ``broker_queue_us``)."""
+        (the broker's ``broker_queue_us``), saying which ``version`` answered."""
         timing = dict(self.timing)
         if key not in timing and len(timing) >= MAX_TIMING_KEYS:
             # With ``key`` the reply must stay within the limit, or the client refuses
             # it (a whole REPLIES): timing is only diagnostics, so the last entries go.
             timing = dict(itertools.islice(timing.items(), MAX_TIMING_KEYS - 1))
         timing[key] = value
-        return Reply(request_id, self.tensors, timing, group)
+        return Reply(request_id, self.tensors, timing, group, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +259,7 @@ class ReplyRow(Row, frozen=True):
     request_id: Ids
     spec: Count
     timing: Timing
+    version: Version | None = None
 
 
 class RepliesHeader(Header, frozen=True):
@@ -259,8 +275,8 @@ class Replies(_Outputs, command=Command.REPLIES, header=RepliesHeader, carries=C
     match its specs into an error."""
 
     _ROWS = ("replies", "errors")
-    _row = lambda r, n: ReplyRow(_row_id(r), n, finite_timing(r.timing))  # noqa: E731
-    _output = lambda row, i, g, _s, t: Reply(i, t, row.timing, g)  # noqa: E731
+    _row = lambda r, n: ReplyRow(_row_id(r), n, finite_timing(r.timing), r.version)  # noqa: E731
+    _output = lambda row, i, g, _s, t: Reply(i, t, row.timing, g, row.version)  # noqa: E731
     replies: tuple[Reply, ...] = ()
     errors: tuple[Fail, ...] = ()
 

@@ -20,6 +20,7 @@ from ipuserve.protocol.fields import (
     Name,
     Positive,
     Timing,
+    Version,
     finite,
     finite_timing,
 )
@@ -33,6 +34,7 @@ class RequestHeader(Header, frozen=True):
     model: Name
     tensors: Specs
     timeout_ms: Duration | None = None
+    version: Version | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class Request(Wire, command=Command.REQUEST, header=RequestHeader, carries=Carri
     #: a group (REQUESTS only): its requests' ids, ``request_id`` the first; ``tensors``
     #: holds one member per id. Empty for a single request.
     group: tuple[bytes, ...] = ()
+    #: the model version asked for; None: the model's default version
+    version: str | None = None
 
     @property
     def request_ids(self) -> tuple[bytes, ...]:
@@ -53,22 +57,24 @@ class Request(Wire, command=Command.REQUEST, header=RequestHeader, carries=Carri
     def members(self) -> list[Request]:
         """The group as single requests, their tensors views of its frames."""
         split = zip(self.request_ids, self.tensors.split(), strict=True)
-        return [Request(ident, self.model, one, self.timeout_ms) for ident, one in split]
+        model, timeout, version = self.model, self.timeout_ms, self.version
+        return [Request(ident, model, one, timeout, (), version) for ident, one in split]
 
     def encode(self) -> list[Frame]:
-        return _with_tensors(
-            self,
-            RequestHeader(self.model, self.tensors.specs, finite(self.timeout_ms, "timeout_ms")),
-        )
+        timeout = finite(self.timeout_ms, "timeout_ms")
+        header = RequestHeader(self.model, self.tensors.specs, timeout, self.version)
+        return _with_tensors(self, header)
 
     @classmethod
     def from_wire(cls, i: bytes, h: RequestHeader, t: Sequence[Frame], lim: Limits) -> Request:
-        return cls(i, h.model, _tensors(cls.COMMAND, h.tensors, t, lim), h.timeout_ms)
+        tensors = _tensors(cls.COMMAND, h.tensors, t, lim)
+        return cls(i, h.model, tensors, h.timeout_ms, (), h.version)
 
 
 class ReplyHeader(Header, frozen=True):
     tensors: Specs
     timing: Timing
+    version: Version | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,22 +84,23 @@ class Reply(Wire, command=Command.REPLY, header=ReplyHeader, carries=Carries.ONE
     timing: Mapping[str, float]
     #: a group (REPLIES only): the ids of the requests it answers, one member each
     group: tuple[bytes, ...] = ()
+    #: the model version that answered (None: a peer that does not say)
+    version: str | None = None
 
     def members(self) -> list[Reply]:
         """The group as single replies (a single reply: itself)."""
         if not self.group:
             return [self]
-        parts = self.tensors.split()
-        return [
-            Reply(ident, part, self.timing) for ident, part in zip(self.group, parts, strict=True)
-        ]
+        parts = zip(self.group, self.tensors.split(), strict=True)
+        return [Reply(ident, part, self.timing, (), self.version) for ident, part in parts]
 
     def encode(self) -> list[Frame]:
-        return _with_tensors(self, ReplyHeader(self.tensors.specs, finite_timing(self.timing)))
+        timing = finite_timing(self.timing)
+        return _with_tensors(self, ReplyHeader(self.tensors.specs, timing, self.version))
 
     @classmethod
     def from_wire(cls, i: bytes, h: ReplyHeader, t: Sequence[Frame], lim: Limits) -> Reply:
-        return cls(i, _tensors(cls.COMMAND, h.tensors, t, lim), h.timing)
+        return cls(i, _tensors(cls.COMMAND, h.tensors, t, lim), h.timing, (), h.version)
 
 
 def _with_tensors(message: Request | Reply, header: Header) -> list[Frame]:

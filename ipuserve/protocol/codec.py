@@ -10,9 +10,10 @@ from typing import Any, TypeAlias
 import msgspec
 
 from ipuserve.errors import IpuserveError, ProtocolError, UnsupportedVersionError
-from ipuserve.protocol import batches, client_messages, worker_messages
+from ipuserve.protocol import batches, client_messages, control, worker_messages
 from ipuserve.protocol.batches import Batch
 from ipuserve.protocol.client_messages import ClientMessage, ErrorReply
+from ipuserve.protocol.control import ControlMessage
 from ipuserve.protocol.envelope import (
     DEFAULT_LIMITS,
     ENVELOPE_BYTES,
@@ -31,14 +32,19 @@ from ipuserve.protocol.fields import peek_hex, refused
 from ipuserve.protocol.tensors import Frame
 from ipuserve.protocol.worker_messages import WorkerMessage
 
-Message: TypeAlias = ClientMessage | WorkerMessage | Batch
+Message: TypeAlias = ClientMessage | WorkerMessage | Batch | ControlMessage
 
 
 #: envelope prefix (tag, version, command) -> the message class and a decoder of its
 #: declared header: one lookup checks all three.
 _KINDS: dict[bytes, tuple[Any, msgspec.json.Decoder[Any]]] = {
     ENVELOPES[m.COMMAND]: (m, msgspec.json.Decoder(getattr(m, "HEADER", m)))
-    for m in (*client_messages.MESSAGES, *worker_messages.MESSAGES, *batches.MESSAGES)
+    for m in (
+        *client_messages.MESSAGES,
+        *worker_messages.MESSAGES,
+        *batches.MESSAGES,
+        *control.MESSAGES,
+    )
 }
 
 

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 PROTOCOL_TAG = b"IPUS"
 #: 4: headers declared as typed structs; JOBS rows carry the job's sample count.
-PROTOCOL_VERSION = 4
+#: 5: model versions (a request may name one, every reply says which answered) and the
+#: model repository's control messages (REPOSITORY, HOST, LOAD, UNLOAD).
+PROTOCOL_VERSION = 5
 #: The envelope's first bytes: the protocol tag and version.
 TAG = PROTOCOL_TAG + bytes([PROTOCOL_VERSION])
 #: Tag, version and command: the envelope's fixed part; the id follows.
@@ -43,6 +45,8 @@ class Command(enum.IntEnum):
     PONG = 0x07  # broker -> client
     REQUESTS = 0x08  # client -> broker: several requests in one message
     REPLIES = 0x09  # broker -> client: the replies to several REQUESTS rows
+    REPOSITORY = 0x0A  # client (admin) -> broker: index, load, unload
+    REPOSITORY_REPLY = 0x0B  # broker -> client
     HELLO = 0x10  # worker -> broker
     WELCOME = 0x11  # broker -> worker
     JOBS = 0x12  # broker -> worker
@@ -50,6 +54,9 @@ class Command(enum.IntEnum):
     HEARTBEAT = 0x15  # both ways
     RECONNECT = 0x16  # broker -> worker
     BYE = 0x17  # worker -> broker
+    HOST = 0x18  # worker -> broker: a repository worker's IPUs, repository and versions
+    LOAD = 0x19  # broker -> worker: load a version from its repository
+    UNLOAD = 0x1A  # broker -> worker: drain a version and free its IPUs
 
 
 #: command -> the fixed part of its envelope

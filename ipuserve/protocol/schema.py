@@ -12,20 +12,27 @@ import msgspec
 
 from ipuserve.errors import InvalidInputError, ProtocolError
 from ipuserve.protocol.envelope import Command, Limits
-from ipuserve.protocol.fields import Count, Name, Positive
+from ipuserve.protocol.fields import Count, Name, Positive, Version
 from ipuserve.protocol.tensors import TensorSpec, checked_specs
 
 
 class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a worker serves: input/output specs at the compiled batch, and how it batches:
     with ``batching_dim`` set, a request may have any size >= 1 along that dimension (the
-    same for every input) and every other must match; without it, every dimension."""
+    same for every input) and every other must match; without it, every dimension.
+
+    ``version`` tells two builds of one name apart (a repository's ``NAME/VERSION/``; a
+    worker given a model file serves version "1"); each version may have its own schema.
+    ``default_version`` pins the version a request that names none goes to (the
+    repository's ``config.toml``); without it, the latest version a worker serves."""
 
     name: Name
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     batch_size: Positive = 1
     batching_dim: Count | None = None
+    version: Version = "1"
+    default_version: Version | None = None
 
     def to_json(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -48,6 +55,11 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         dim = self.batching_dim
         batching = ", no dynamic batching" if dim is None else f" along dimension {dim}"
         return f"{inputs} -> {outputs}; batch {self.batch_size}{batching}"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Which model and version this is: what the broker routes by."""
+        return self.name, self.version
 
     def samples(self, shapes: Iterable[Sequence[int]]) -> int:
         """Samples a request whose tensors have ``shapes`` carries: the size along the

@@ -18,7 +18,7 @@ from ipuserve.protocol.tensors import Frame
 Refusals = tuple[tuple[str, str], ...]
 
 
-class _Plain(Header, frozen=True):
+class PlainMessage(Header, frozen=True):
     """A message that is its header: the class decodes itself."""
 
     COMMAND: ClassVar[Command]
@@ -36,7 +36,7 @@ class _Plain(Header, frozen=True):
         return self
 
 
-class Hello(_Plain, frozen=True):
+class Hello(PlainMessage, frozen=True):
     COMMAND: ClassVar[Command] = Command.HELLO
     worker_id: Name
     models: tuple[ModelSpec, ...]
@@ -48,7 +48,7 @@ class Hello(_Plain, frozen=True):
         return self
 
 
-class Welcome(_Plain, frozen=True):
+class Welcome(PlainMessage, frozen=True):
     """The broker's answer to HELLO; its payload limit bounds the results a worker sends.
     ``refused`` lists the announced models the broker will not route to this worker,
     each with why (another schema than the workers already serving that name)."""
@@ -61,7 +61,7 @@ class Welcome(_Plain, frozen=True):
     refused: tuple[tuple[Name, str], ...] = ()
 
 
-class Heartbeat(_Plain, frozen=True):
+class Heartbeat(PlainMessage, frozen=True):
     """Both ways. A worker reports ``in_flight`` and may change its ``credit`` (0 = draining)."""
 
     COMMAND: ClassVar[Command] = Command.HEARTBEAT
@@ -69,7 +69,7 @@ class Heartbeat(_Plain, frozen=True):
     credit: Count | None = None
 
 
-class Reconnect(_Plain, frozen=True):
+class Reconnect(PlainMessage, frozen=True):
     COMMAND: ClassVar[Command] = Command.RECONNECT
 
 
@@ -77,7 +77,7 @@ class ByeHeader(Header, frozen=True):
     handed_back: tuple[HexId, ...]
 
 
-class Bye(_Plain, frozen=True):
+class Bye(PlainMessage, frozen=True):
     """A worker leaves; the jobs it still held and will not answer are handed back."""
 
     COMMAND: ClassVar[Command] = Command.BYE
