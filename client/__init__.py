@@ -12,6 +12,7 @@ Example::
 """
 
 from ipuserve.client.async_client import AsyncClient
+from ipuserve.client.base import RequestOptions
 from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.core import LinkInfo
@@ -28,5 +29,6 @@ __all__ = [
     "FleetWorker",
     "InferFuture",
     "LinkInfo",
+    "RequestOptions",
     "Timing",
 ]

@@ -21,14 +21,12 @@ belongs to the event loop it is first used on, and its methods must be called th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar, Unpack
 
 from ipuserve import protocol as wire
 from ipuserve.client.async_loop import AsyncLoop
-from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup
-from ipuserve.client.client import build_request
+from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup, Inputs, RequestOptions
 from ipuserve.client.fleet import merge_models
 from ipuserve.client.pending import Arrays, Pending, parse_models, parse_reply
 from ipuserve.client.timing import Timing
@@ -43,30 +41,19 @@ class AsyncClient(ClientBase[AsyncLoop]):
     def _start(self, setup: ClientSetup) -> AsyncLoop:
         return AsyncLoop(setup.endpoints, setup.connect, setup.config, follow=setup.follow)
 
-    async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        timeout: float | None = CLIENT_TIMEOUT,
-        copy: bool = True,
-    ) -> Arrays:
-        """One request's outputs, ``{output name: read-only array}``. ``copy=False``
-        sends the arrays as they are: they must not change until this returns."""
-        outputs, _ = await self.infer_timed(model, inputs, timeout=timeout, copy=copy)
+    async def infer(self, model: str, inputs: Inputs, **options: Unpack[RequestOptions]) -> Arrays:
+        """One request's outputs, ``{output name: read-only array}``. ``timeout``
+        (seconds; ``None`` waits for ever) defaults to the client's; ``copy=False`` sends
+        the arrays as they are: they must not change until this returns
+        (:class:`~ipuserve.client.RequestOptions`)."""
+        outputs, _ = await self.infer_timed(model, inputs, **options)
         return outputs
 
     async def infer_timed(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        timeout: float | None = CLIENT_TIMEOUT,
-        copy: bool = True,
+        self, model: str, inputs: Inputs, **options: Unpack[RequestOptions]
     ) -> tuple[Arrays, Timing]:
         """:meth:`infer`, and where the request's time went."""
-        timeout = self._call_timeout(timeout)
-        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
+        message, timeout = self._new_request(model, inputs, options)
         future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
         pending = Pending(message, future, timeout, parse_reply)
         self._io.submit(pending)

@@ -1,8 +1,10 @@
 """What the two faces of the client (:class:`~ipuserve.client.Client`, with its I/O
 thread, and :class:`~ipuserve.client.AsyncClient`, on an event loop) share: the
-constructor's arguments, checked alike (:class:`ClientSetup`), and the members that
-only hand over to the driver of the core (:class:`ClientBase`). Each face adds its
-own way of waiting for a request; both start their driver from the same setup.
+constructor's arguments, checked alike (:class:`ClientSetup`), a request's keyword
+options, declared once (:class:`RequestOptions`), the request built from them after
+the caller's mistakes are refused (:func:`build_request`), and the members that only
+hand over to the driver of the core (:class:`ClientBase`). Each face adds its own way
+of waiting for a request; both start their driver from the same setup.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import numbers
 import secrets
 import uuid
 import weakref
-from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, TypeAlias, TypedDict, TypeVar
 
+import numpy as np
 import zmq
 
 from ipuserve import protocol as wire
@@ -25,7 +28,7 @@ from ipuserve.client.driver import Driver
 from ipuserve.client.sockets import LinkSocket, open_socket
 from ipuserve.discovery import EndpointSet, expand
 from ipuserve.endpoints import endpoint_problem
-from ipuserve.errors import ConfigError
+from ipuserve.errors import ConfigError, InvalidInputError
 from ipuserve.security import KeySource, client_keys
 
 
@@ -39,6 +42,31 @@ class _Default:
 #: the default of every call's ``timeout`` (both faces): "the client's own"
 CLIENT_TIMEOUT: Any = _Default()
 _KEY_NAMES = ("curve_secret_key", "broker_public_key")  # named so in a ConfigError
+
+#: A request's inputs: input name -> ``numpy.ndarray``. Typed ``Any`` because anything
+#: else is refused at once with an :class:`InvalidInputError` that says how to convert it.
+Inputs: TypeAlias = Mapping[str, Any]
+
+
+class RequestOptions(TypedDict, total=False):
+    """The keyword options of a request, declared once for every call that sends one
+    and returns before its answer is needed (:meth:`Client.infer_async`,
+    :meth:`AsyncClient.infer`, :meth:`AsyncClient.infer_timed`), as
+    ``**options: Unpack[RequestOptions]``: type checkers and IDEs show them as those
+    methods' keyword parameters, and an unknown one raises ``TypeError`` as a misspelled
+    keyword does."""
+
+    #: seconds > 0 that the request may take, or None to wait for ever; left out: the
+    #: client's own ``timeout``
+    timeout: float | None
+    #: copy the inputs before the call returns (left out: True), so that the caller may
+    #: change its arrays at once; False sends them as they are: then they must not change
+    #: until the request is answered, or it carries (and a re-send after a broker restart
+    #: re-sends) whatever they hold by then
+    copy: bool
+
+
+_OPTION_NAMES = RequestOptions.__optional_keys__
 
 
 def check_timeout(timeout: Any) -> float | None:
@@ -61,6 +89,44 @@ def type_name(value: Any) -> str:
     """How an error names what it got instead: ``a list``, ``a numpy.float64``."""
     kind = type(value)
     return f"a {kind.__module__}.{kind.__qualname__}".replace("a builtins.", "a ")
+
+
+def build_request(
+    number: int, model: str, inputs: Inputs, timeout: float | None, *, copy: bool
+) -> wire.Request:
+    """Request ``number`` after the caller's mistakes are refused (both faces alike);
+    ``copy``: of the inputs first, so that the caller may reuse its arrays at once."""
+    _check_model(model)
+    _check_inputs(inputs)
+    if copy:
+        inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
+    tensors = wire.Tensors.of(inputs)
+    timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
+    return wire.Request(number.to_bytes(8, "little"), model, tensors, timeout_ms)
+
+
+def _check_model(model: Any) -> None:
+    problem = wire.name_problem(model)
+    if problem is not None:
+        raise InvalidInputError(f"the model name {problem}")
+
+
+def _check_inputs(inputs: Any) -> None:
+    """A clear error for inputs the wire would misread (a bare array, a list of floats)."""
+    if not isinstance(inputs, Mapping):
+        raise InvalidInputError(
+            f"inputs must be a dict of input name -> numpy array, not {type_name(inputs)}"
+        )
+    for name, value in inputs.items():
+        problem = wire.name_problem(name)
+        if problem is not None:
+            raise InvalidInputError(f"input name {name!r}: the name {problem}")
+        if not isinstance(value, np.ndarray):
+            raise InvalidInputError(
+                f"input {name!r} is {type_name(value)}, not a numpy array; convert it with "
+                "numpy.asarray(value, dtype=...) in the model's dtype (`ipuserve models` "
+                "lists it)"
+            )
 
 
 def _check_endpoints(endpoints: list[Any], address: Any) -> None:
@@ -163,6 +229,19 @@ class ClientBase(Generic[DriverT]):
     def _call_timeout(self, timeout: Any) -> float | None:
         """A call's ``timeout``: the client's own (:data:`CLIENT_TIMEOUT`), or checked."""
         return self.timeout if timeout is CLIENT_TIMEOUT else check_timeout(timeout)
+
+    def _new_request(
+        self, model: str, inputs: Inputs, options: RequestOptions
+    ) -> tuple[wire.Request, float | None]:
+        """The next request with ``options`` (:class:`RequestOptions`), and its timeout,
+        after what is known locally is refused: an unknown option (``TypeError``), a
+        timeout (:class:`ConfigError`), a model or inputs (:class:`InvalidInputError`)."""
+        if not options.keys() <= _OPTION_NAMES:  # a subset test: no set built per request
+            unknown = ", ".join(sorted(options.keys() - _OPTION_NAMES))
+            raise TypeError(f"unexpected keyword argument(s): {unknown}")
+        timeout = self._call_timeout(options.get("timeout", CLIENT_TIMEOUT))
+        copy = options.get("copy", True)
+        return build_request(next(self._ids), model, inputs, timeout, copy=copy), timeout
 
     def links(self) -> list[LinkInfo]:
         """The client's brokers: endpoint, usable now, pending and assigned requests,
