@@ -5,10 +5,10 @@ may complete its handshake on a socket that has a ZAP domain. This handler binds
 that endpoint on the broker's context and answers with :func:`policy.decide`.
 
 Why not pyzmq's ``ThreadAuthenticator``: its allow-any switch and address lists
-are global to the context, not per domain; its User-Id is the key itself, not a
-role; it logs every refusal (a refused client retries every 100 ms, so the log
-would fill); and it runs an asyncio loop for a REP socket. What it does right,
-this keeps: its own thread, so a slow broker loop never stalls handshakes.
+are global to the context, not per domain; it has no roles; it logs every refusal
+(a refused client retries every 100 ms, so the log would fill); and it runs an
+asyncio loop for a REP socket. What it does right, this keeps: its own thread, so a
+slow broker loop never stalls handshakes, and (with keys) the key as User-Id.
 
 Start it **before** binding the broker's sockets: a CURVE server socket whose
 context has no ZAP handler admits every key (libzmq's default).
