@@ -118,6 +118,7 @@ class Broker:
             #: the role of a message's sender now (per message: a reload revokes keys
             #: on open connections too); what an "admin only" command checks
             self.role_of = self.zap.role_of
+            self._refuse_message = self.zap.refuse_message  # counts, logs, says why
             self.metrics.watch_security(self.zap)
             self._frontend = self._router(
                 config.frontend, FRONTEND_DOMAIN, sndhwm=config.client_hwm, handover=True
@@ -360,15 +361,13 @@ class Broker:
         """A client whose key no list admits any more: every request it names is
         answered UNAUTHENTICATED (counted with the errors, and by the ZAP handler);
         the message is not decoded (a revoked peer gets no more of the parser)."""
-        assert self.zap is not None
-        error = UnauthenticatedError(self.zap.refuse_message(frame, FRONTEND_DOMAIN))
+        error = UnauthenticatedError(self._refuse_message(frame, FRONTEND_DOMAIN))
         self._refuse(client, body, error, "")
 
     def _on_worker(self, frames: list[Any]) -> None:
         identity, body = frames[0].bytes, frames[1:]
         if self.role_of(frames[0], BACKEND_DOMAIN) is None:  # its key was removed
-            assert self.zap is not None
-            self._workers.on_revoked(identity, self.zap.refuse_message(frames[0], BACKEND_DOMAIN))
+            self._workers.on_revoked(identity, self._refuse_message(frames[0], BACKEND_DOMAIN))
             return
         now = time.monotonic()
         worker = self.registry.workers.get(identity)
