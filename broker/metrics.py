@@ -52,6 +52,11 @@ class BrokerMetrics(Registry):
             "Peers refused at the CURVE handshake, by socket (frontend, backend): a key "
             "not in the socket's allow-lists, no CURVE, or a wrong broker key.",
         )
+        self.refused_messages = Family(
+            p + "refused_messages_total",
+            "Messages refused on open connections, by socket (frontend, backend): their "
+            "sender's key was removed from the allow-lists (and SIGHUP) after it connected.",
+        )
         self.admitted_handshakes = Family(
             p + "admitted_handshakes_total", "Peers admitted at the CURVE handshake, by role."
         )
@@ -69,6 +74,8 @@ class BrokerMetrics(Registry):
         if zap is not None:
             for domain, count in zap.refused_by_domain.items():
                 self.refused_handshakes.set(count, socket=domain)
+            for domain, count in zap.refused_messages_by_domain.items():
+                self.refused_messages.set(count, socket=domain)
             for role, count in zap.admitted_by_role.items():
                 self.admitted_handshakes.set(count, role=role)
             for role, count in zap.key_counts.items():

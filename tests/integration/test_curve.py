@@ -90,9 +90,11 @@ def keys(tmp_path: Path) -> KeyDirs:
     return made
 
 
-def start_curve_broker(procs: Processes, keys: KeyDirs) -> BrokerProc:
+def start_curve_broker(
+    procs: Processes, keys: KeyDirs, counts: str = "1 client key, 1 worker key"
+) -> BrokerProc:
     """``ipuserve broker`` with keys (the allow-lists from environment variables, as a
-    deployment gives them); it says it runs CURVE."""
+    deployment gives them); it says it runs CURVE, with ``counts`` keys and 1 admin key."""
     env = {
         "IPUSERVE_BROKER_CLIENT_KEYS": str(keys.root / "clients"),
         "IPUSERVE_BROKER_WORKER_KEYS": str(keys.root / "workers"),
@@ -100,8 +102,7 @@ def start_curve_broker(procs: Processes, keys: KeyDirs) -> BrokerProc:
     }
     options = ("--curve-secret-key", str(keys.secret("broker")))
     broker = start_broker(procs, *options, env=env, ping_check=False)
-    broker.proc.wait_for(r"security: CURVE, peers admitted by key: 1 client key, "
-                         r"1 worker key, 1 admin key")  # fmt: skip
+    broker.proc.wait_for(rf"security: CURVE, peers admitted by key: {counts}, 1 admin key")
     return broker
 
 
