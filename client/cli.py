@@ -8,8 +8,7 @@ one-line ``Error: [CODE] message`` exits instead of tracebacks.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,8 +16,10 @@ import click
 import numpy as np
 
 from ipuserve import protocol as wire
+from ipuserve.client.cli_support import client_address, client_for, typed_errors
 from ipuserve.client.client import Client
 from ipuserve.client.fleet import FleetModel, merge_models
+from ipuserve.client.repository_cli import repository_commands
 from ipuserve.clikit import (
     Endpoint,
     ModelName,
@@ -27,11 +28,11 @@ from ipuserve.clikit import (
     option,
     writing,
 )
-from ipuserve.discovery import expand, split_endpoints
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
-from ipuserve.security import ClientKeys
 from ipuserve.security.cli import curve_client_options, keys_from_options
+
+__all__ = ["client_address", "client_for", "commands", "infer", "models", "typed_errors"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -43,45 +44,6 @@ MODELS_BROKER_HELP = (
     "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
     "(in the variable: space-separated): their models are shown as one fleet."
 )
-
-
-@contextmanager
-def _typed_errors() -> Iterator[None]:
-    """Turn a reported IpuserveError into a one-line click error that names its code."""
-    try:
-        yield
-    except IpuserveError as exc:
-        raise click.ClickException(f"[{exc.code}] {exc}") from exc
-
-
-def client_address(brokers: str | Sequence[str]) -> str | list[str]:
-    """What the Client is given for the ``--broker`` values: one endpoint as a string
-    (the single-broker client, as ever), unless its host resolves to several addresses
-    (Swarm's ``tasks.SERVICE``); several, or such a name, as a list (one link each)."""
-    if isinstance(brokers, str):
-        brokers = [brokers]
-    endpoints = split_endpoints(brokers)
-    if len(endpoints) != 1:
-        return endpoints
-    try:
-        several = len(expand(endpoints[0])) > 1
-    except OSError:  # not resolvable (yet): ZeroMQ resolves it when it can
-        several = False
-    return endpoints if several else endpoints[0]
-
-
-def client_for(broker: str | Sequence[str], timeout_s: float, keys: ClientKeys | None) -> Client:
-    """A Client to ``broker`` (one or several, :func:`client_address`), CURVE with
-    ``keys`` (loaded by :func:`keys_from_options`)."""
-    address = client_address(broker)
-    if keys is None:
-        return Client(address, timeout=timeout_s)
-    return Client(
-        address,
-        timeout=timeout_s,
-        curve_secret_key=keys.pair.secret,
-        broker_public_key=keys.broker_public,
-    )
 
 
 def describe(array: np.ndarray[Any, Any]) -> str:
@@ -153,7 +115,7 @@ def infer(
     if output is not None:
         check_writable(output)
     keys = keys_from_options(curve_secret_key, broker_public_key)
-    with _typed_errors(), client_for(broker, timeout_s, keys) as client:
+    with typed_errors(), client_for(broker, timeout_s, keys) as client:
         future = client.infer_async(model, inputs)
         outputs = future.result(timeout_s + 5)
     for name, array in outputs.items():
@@ -172,12 +134,14 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         np.savez(file, **arrays)  # type: ignore[arg-type]
 
 
-@click.command()
-@option("--broker", required=True, multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP)
+@click.group(invoke_without_command=True)
+@option("--broker", multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP + " Required.")
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @_timeout_option(10.0, "Give up after this long.")
 @curve_client_options
+@click.pass_context
 def models(
+    ctx: click.Context,
     broker: tuple[str, ...],
     as_json: bool,
     timeout_s: float,
@@ -185,15 +149,20 @@ def models(
     broker_public_key: Path | None,
 ) -> None:
     """List the broker's models: batch, queued requests, and each worker's credit, jobs
-    and requests.
+    and requests; or load, unload and list the model repository's versions (``models
+    load|unload|index --help``).
 
     Credit and jobs count jobs (a group of requests is one job); queued and requests
     count the clients' requests. With several brokers, the fleet as one: each model
     once, each worker once with the brokers it is registered with (its numbers added
     up over them); a broker that does not answer is named on stderr and left out.
     """
+    if ctx.invoked_subcommand is not None:
+        return  # its own options say where and how
+    if not broker:
+        raise click.UsageError("Missing option '--broker'.")
     keys = keys_from_options(curve_secret_key, broker_public_key)
-    with _typed_errors(), client_for(broker, timeout_s, keys) as client:
+    with typed_errors(), client_for(broker, timeout_s, keys) as client:
         if isinstance(client.address, str):
             found = client.models()
         else:
@@ -281,5 +250,8 @@ def fleet_table(fleet: list[FleetModel]) -> str:
     out.extend(rows)
     return "\n".join(out)
 
+
+for _command in repository_commands:
+    models.add_command(_command)
 
 commands: list[click.Command] = [infer, models]

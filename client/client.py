@@ -44,6 +44,7 @@ in the model's dtype, which ``ipuserve models`` shows).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -53,16 +54,23 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ipuserve import protocol as wire
-from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup, type_name
+from ipuserve.client.base import (
+    CLIENT_TIMEOUT,
+    ClientBase,
+    ClientSetup,
+    checked_name,
+    type_name,
+)
 from ipuserve.client.fleet import FleetModel, merge_models
 from ipuserve.client.pending import (
-    Arrays,
     InferFuture,
+    Outputs,
     Pending,
     Waiter,
     parse_models,
     parse_reply,
 )
+from ipuserve.client.repository import Pause, RepositoryIndex, Step, Stepper, Steps, check_version
 from ipuserve.client.thread_loop import ThreadLoop
 from ipuserve.errors import (
     DeadlineExceeded,
@@ -75,7 +83,7 @@ T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
 
 
-class Client(ClientBase[ThreadLoop]):
+class Client(ClientBase[ThreadLoop, RepositoryIndex]):
     """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``), or to
     several.
 
@@ -121,8 +129,11 @@ class Client(ClientBase[ThreadLoop]):
         *,
         timeout: float | None = CLIENT_TIMEOUT,
         copy: bool = True,
+        version: str | int | None = None,
     ) -> InferFuture:
-        """Send one request; the future holds ``{output name: read-only array}``.
+        """Send one request; the future holds ``{output name: read-only array}`` (an
+        :class:`~ipuserve.client.Outputs`: its ``version`` says which version answered).
+        ``version``: that version of the model; None: its default (docs/repository.md).
 
         The inputs are copied first, so the caller may change its arrays as soon as
         this returns. ``copy=False`` sends them as they are, without a copy: then they
@@ -142,7 +153,7 @@ class Client(ClientBase[ThreadLoop]):
         """
         timeout = self._call_timeout(timeout)
         direct = threading.current_thread() is not threading.main_thread()
-        return self._request(model, inputs, timeout, copy=copy, direct=direct)
+        return self._request(model, inputs, timeout, copy=copy, direct=direct, version=version)
 
     def _request(
         self,
@@ -152,24 +163,36 @@ class Client(ClientBase[ThreadLoop]):
         *,
         copy: bool,
         direct: bool,
+        version: str | int | None = None,
     ) -> InferFuture:
         """Build and submit one request; ``direct``: it may leave from this thread."""
-        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
+        message = build_request(next(self._ids), model, inputs, timeout, copy=copy, version=version)
         future = InferFuture(message.request_id, self._io.thread, owner=self)
         self._io.submit(Pending(message, future, timeout, parse_reply), direct=direct)
         return future
 
     def infer(
-        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = CLIENT_TIMEOUT
-    ) -> Arrays:
-        """Send one request and wait for its outputs (raises the reported error class).
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        timeout: float | None = CLIENT_TIMEOUT,
+        version: str | int | None = None,
+    ) -> Outputs:
+        """Send one request and wait for its outputs (raises the reported error class):
+        ``{output name: read-only array}``, whose ``version`` says which model version
+        answered (:class:`~ipuserve.client.Outputs`).
 
-        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
-        inputs are sent without a copy: they must not change while this runs."""
+        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's.
+        ``version``: that version of the model (a whole number, as a string or an int);
+        None: the model's default version. The inputs are sent without a copy: they must
+        not change while this runs."""
         timeout = self._call_timeout(timeout)
         self._refuse_blocking_on_io_thread("infer")
-        message = build_request(next(self._ids), model, inputs, timeout, copy=False)
-        waiter: Waiter[Arrays] = Waiter()  # lighter than the InferFuture nobody sees
+        message = build_request(
+            next(self._ids), model, inputs, timeout, copy=False, version=version
+        )
+        waiter: Waiter[Outputs] = Waiter()  # lighter than the InferFuture nobody sees
         self._io.submit(Pending(message, waiter, timeout, parse_reply), direct=True)
         return _wait(waiter, timeout, self._io)
 
@@ -223,6 +246,24 @@ class Client(ClientBase[ThreadLoop]):
         self._io.submit(pending, to=to)
         return future
 
+    def _walk(self, steps: Steps) -> RepositoryIndex:
+        """The repository calls' steps, blocking (ClientBase)."""
+        self._refuse_blocking_on_io_thread("a repository call")
+        stepper = Stepper(steps)
+        step = stepper.next(None)
+        while step is not None:
+            step = stepper.next(self._take(step))
+        assert stepper.result is not None
+        return stepper.result
+
+    def _take(self, step: Step) -> RepositoryIndex | None:
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        future: Future[RepositoryIndex] = Future()
+        self._io.submit(self._repository_pending(step, future))
+        return _wait(future, self.timeout, self._io)
+
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
         """A blocking call from a done-callback would wait for the thread it blocks."""
         if threading.current_thread() is self._io.thread:
@@ -244,23 +285,27 @@ class Client(ClientBase[ThreadLoop]):
 
 
 def build_request(
-    number: int, model: str, inputs: Mapping[str, Any], timeout: float | None, *, copy: bool
+    number: int,
+    model: str,
+    inputs: Mapping[str, Any],
+    timeout: float | None,
+    *,
+    copy: bool,
+    version: str | int | None = None,
 ) -> wire.Request:
     """Request ``number`` after the caller's mistakes are refused (both faces alike);
-    ``copy``: of the inputs first, so that the caller may reuse its arrays at once."""
-    _check_model(model)
+    ``copy``: of the inputs first, so that the caller may reuse its arrays at once;
+    ``version``: the model version asked for (None: the default)."""
+    checked_name(model)
     _check_inputs(inputs)
+    checked_version = check_version(version)
     if copy:
         inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
     tensors = wire.Tensors.of(inputs)
     timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
-    return wire.Request(number.to_bytes(8, "little"), model, tensors, timeout_ms)
-
-
-def _check_model(model: Any) -> None:
-    problem = wire.name_problem(model)
-    if problem is not None:
-        raise InvalidInputError(f"the model name {problem}")
+    return wire.Request(
+        number.to_bytes(8, "little"), model, tensors, timeout_ms, version=checked_version
+    )
 
 
 def _check_inputs(inputs: Any) -> None:
