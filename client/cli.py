@@ -197,20 +197,23 @@ def models_json(found: list[wire.ModelInfo]) -> list[dict[str, Any]]:
     return listed
 
 
-_ROW = "{:20} {:>5} {:>6}  {:28} {:>6} {:>5} {:>8}"
+_ROW = "{:20} {:>7} {:>5} {:>6}  {:28} {:>6} {:>5} {:>8}"
 
 
 def models_table(found: list[wire.ModelInfo]) -> str:
-    """One row per (model, worker), then the model's inputs. ``jobs`` is what the credit
+    """One row per (model version, worker), then the model's inputs. ``jobs`` is what the credit
     bounds; ``requests`` what those jobs hold (more when clients send groups)."""
-    header = _ROW.format("model", "batch", "queued", "worker", "credit", "jobs", "requests")
+    header = _ROW.format(
+        "model", "version", "batch", "queued", "worker", "credit", "jobs", "requests"
+    )
     lines = [header, "-" * len(header)]
     for info in found:
-        first = (info.spec.name, info.spec.batch_size, info.queued)
+        spec = info.spec
+        first = (spec.name, spec.version, spec.batch_size, info.queued)
         for i, w in enumerate(info.workers or (wire.WorkerLoad("-", 0, 0, 0),)):
             lines.append(
                 _ROW.format(
-                    *(first if i == 0 else ("", "", "")),
+                    *(first if i == 0 else ("", "", "", "")),
                     w.worker_id,
                     w.credit,
                     w.in_flight,
@@ -220,7 +223,7 @@ def models_table(found: list[wire.ModelInfo]) -> str:
         tensors = ", ".join(map(str, info.spec.inputs))
         dim = info.spec.batching_dim
         batching = "no dynamic batching" if dim is None else f"batched along dimension {dim}"
-        lines.append(f"{'':20} inputs {tensors}; {batching}")
+        lines.append(f"{'':28} inputs {tensors}; {batching}")
     if not found:
         lines.append("(no models: no worker has registered yet)")
     return "\n".join(lines)
@@ -245,7 +248,7 @@ def fleet_table(fleet: list[FleetModel]) -> str:
         for worker in model.workers or (None,):
             out.append(next(rows))
             if worker is not None:
-                out.append(f"{'':20} {'':5} {'':6}  brokers {' '.join(worker.brokers)}")
+                out.append(f"{'':28} {'':5} {'':6}  brokers {' '.join(worker.brokers)}")
         out.append(next(rows))  # the inputs line
     out.extend(rows)
     return "\n".join(out)

@@ -248,7 +248,7 @@ class Client(ClientBase[ThreadLoop, RepositoryIndex]):
 
     def _walk(self, steps: Steps) -> RepositoryIndex:
         """The repository calls' steps, blocking (ClientBase)."""
-        self._refuse_blocking_on_io_thread("a repository call")
+        self._refuse_blocking_on_io_thread("load_model/unload_model/repository_index")
         stepper = Stepper(steps)
         step = stepper.next(None)
         while step is not None:

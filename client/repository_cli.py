@@ -9,15 +9,17 @@ on the model's default version.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
 from ipuserve.client.cli_support import client_for, typed_errors
-from ipuserve.client.repository import LOAD_TIMEOUT_S, RepositoryIndex
+from ipuserve.client.client import Client
+from ipuserve.client.repository import LOAD_TIMEOUT_S, OnProgress, RepositoryIndex
 from ipuserve.clikit import Endpoint, ModelName, TimeoutSeconds, option
 from ipuserve.progress import Progress, ProgressLine
 from ipuserve.security.cli import curve_client_options, keys_from_options
@@ -77,19 +79,35 @@ def _common(wait: bool) -> Callable[[F], F]:
     return apply
 
 
+def _connecting(command: Callable[..., None]) -> Callable[..., None]:
+    """The command gets ``connect`` (a Client of ``--broker`` with the CURVE options and
+    ``--timeout-s``) in place of those options: one config object, as rq does it."""
+
+    @functools.wraps(command)
+    def run(
+        *,
+        broker: tuple[str, ...],
+        timeout_s: float,
+        curve_secret_key: Path | None,
+        broker_public_key: Path | None,
+        **options: Any,
+    ) -> None:
+        keys = keys_from_options(curve_secret_key, broker_public_key)
+        command(connect=lambda: client_for(broker, timeout_s, keys), **options)
+
+    return run
+
+
+Connect = Callable[[], Client]
+
+
 @click.command("index")
 @_common(wait=False)
-def index(
-    broker: tuple[str, ...],
-    as_json: bool,
-    timeout_s: float,
-    curve_secret_key: Path | None,
-    broker_public_key: Path | None,
-) -> None:
+@_connecting
+def index(connect: Connect, as_json: bool) -> None:
     """Every model version in the workers' repositories: its state (READY, LOADING,
     UNLOADING, UNAVAILABLE), workers, and why; * marks a model's default version."""
-    keys = keys_from_options(curve_secret_key, broker_public_key)
-    with typed_errors(), client_for(broker, timeout_s, keys) as client:
+    with typed_errors(), connect() as client:
         found = client.repository_index()
     _show(found, as_json)
 
@@ -108,34 +126,33 @@ def index(
     help="How many repository workers load it. Default: 1.",
 )
 @_common(wait=True)
+@_connecting
 def load(
+    connect: Connect,
     name: str,
     version: str | None,
     replicas: int | None,
     workers: int | None,
-    broker: tuple[str, ...],
     as_json: bool,
-    timeout_s: float,
-    curve_secret_key: Path | None,
-    broker_public_key: Path | None,
     wait: bool,
     wait_s: float,
 ) -> None:
     """Load NAME (a version of it) on repository workers with free IPUs, least loaded
     first, and wait until it is READY."""
-    keys = keys_from_options(curve_secret_key, broker_public_key)
-    line = ProgressLine()
-    with typed_errors(), client_for(broker, timeout_s, keys) as client:
-        found = client.load_model(
+    found = _drawn(
+        connect,
+        f"loading {name}",
+        name,
+        lambda client, progress: client.load_model(
             name,
             version,
             replicas=replicas,
             workers=workers,
             wait=wait,
             timeout=wait_s,
-            on_progress=_drawing(line, f"loading {name}", name),
-        )
-    line.finish()
+            on_progress=progress,
+        ),
+    )
     _show(found, as_json, only=name)
 
 
@@ -143,34 +160,39 @@ def load(
 @click.argument("name", type=ModelName())
 @option("--version", help=_VERSION_HELP + " Default: every loaded version.")
 @_common(wait=True)
+@_connecting
 def unload(
-    name: str,
-    version: str | None,
-    broker: tuple[str, ...],
-    as_json: bool,
-    timeout_s: float,
-    curve_secret_key: Path | None,
-    broker_public_key: Path | None,
-    wait: bool,
-    wait_s: float,
+    connect: Connect, name: str, version: str | None, as_json: bool, wait: bool, wait_s: float
 ) -> None:
     """Unload NAME (a version of it): its workers finish what they hold, hand back what
     they have not started, and free their IPUs; wait until it is gone."""
-    keys = keys_from_options(curve_secret_key, broker_public_key)
-    line = ProgressLine()
-    with typed_errors(), client_for(broker, timeout_s, keys) as client:
-        found = client.unload_model(
-            name,
-            version,
-            wait=wait,
-            timeout=wait_s,
-            on_progress=_drawing(line, f"unloading {name}", name),
-        )
-    line.finish()
+    found = _drawn(
+        connect,
+        f"unloading {name}",
+        name,
+        lambda client, progress: client.unload_model(
+            name, version, wait=wait, timeout=wait_s, on_progress=progress
+        ),
+    )
     _show(found, as_json, only=name)
 
 
-def _drawing(line: ProgressLine, phase: str, name: str) -> Callable[[RepositoryIndex, float], None]:
+def _drawn(
+    connect: Connect,
+    phase: str,
+    name: str,
+    call: Callable[[Client, OnProgress], RepositoryIndex],
+) -> RepositoryIndex:
+    """``call`` with a client, its wait drawn on a terminal's progress line."""
+    line = ProgressLine()
+    try:
+        with typed_errors(), connect() as client:
+            return call(client, _drawing(line, phase, name))
+    finally:
+        line.finish()
+
+
+def _drawing(line: ProgressLine, phase: str, name: str) -> OnProgress:
     """The wait's progress on ``line``: the model's versions and their states."""
 
     def draw(found: RepositoryIndex, waited_s: float) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -224,3 +225,14 @@ class ScriptedRepository:
                 }
         reply = tuple(self.states.values())
         return wire.RepositoryReply(command.request_id, reply, f"{command.action} done")
+
+
+@contextmanager
+def scripted_broker() -> Iterator[FakeBroker]:
+    """A started fake broker whose repository is a :class:`ScriptedRepository`."""
+    fake = FakeBroker().start()
+    fake.repository = ScriptedRepository()
+    try:
+        yield fake
+    finally:
+        fake.stop()

@@ -38,7 +38,14 @@ from ipuserve.errors import (
     UnknownModelError,
 )
 from tests.client.faces import MakeClient
-from tests.client.fake_broker import FakeBroker, ScriptedRepository, add_handler, inputs, state
+from tests.client.fake_broker import (
+    FakeBroker,
+    ScriptedRepository,
+    add_handler,
+    inputs,
+    scripted_broker,
+    state,
+)
 from tests.helpers import Processes, start_broker, start_worker
 
 FAST = ClientConfig(ping_interval_s=0.05, liveness_s=0.3)
@@ -161,10 +168,8 @@ def test_a_version_that_is_no_whole_number_is_refused_at_the_call(bad: object) -
 
 @pytest.fixture
 def broker() -> Iterator[FakeBroker]:
-    fake = FakeBroker().start()
-    fake.repository = ScriptedRepository()
-    yield fake
-    fake.stop()
+    with scripted_broker() as fake:
+        yield fake
 
 
 def test_load_model_sends_the_command_and_waits_until_ready(

@@ -11,15 +11,13 @@ from click.testing import CliRunner
 
 from ipuserve import protocol as wire
 from ipuserve.face.cli import main
-from tests.client.fake_broker import FakeBroker, ScriptedRepository
+from tests.client.fake_broker import FakeBroker, ScriptedRepository, scripted_broker
 
 
 @pytest.fixture
 def broker() -> Iterator[FakeBroker]:
-    fake = FakeBroker().start()
-    fake.repository = ScriptedRepository()
-    yield fake
-    fake.stop()
+    with scripted_broker() as fake:
+        yield fake
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
