@@ -217,7 +217,8 @@ class ClientBase(Generic[DriverT, IndexT]):
         ``workers`` repository workers (default 1) with ``replicas`` IPUs each (default:
         the model's config), and, with ``wait``, wait until it is READY on them:
         ``timeout`` seconds at most (:class:`DeadlineExceeded`; None waits for ever).
-        Returns the index then (without ``wait``: as the broker answered the load).
+        Returns the index then, with what the broker said it did (``message``; without
+        ``wait``: the index as the broker answered the load).
 
         Raises what the broker refused with: :class:`PermissionDeniedError` (not an
         admin), :class:`UnknownModelError` (no repository holds it), :class:`NoRoomError`

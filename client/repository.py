@@ -20,6 +20,7 @@ send me its answer) and :class:`Pause` (wait this long), and returns the last in
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -213,7 +214,10 @@ def _until(
     timeout_s: float | None,
     on_progress: OnProgress | None,
 ) -> Steps:
-    """Ask ``index`` with growing pauses until ``done`` says so or ``timeout_s`` passed."""
+    """Ask ``index`` with growing pauses until ``done`` says so or ``timeout_s`` passed;
+    the index then, with the command's ``message`` (what it did: the later answers
+    are the index's, which say nothing)."""
+    message = index.message
     start = time.monotonic()
     pause = _FIRST_PAUSE_S
     while not done(index):
@@ -231,7 +235,7 @@ def _until(
         index = answer
     if on_progress is not None:
         on_progress(index, time.monotonic() - start)
-    return index
+    return dataclasses.replace(index, message=message)
 
 
 def _latest(index: RepositoryIndex, name: str) -> str:

@@ -178,6 +178,7 @@ def test_load_model_sends_the_command_and_waits_until_ready(
     with make_client(broker.address, timeout=10, config=FAST) as client:
         last = client.load_model("mlp", 2, replicas=2, workers=1)
     assert last.find("mlp", "2") == state("2", "READY", workers=1)
+    assert last.message == "load done"  # what the command did, not the last poll's ""
     load, *polls = broker.commands
     assert (load.action, load.model, load.version, load.replicas, load.workers) == (
         "load",
