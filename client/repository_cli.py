@@ -198,7 +198,7 @@ def _drawing(line: ProgressLine, phase: str, name: str) -> OnProgress:
     def draw(found: RepositoryIndex, waited_s: float) -> None:
         states = " ".join(f"v{v.version} {v.state}" for v in found.versions(name))
         ready = sum(v.state == "READY" for v in found.versions(name))
-        line(Progress(phase, waited_s, ready, "ready", states))
+        line(Progress(phase, waited_s, ready, "ready", states, rate=False))
 
     return draw
 
