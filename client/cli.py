@@ -99,6 +99,11 @@ def _timeout_option(default_s: float, help_text: str) -> Callable[[F], F]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Save the outputs to this file, as given, in numpy's .npz format.",
 )
+@option(
+    "--version",
+    help="A version of the model (a whole number >= 1). Default: the model's default "
+    "version (docs/repository.md).",
+)
 @_timeout_option(30.0, "Give up (DEADLINE_EXCEEDED) after this long.")
 @curve_client_options
 def infer(
@@ -106,22 +111,24 @@ def infer(
     model: str,
     inputs: dict[str, Any],
     output: Path | None,
+    version: str | None,
     timeout_s: float,
     curve_secret_key: Path | None,
     broker_public_key: Path | None,
 ) -> None:
     """Send one request with tensors from .npy files and print the outputs (and save them
-    with --output)."""
+    with --output), and which model version answered."""
     if output is not None:
         check_writable(output)
     keys = keys_from_options(curve_secret_key, broker_public_key)
     with typed_errors(), client_for(broker, timeout_s, keys) as client:
-        future = client.infer_async(model, inputs)
+        future = client.infer_async(model, inputs, version=version)
         outputs = future.result(timeout_s + 5)
     for name, array in outputs.items():
         click.echo(f"{name}: {describe(array)}")
     if future.timing is not None:
-        click.echo(f"took {future.timing.total_us / 1e3:.3f} ms", err=True)
+        answered = "" if outputs.version is None else f" (version {outputs.version})"
+        click.echo(f"took {future.timing.total_us / 1e3:.3f} ms{answered}", err=True)
     if output is not None:
         save_npz(output, outputs)
         click.echo(f"saved {', '.join(outputs)} to {output}", err=True)

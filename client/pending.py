@@ -50,7 +50,7 @@ class Outputs(dict[str, np.ndarray[Any, Any]]):
         return (Outputs, (dict(self), self.version))
 
 
-class InferFuture(Future[Arrays]):
+class InferFuture(Future[Outputs]):
     """A ``concurrent.futures.Future`` of a result, plus where its time went.
 
     ``timing`` is set just before the result (``None`` for errors and models()):
@@ -72,7 +72,7 @@ class InferFuture(Future[Arrays]):
         if owner is not None:
             self.add_done_callback(_release_owner)
 
-    def result(self, timeout: float | None = None) -> Arrays:
+    def result(self, timeout: float | None = None) -> Outputs:
         self._refuse_waiting_on_io_thread()
         return super().result(timeout)
 
@@ -136,7 +136,7 @@ class Waiter(Generic[T]):
         return self._result  # type: ignore[return-value]
 
 
-def _release_owner(future: Future[Arrays]) -> None:
+def _release_owner(future: Future[Outputs]) -> None:
     if isinstance(future, InferFuture):
         future._owner = None
 

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from ipuserve import protocol as wire
 from ipuserve.face.cli import main
-from tests.client.fake_broker import FakeBroker, ScriptedRepository, scripted_broker
+from tests.client.fake_broker import (
+    FakeBroker,
+    ScriptedRepository,
+    add_handler,
+    inputs,
+    scripted_broker,
+)
 
 
 @pytest.fixture
@@ -69,3 +77,23 @@ def test_models_alone_still_lists_the_models_and_needs_a_broker(broker: FakeBrok
     assert code == 0 and out.splitlines()[2].startswith("add")
     code, _, err = invoke("models")
     assert code == 2 and "Missing option '--broker'" in err
+
+
+def test_infer_asks_for_a_version_and_says_which_answered(
+    broker: FakeBroker, tmp_path: Path
+) -> None:
+    def answered_by_v2(request: wire.Request) -> wire.Message:
+        reply = add_handler(request)
+        assert isinstance(reply, wire.Reply)
+        return wire.Reply(reply.request_id, reply.tensors, reply.timing, (), "2")
+
+    broker.handler = answered_by_v2
+    given = inputs(2)
+    args = ["infer", "--broker", broker.address, "--model", "add", "--version", "2"]
+    for name, array in given.items():
+        np.save(tmp_path / f"{name}.npy", array)
+        args += ["--input", f"{name}={tmp_path / name}.npy"]
+    code, out, err = invoke(*args)
+    assert code == 0, err
+    assert out.startswith("y: float32[2, 3]") and err.strip().endswith("ms (version 2)")
+    assert [r.version for r in broker.requests] == ["2"]
