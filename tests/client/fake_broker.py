@@ -48,6 +48,17 @@ def add_handler(request: wire.Request) -> wire.Message:
     return wire.Reply(request.request_id, wire.Tensors.of({"y": y}), timing)
 
 
+def answered_by(version: str) -> Handler:
+    """:func:`add_handler`, its replies saying ``version`` answered."""
+
+    def handler(request: wire.Request) -> wire.Message:
+        reply = add_handler(request)
+        assert isinstance(reply, wire.Reply)
+        return wire.Reply(reply.request_id, reply.tensors, reply.timing, (), version)
+
+    return handler
+
+
 class FakeBroker:
     """A ROUTER on ``address`` (bound at start); :meth:`restart` rebinds with a new epoch."""
 

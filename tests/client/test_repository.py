@@ -41,7 +41,7 @@ from tests.client.faces import MakeClient
 from tests.client.fake_broker import (
     FakeBroker,
     ScriptedRepository,
-    add_handler,
+    answered_by,
     inputs,
     scripted_broker,
     state,
@@ -225,12 +225,7 @@ def test_a_refused_command_raises_the_brokers_error_with_its_reason(
 def test_a_request_naming_a_version_carries_it_and_the_reply_says_which_answered(
     broker: FakeBroker, make_client: MakeClient
 ) -> None:
-    def answered_by_v2(request: wire.Request) -> wire.Message:
-        reply = add_handler(request)
-        assert isinstance(reply, wire.Reply)
-        return wire.Reply(reply.request_id, reply.tensors, reply.timing, (), "2")
-
-    broker.handler = answered_by_v2
+    broker.handler = answered_by("2")
     x = inputs(3)
     with make_client(broker.address, timeout=10, config=FAST) as client:
         named = client.infer("add", x, version=2)

@@ -16,7 +16,7 @@ from ipuserve.face.cli import main
 from tests.client.fake_broker import (
     FakeBroker,
     ScriptedRepository,
-    add_handler,
+    answered_by,
     inputs,
     scripted_broker,
 )
@@ -82,12 +82,7 @@ def test_models_alone_still_lists_the_models_and_needs_a_broker(broker: FakeBrok
 def test_infer_asks_for_a_version_and_says_which_answered(
     broker: FakeBroker, tmp_path: Path
 ) -> None:
-    def answered_by_v2(request: wire.Request) -> wire.Message:
-        reply = add_handler(request)
-        assert isinstance(reply, wire.Reply)
-        return wire.Reply(reply.request_id, reply.tensors, reply.timing, (), "2")
-
-    broker.handler = answered_by_v2
+    broker.handler = answered_by("2")
     given = inputs(2)
     args = ["infer", "--broker", broker.address, "--model", "add", "--version", "2"]
     for name, array in given.items():
