@@ -17,7 +17,8 @@ from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import FleetModel, FleetWorker
-from ipuserve.client.pending import InferFuture
+from ipuserve.client.pending import InferFuture, Outputs
+from ipuserve.client.repository import RepositoryIndex
 from ipuserve.client.timing import Timing
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "FleetWorker",
     "InferFuture",
     "LinkInfo",
+    "Outputs",
+    "RepositoryIndex",
     "RequestOptions",
     "Timing",
 ]

@@ -44,22 +44,30 @@ in the model's dtype, which ``ipuserve models`` shows).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import TypeVar, Unpack
 
 from ipuserve import protocol as wire
-from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup, Inputs, RequestOptions
+from ipuserve.client.base import (
+    CLIENT_TIMEOUT,
+    ClientBase,
+    ClientSetup,
+    Inputs,
+    RequestOptions,
+)
 from ipuserve.client.fleet import FleetModel, merge_models
 from ipuserve.client.pending import (
-    Arrays,
     InferFuture,
+    Outputs,
     Pending,
     Waiter,
     parse_models,
     parse_reply,
 )
+from ipuserve.client.repository import Pause, RepositoryIndex, Step, Stepper, Steps
 from ipuserve.client.thread_loop import ThreadLoop
 from ipuserve.errors import (
     DeadlineExceeded,
@@ -71,7 +79,7 @@ T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
 
 
-class Client(ClientBase[ThreadLoop]):
+class Client(ClientBase[ThreadLoop, RepositoryIndex]):
     """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``), or to
     several.
 
@@ -113,7 +121,9 @@ class Client(ClientBase[ThreadLoop]):
     def infer_async(
         self, model: str, inputs: Inputs, **options: Unpack[RequestOptions]
     ) -> InferFuture:
-        """Send one request; the future holds ``{output name: read-only array}``.
+        """Send one request; the future holds ``{output name: read-only array}`` (an
+        :class:`~ipuserve.client.Outputs`: its ``version`` says which version answered).
+        ``version``: that version of the model; None: its default (docs/repository.md).
 
         ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
         inputs are copied first, so the caller may change its arrays as soon as this
@@ -141,15 +151,26 @@ class Client(ClientBase[ThreadLoop]):
         return future
 
     def infer(
-        self, model: str, inputs: Inputs, *, timeout: float | None = CLIENT_TIMEOUT
-    ) -> Arrays:
-        """Send one request and wait for its outputs (raises the reported error class).
+        self,
+        model: str,
+        inputs: Inputs,
+        *,
+        timeout: float | None = CLIENT_TIMEOUT,
+        version: str | int | None = None,
+    ) -> Outputs:
+        """Send one request and wait for its outputs (raises the reported error class):
+        ``{output name: read-only array}``, whose ``version`` says which model version
+        answered (:class:`~ipuserve.client.Outputs`).
 
-        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
-        inputs are sent without a copy: they must not change while this runs."""
+        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's.
+        ``version``: that version of the model (a whole number, as a string or an int);
+        None: the model's default version. The inputs are sent without a copy: they must
+        not change while this runs."""
         self._refuse_blocking_on_io_thread("infer")
-        message, timeout = self._new_request(model, inputs, {"timeout": timeout, "copy": False})
-        waiter: Waiter[Arrays] = Waiter()  # lighter than the InferFuture nobody sees
+        message, timeout = self._new_request(
+            model, inputs, {"timeout": timeout, "copy": False, "version": version}
+        )
+        waiter: Waiter[Outputs] = Waiter()  # lighter than the InferFuture nobody sees
         self._io.submit(Pending(message, waiter, timeout, parse_reply), direct=True)
         return _wait(waiter, timeout, self._io)
 
@@ -202,6 +223,24 @@ class Client(ClientBase[ThreadLoop]):
         pending = Pending(message, future, timeout, parse_models)
         self._io.submit(pending, to=to)
         return future
+
+    def _walk(self, steps: Steps) -> RepositoryIndex:
+        """The repository calls' steps, blocking (ClientBase)."""
+        self._refuse_blocking_on_io_thread("load_model/unload_model/repository_index")
+        stepper = Stepper(steps)
+        step = stepper.next(None)
+        while step is not None:
+            step = stepper.next(self._take(step))
+        assert stepper.result is not None
+        return stepper.result
+
+    def _take(self, step: Step) -> RepositoryIndex | None:
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        future: Future[RepositoryIndex] = Future()
+        self._io.submit(self._repository_pending(step, future))
+        return _wait(future, self.timeout, self._io)
 
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
         """A blocking call from a done-callback would wait for the thread it blocks."""
