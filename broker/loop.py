@@ -400,9 +400,10 @@ class Broker:
         queues = self.dispatcher.queues
         # registered models only (0 before the first wait): during the start-up grace
         # any client may queue requests for made-up names, a label each for ever
-        for model in self.registry.specs:
-            queue = queues.get(model)
-            self.metrics.queued.set(len(queue) if queue is not None else 0, model=model)
+        for key in self.registry.specs:
+            queue = queues.get(key)
+            queued = len(queue) if queue is not None else 0
+            self.metrics.queued.set(queued, model=key[0], version=key[1])
 
 
 def _endpoint(sock: zmq.Socket[Any]) -> str:

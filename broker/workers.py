@@ -71,16 +71,16 @@ class WorkerHandlers:
             self._life.drop_worker(old, "re-registered")
         else:
             self._forget_namesake(hello.worker_id)
-        new_specs = [s for s in hello.models if s.name not in self._registry.specs]
+        new_specs = [s for s in hello.models if s.key not in self._registry.specs]
         worker, refused = self._registry.add(identity, hello, now)
         log.info(
             "worker %s registered: models %s, credit %d",
             worker.worker_id,
-            ", ".join(worker.models) or "none",
+            ", ".join(f"{name} v{version}" for name, version in worker.models) or "none",
             worker.credit,
         )
         for spec in new_specs:
-            if spec.name in worker.models:  # not one refused
+            if spec.key in worker.models:  # not one refused
                 self._life.model_registered(spec)
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined

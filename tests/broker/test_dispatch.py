@@ -25,7 +25,8 @@ def job(
 ) -> JobEntry:
     """A job; with ``members``, a group job of that many requests."""
     group = tuple(b"%f-%d" % (at, i) for i in range(members))
-    return TABLE.create(b"client", b"%f" % at, model, Tensors(), at, timeout_ms, group=group)
+    key = (model, "1")
+    return TABLE.create(b"client", b"%f" % at, key, Tensors(), at, timeout_ms, group=group)
 
 
 def test_a_queue_is_bounded_but_requeued_jobs_always_fit() -> None:
@@ -88,14 +89,16 @@ def test_choose_picks_the_least_loaded_worker_with_spare_credit() -> None:
     a = registry.add(b"a", Hello("a", (ADD,), 4), 0.0)[0]
     b = registry.add(b"b", Hello("b", (ADD,), 1), 0.0)[0]
     dispatcher = Dispatcher(registry, 10)
-    assert dispatcher.choose("add") is a  # a tie goes to the first registered
+    add = ("add", "1")
+    assert dispatcher.choose(add) is a  # a tie goes to the first registered
     a.in_flight[b"1"] = job()
-    assert dispatcher.choose("add") is b  # 0/1 < 1/4
+    assert dispatcher.choose(add) is b  # 0/1 < 1/4
     b.in_flight[b"2"] = job()
-    assert dispatcher.choose("add") is a  # b has no spare credit
+    assert dispatcher.choose(add) is a  # b has no spare credit
     a.credit = 1
-    assert dispatcher.choose("add") is None
-    assert dispatcher.choose("other") is None
+    assert dispatcher.choose(add) is None
+    assert dispatcher.choose(("other", "1")) is None
+    assert dispatcher.choose(("add", "2")) is None  # another version: other workers
 
 
 def test_next_for_takes_the_oldest_job_among_the_worker_models() -> None:
@@ -165,7 +168,7 @@ def test_a_finished_job_lets_go_of_its_payload() -> None:
     8000 answered 64 KiB requests took the broker from 44 to 556 MiB)."""
     table, timers = JobTable(), Timers()
     payload = np.zeros((4, 8), np.float32)
-    job = table.create(b"c", b"r1", "add", Tensors.of({"x": payload}), 0.0, 1000.0)
+    job = table.create(b"c", b"r1", ("add", "1"), Tensors.of({"x": payload}), 0.0, 1000.0)
     timers.at(1.0, lambda _job, _now: None, job)  # as the job's deadline is armed
     alive = weakref.ref(payload)
     del payload
