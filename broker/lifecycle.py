@@ -121,15 +121,22 @@ class Lifecycle:
                 self._requeue(job, counts=job.job_id not in returned)
         worker.in_flight.clear()
         for key in left:
-            self._move_to_default(key)
+            self.move_to_default(key)
         for key in worker.models:
             for other in list(self._registry.serving.get(key, ())):
                 self._placement.pump(other)
         self.worker_gone(worker, reason)
 
-    def _move_to_default(self, key: Key) -> None:
-        """``key`` lost its last worker: what waits for it and named no version goes to
-        the model's default now (if a worker serves one), ahead of that one's queue."""
+    def joined(self, worker: Worker) -> None:
+        """A worker registered: requests that named no version and wait for a version
+        of its models that has no worker go to the default now (it may be this one)."""
+        names = {name for name, _version in worker.models}
+        for key in [k for k in self._registry.orphaned if k[0] in names]:
+            self.move_to_default(key)
+
+    def move_to_default(self, key: Key) -> None:
+        """``key`` has no worker: what waits for it and named no version goes to the
+        model's default now (if a worker serves one), ahead of that one's queue."""
         target = self._registry.defaults.get(key[0])
         if target is None or target == key or not self._registry.serving.get(target):
             return

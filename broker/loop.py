@@ -35,6 +35,8 @@ from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry
+from ipuserve.broker.repository import Repository
+from ipuserve.broker.roles import is_admin
 from ipuserve.broker.timers import Timers
 from ipuserve.broker.workers import WorkerHandlers
 from ipuserve.errors import (
@@ -162,6 +164,8 @@ class Broker:
             self.timers,
         )
         self._backlog.abandon = self.life.abandon_client
+        self.repository = Repository(self.registry, self._backlog, self.metrics)
+        self.life.worker_gone = self.repository.worker_gone
         now = time.monotonic()
         self._clients = ClientHandlers(
             self.epoch,
@@ -187,6 +191,7 @@ class Broker:
             placement=self.placement,
             answers=self.answers,
             life=self.life,
+            repository=self.repository,
         )
         self.timers.at(now, self._beat)
         self.timers.at(now + config.startup_grace_s, self._end_grace)
@@ -334,6 +339,9 @@ class Broker:
             message = wire.decode(body, self._limits)
             if type(message) is wire.Request:  # the hot one, straight to admission
                 self._clients.on_request(client, message)
+            elif type(message) is wire.RepositoryCommand:
+                reply = self.repository.command(message, is_admin(frames))
+                self._backlog.to_client(client, reply.encode())
             else:
                 self._clients.handle(client, message)
         except IpuserveError as exc:

@@ -18,6 +18,7 @@ from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry, Worker
+from ipuserve.broker.repository import Repository
 from ipuserve.errors import IpuserveError, WorkerFailedError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class WorkerHandlers:
         placement: Placement,
         answers: Answers,
         life: Lifecycle,
+        repository: Repository,
     ) -> None:
         self._registry = registry
         self._backlog = backlog
@@ -41,6 +43,7 @@ class WorkerHandlers:
         self._placement = placement
         self._answers = answers
         self._life = life
+        self._repository = repository
         self._welcome = welcome
         self._welcome_frames = welcome.encode()
         self._heartbeat = wire.Heartbeat().encode()
@@ -60,6 +63,8 @@ class WorkerHandlers:
             self.on_heartbeat(worker, message)
         elif worker is not None and isinstance(message, wire.Bye):
             self._life.drop_worker(worker, "left", message.handed_back)
+        elif worker is not None and isinstance(message, wire.Host):
+            self._repository.on_host(worker, message)
         elif worker is not None:
             log.warning("worker %s sent %s; ignored", worker.worker_id, message.COMMAND.name)
         if worker is None and not isinstance(message, wire.Hello | wire.Bye):
@@ -88,6 +93,7 @@ class WorkerHandlers:
         if not self._backlog.to_worker(identity, welcome):
             self._life.drop_worker(worker, "unreachable")
             return
+        self._life.joined(worker)
         self._placement.pump(worker)
 
     def _forget_namesake(self, worker_id: str) -> None:
