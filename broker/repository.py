@@ -243,7 +243,7 @@ class Repository:
         served = self._registry.serving.get(key, [])
         hosted = [s for h in self.hosts.values() if (s := h.state(key)) is not None]
         names = [s.state if isinstance(s, wire.Hosted) else s for s in hosted]
-        host_ids = {s.worker_id for s in hosted if isinstance(s, wire.Hosted)}
+        host_ids = {h.worker_id for v in self.hosts.values() for h in v.report.hosted}
         plain = any(w.worker_id not in host_ids for w in served)
         default = bool(served) and self._registry.defaults.get(key[0]) == key
         workers = tuple(w.worker_id for w in served)

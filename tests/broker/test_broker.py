@@ -842,7 +842,7 @@ def test_a_served_models_queue_gauge_exists_before_anything_waits(
     fake(broker, workers)
     queued = broker.metrics.queued  # set on the broker's next heartbeat tick
     wait_until(lambda: (("model", "add"), ("version", "1")) in queued.samples)
-    assert queued.value(model="add") == 0
+    assert queued.value(model="add", version="1") == 0
 
 
 def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
