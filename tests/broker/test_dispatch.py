@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ from ipuserve.broker.jobs import JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.timers import Timers
+from ipuserve.broker.versions import default_key
 from ipuserve.errors import OverloadedError
 from ipuserve.protocol import Hello, Tensors
 from tests.broker.fakes import ADD
@@ -175,3 +177,19 @@ def test_a_finished_job_lets_go_of_its_payload() -> None:
     table.finish(job)
     gc.collect()
     assert alive() is None and job.state is State.DONE
+
+
+def test_the_default_version_is_the_pinned_one_served_else_the_latest_served() -> None:
+    specs = {
+        ("m", v): ADD.__class__("m", ADD.inputs, ADD.outputs, version=v) for v in ["1", "2", "10"]
+    }
+    serving = {("m", "1"): ["w"], ("m", "2"): ["w"], ("m", "10"): []}
+    assert default_key("m", specs, serving) == ("m", "2")  # 10 has no worker now
+    serving[("m", "10")] = ["w"]
+    assert default_key("m", specs, serving) == ("m", "10")  # as numbers: 10 > 2
+    specs[("m", "10")] = msgspec.structs.replace(specs[("m", "10")], default_version="1")
+    assert default_key("m", specs, serving) == ("m", "1")  # pinned by the latest's config
+    serving[("m", "1")] = []
+    assert default_key("m", specs, serving) == ("m", "10")  # a pin nobody serves: the latest
+    assert default_key("m", specs, {}) == ("m", "10")  # nobody at all: the latest known
+    assert default_key("other", specs, serving) is None
