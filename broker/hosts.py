@@ -58,12 +58,15 @@ class HostView:
             return hosted
         return "LOADING" if key in self.loading else None
 
+    def state_name(self, key: Key) -> str | None:
+        """:meth:`state`'s name: READY, LOADING, UNLOADING, UNAVAILABLE or None."""
+        state = self.state(key)
+        return state.state if isinstance(state, wire.Hosted) else state
+
     def holds(self, key: Key) -> bool:
         """Whether ``key`` is placed here: READY or LOADING (by its report or a LOAD
         sent), not on its way out or failed."""
-        state = self.state(key)
-        name = state.state if isinstance(state, wire.Hosted) else state
-        return name in HOLDING
+        return self.state_name(key) in HOLDING
 
     @property
     def free_ipus(self) -> int:
@@ -99,6 +102,9 @@ def fitting(
             continue
         if entry.problem:
             why_not.append(f"{host.worker_id}: its entry is broken ({entry.problem})")
+            continue
+        if host.state_name(key) == "UNLOADING":
+            why_not.append(f"{host.worker_id}: still unloading it")
             continue
         wanted = replicas or entry.replicas
         if host.free_ipus >= wanted:
