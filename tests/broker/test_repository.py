@@ -261,3 +261,26 @@ def test_a_client_key_is_refused_permission_denied_and_an_admin_key_is_answered(
     assert "needs the admin role" in message
     assert isinstance(answers["admin"], wire.RepositoryReply)
     assert broker.metrics.repository_refused.value(reason="PERMISSION_DENIED") == 1
+
+
+def test_two_brokers_place_a_dead_hosts_version_on_the_same_host(
+    start_broker_thread: StartBroker, made: list[FakeWorker]
+) -> None:
+    """Each broker decides from the hosts' reports alone; the same reports and the same
+    rule (least loaded, then by id) make them pick the same host, without talking."""
+    brokers = [start_broker_thread(), start_broker_thread()]
+    context: zmq.Context[Any] = zmq.Context()
+    hosted = wire.Hosted("add", "1", "READY", "h1/add/1")
+    for broker in brokers:  # a host joins every broker, each with a connection of its own
+        host(broker, made, "h1", 2, 1, ENTRIES, (hosted,), context=context)
+        host(broker, made, "h3", 4, 4, ENTRIES)
+        host(broker, made, "h2", 4, 4, ENTRIES)  # as idle as h3: the id decides
+    made[0].alive = made[3].alive = False
+    context.destroy(linger=0)  # h1 dies: both its connections close
+
+    def loading(broker: Broker) -> dict[str, set[tuple[str, str]]]:
+        return {h.worker_id: set(h.loading) for h in broker.repository.hosts.values()}
+
+    for broker in brokers:
+        wait_until(lambda b=broker: loading(b).get("h2") == {("add", "1")})  # type: ignore[misc]
+        assert loading(broker) == {"h2": {("add", "1")}, "h3": set()}
