@@ -183,9 +183,9 @@ class Registry:
         self.reply_bytes -= _worker_bytes(worker_id)  # counted by _bounds, not kept
         serving = ", ".join(w.worker_id for w in self.serving[key])
         why = (
-            f"model {spec.name!r} version {spec.version} is served by {serving} with another "
-            f"schema ({known.signature()}; not {spec.signature()}); stop those workers first, "
-            "or give this build another version (or the model another --name)"
+            f"model {spec.name!r} is served by {serving} with another schema at version "
+            f"{spec.version} ({known.signature()}; not {spec.signature()}); stop those "
+            "workers first, or give this build another version (or the model another --name)"
         )
         log.error("worker %s refused: %s", worker_id, why)
         return why

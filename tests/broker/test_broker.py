@@ -443,7 +443,7 @@ def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
     [(model, why)] = second.welcome.refused  # told, not left to idle
     assert model == "add"
     assert why == (
-        "model 'add' version 1 is served by first with another schema (x:float32[4, 8], "
+        "model 'add' is served by first with another schema at version 1 (x:float32[4, 8], "
         "y:float32[4, 8] -> z:float32[4, 8]; batch 4 along dimension 0; not "
         "x:float32[4, 8] -> z:float32[4, 8]; batch 4 along dimension 0); stop those "
         "workers first, or give this build another version (or the model another --name)"
