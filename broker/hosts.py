@@ -32,8 +32,8 @@ class HostView:
 
     worker: Worker
     report: wire.Host
-    #: LOADs sent that its report does not show yet: key -> the IPUs each takes
-    loading: dict[Key, int] = field(default_factory=dict)
+    #: LOADs sent that its report does not show yet
+    loading: dict[Key, wire.Load] = field(default_factory=dict)
     #: UNLOADs sent while its report still shows the version not UNLOADING
     unloading: set[Key] = field(default_factory=set)
 
@@ -71,11 +71,20 @@ class HostView:
     @property
     def free_ipus(self) -> int:
         """Free IPUs, less those the LOADs it has not reported yet will take."""
-        return max(0, self.report.free_ipus - sum(self.loading.values()))
+        return max(0, self.report.free_ipus - sum(load.replicas for load in self.loading.values()))
 
     @property
     def used_ipus(self) -> int:
         return self.report.ipus - self.free_ipus
+
+    def placed(self) -> dict[Key, tuple[int, int]]:
+        """What is placed here (READY or LOADING, reported or asked): key -> (replicas,
+        wanted workers), for placing it again should this host die."""
+        placed = {key: (load.replicas, load.wanted_workers) for key, load in self.loading.items()}
+        for key, hosted in self.hosted().items():
+            if self.holds(key):
+                placed[key] = (hosted.replicas, hosted.wanted_workers)
+        return placed
 
     def heard(self, report: wire.Host) -> None:
         """A new report: what it shows settles what was asked (see the module's doc)."""

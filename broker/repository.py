@@ -79,9 +79,8 @@ class Repository:
         self._metrics.hosts.set(len(self.hosts))
         if reason not in DEATHS:
             return
-        for key, hosted in sorted(host.hosted().items()):
-            if host.holds(key):
-                self._replace(key, hosted.replicas, hosted.wanted_workers, host.worker_id)
+        for key, (replicas, wanted) in sorted(host.placed().items()):
+            self._replace(key, replicas, wanted, host.worker_id)
 
     def _replace(self, key: Key, replicas: int, wanted: int, dead: str) -> None:
         holders = [h for h in self.hosts.values() if h.holds(key)]
@@ -107,7 +106,7 @@ class Repository:
     def _load(self, host: HostView, key: Key, replicas: int, wanted: int, why: str) -> None:
         load = wire.Load(key[0], key[1], replicas, wanted)
         if self._backlog.to_worker(host.worker.identity, load.encode()):
-            host.loading[key] = replicas
+            host.loading[key] = load
             host.unloading.discard(key)
             self._metrics.loads_sent.inc(why=why)
 

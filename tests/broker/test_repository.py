@@ -284,3 +284,18 @@ def test_two_brokers_place_a_dead_hosts_version_on_the_same_host(
     for broker in brokers:
         wait_until(lambda b=broker: loading(b).get("h2") == {("add", "1")})  # type: ignore[misc]
         assert loading(broker) == {"h2": {("add", "1")}, "h3": set()}
+
+
+def test_a_load_whose_host_dies_before_reporting_it_is_placed_again(
+    broker: Broker, client: RawClient, made: list[FakeWorker]
+) -> None:
+    """The caller waits for READY by asking the index: a LOAD lost with its host must
+    not leave the version "not loaded" (the caller would give up) but go elsewhere."""
+    context: zmq.Context[Any] = zmq.Context()
+    first = host(broker, made, "a", 4, 4, ENTRIES, context=context)
+    second = host(broker, made, "b", 4, 3, ENTRIES)
+    assert isinstance(ask(client, "load", "add", version="1", workers=1), wire.RepositoryReply)
+    assert first.expect(wire.Load) == wire.Load("add", "1", 1, 1)
+    first.die(context)  # before its report says anything of it
+    assert second.expect(wire.Load) == wire.Load("add", "1", 1, 1)
+    assert index(client)[("add", "1")].state == "LOADING"
