@@ -15,6 +15,7 @@ brokers agree.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ipuserve import protocol as wire
 from ipuserve.broker.backlog import Backlog
@@ -32,10 +33,13 @@ from ipuserve.protocol.control import State
 
 log = logging.getLogger(__name__)
 
-#: Why a host was dropped, when its versions are to be placed again: it died (silent,
-#: unreachable) or restarted (a new process hosts nothing). One that left (BYE) took
-#: its versions with it on purpose; one that re-registered still has them.
-DEATHS = frozenset({"silent", "unreachable", "restarted"})
+#: Why a host was dropped, when its versions are to be placed again at once: it died
+#: (silent, unreachable). One that left (BYE) took its versions with it on purpose.
+DEATHS = frozenset({"silent", "unreachable"})
+#: Why a host was dropped when it registered again at once (a new connection under its
+#: id, or this one again): a reconnect keeps its versions, a restart loses them, and
+#: only its next report tells which, so what it held is compared with that report.
+RETURNS = frozenset({"restarted", "re-registered"})
 NOT_LOADED = "not loaded"
 
 
@@ -49,6 +53,8 @@ class Repository:
         self.hosts: dict[bytes, HostView] = {}
         #: versions whose holders died and that could not be placed again: why
         self.lost: dict[Key, str] = {}
+        #: hosts dropped as they registered again, by id, until their next report
+        self._returning: dict[str, HostView] = {}
 
     # ------------------------------------------------------------ hosts
 
@@ -69,6 +75,9 @@ class Repository:
         for hosted in report.hosted:
             self.lost.pop((hosted.name, hosted.version), None)
         self._metrics.hosts.set(len(self.hosts))
+        before = self._returning.pop(worker.worker_id, None)
+        if before is not None:  # what it held before it came back and holds no longer
+            self._replace_all(before, lambda key: not host.holds(key))
 
     def worker_gone(self, worker: Worker, reason: str) -> None:
         """A worker was dropped: if it was a host that died, place again what it held."""
@@ -77,10 +86,15 @@ class Repository:
             return
         del self.hosts[worker.identity]
         self._metrics.hosts.set(len(self.hosts))
-        if reason not in DEATHS:
-            return
+        if reason in DEATHS:
+            self._replace_all(host, lambda _key: True)
+        elif reason in RETURNS:
+            self._returning[host.worker_id] = host
+
+    def _replace_all(self, host: HostView, lost: Callable[[Key], bool]) -> None:
         for key, (replicas, wanted) in sorted(host.placed().items()):
-            self._replace(key, replicas, wanted, host.worker_id)
+            if lost(key):
+                self._replace(key, replicas, wanted, host.worker_id)
 
     def _replace(self, key: Key, replicas: int, wanted: int, dead: str) -> None:
         holders = [h for h in self.hosts.values() if h.holds(key)]
@@ -93,7 +107,7 @@ class Repository:
             self._load(host, key, ipus, wanted, "replacement")
         if chosen:
             log.warning(
-                "repository worker %s died holding model %r version %s: placed again on %s",
+                "repository worker %s lost model %r version %s: placed again on %s",
                 dead,
                 *key,
                 ", ".join(h.worker_id for h, _ in chosen),

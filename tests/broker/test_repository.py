@@ -299,3 +299,28 @@ def test_a_load_whose_host_dies_before_reporting_it_is_placed_again(
     first.die(context)  # before its report says anything of it
     assert second.expect(wire.Load) == wire.Load("add", "1", 1, 1)
     assert index(client)[("add", "1")].state == "LOADING"
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_host_back_under_its_id_loses_only_what_its_next_report_lacks(
+    start_broker_thread: StartBroker, made: list[FakeWorker], kept: bool
+) -> None:
+    """A host registering again on a new connection (its old one gone) reconnected (it
+    still hosts its versions) or restarted (it hosts nothing): its next report says
+    which, and only what it lost is placed again."""
+    broker = start_broker_thread(heartbeat_ms=5000, liveness_ms=20_000)  # no beat between
+    context: zmq.Context[Any] = zmq.Context()
+    hosted = wire.Hosted("add", "1", "READY", "h1/add/1")
+    old = host(broker, made, "h1", 4, 3, ENTRIES, (hosted,), context=context)
+    host(broker, made, "h2", 4, 4, ENTRIES)
+    old.alive = False
+    context.destroy(linger=0)
+    again = host(broker, made, "h1", 4, 3 if kept else 4, ENTRIES, (hosted,) if kept else ())
+    assert broker.metrics.workers_lost.value(reason="restarted") == 1
+    views = {h.worker_id: h for h in broker.repository.hosts.values()}
+    assert broker.registry.workers[views["h1"].worker.identity] is views["h1"].worker
+    if kept:  # decided when h1's report came: nothing lost, nothing loaded
+        assert views["h1"].loading == views["h2"].loading == {}
+    else:  # on the least loaded: h1 itself (empty now; ties go by id)
+        assert again.expect(wire.Load) == wire.Load("add", "1", 1, 1)
+        assert views["h2"].loading == {}
