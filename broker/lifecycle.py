@@ -134,9 +134,18 @@ class Lifecycle:
         for key in [k for k in self._registry.orphaned if k[0] in names]:
             self.move_to_default(key)
 
+    def rerouted(self, worker: Worker) -> None:
+        """``worker`` started or stopped taking jobs (credit 0: draining): requests that
+        named no version and wait for a version none of whose workers takes jobs now
+        go to the default (another version, if one takes them)."""
+        serving = self._registry.serving
+        for key in worker.models:
+            if not any(w.credit > 0 for w in serving.get(key, ())):
+                self.move_to_default(key)
+
     def move_to_default(self, key: Key) -> None:
-        """``key`` has no worker: what waits for it and named no version goes to the
-        model's default now (if a worker serves one), ahead of that one's queue."""
+        """``key`` has no worker taking jobs: what waits for it and named no version goes
+        to the model's default now (if another, served one), ahead of its queue."""
         target = self._registry.defaults.get(key[0])
         if target is None or target == key or not self._registry.serving.get(target):
             return

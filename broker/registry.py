@@ -135,6 +135,14 @@ class Registry:
             else:
                 self.defaults[name] = key
 
+    def credit_changed(self, worker: Worker, before: int) -> bool:
+        """``worker``'s credit changed from ``before``: whether it started or stopped
+        taking jobs (draining, or back), which may move its models' defaults."""
+        if (before > 0) == (worker.credit > 0):
+            return False
+        self._update_defaults({name for name, _version in worker.models})
+        return True
+
     def versions(self, name: str) -> list[str]:
         """The versions of ``name`` the broker knows (served or orphaned lately), in order."""
         return sorted((v for n, v in self.specs if n == name), key=version_order)

@@ -131,7 +131,9 @@ class WorkerHandlers:
         self._life.send_jobs_of(worker)
         if self._registry.get(worker.identity) is not worker:
             return  # unreachable: dropped
-        worker.credit = heartbeat.credit
+        before, worker.credit = worker.credit, heartbeat.credit
+        if self._registry.credit_changed(worker, before):
+            self._life.rerouted(worker)
         echo = wire.Heartbeat(credit=worker.credit).encode()
         if not self._backlog.to_worker(worker.identity, echo):
             self._life.drop_worker(worker, "unreachable")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import weakref
+from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -183,13 +185,22 @@ def test_the_default_version_is_the_pinned_one_served_else_the_latest_served() -
     specs = {
         ("m", v): ADD.__class__("m", ADD.inputs, ADD.outputs, version=v) for v in ["1", "2", "10"]
     }
-    serving = {("m", "1"): ["w"], ("m", "2"): ["w"], ("m", "10"): []}
+    taking, draining = SimpleNamespace(credit=2), SimpleNamespace(credit=0)
+    serving: dict[tuple[str, str], list[Any]] = {
+        ("m", "1"): [taking],
+        ("m", "2"): [taking],
+        ("m", "10"): [],
+    }
     assert default_key("m", specs, serving) == ("m", "2")  # 10 has no worker now
-    serving[("m", "10")] = ["w"]
+    serving[("m", "10")] = [taking]
     assert default_key("m", specs, serving) == ("m", "10")  # as numbers: 10 > 2
     specs[("m", "10")] = msgspec.structs.replace(specs[("m", "10")], default_version="1")
     assert default_key("m", specs, serving) == ("m", "1")  # pinned by the latest's config
+    serving[("m", "1")] = [draining]
+    assert default_key("m", specs, serving) == ("m", "10")  # the pin drains: the latest
     serving[("m", "1")] = []
     assert default_key("m", specs, serving) == ("m", "10")  # a pin nobody serves: the latest
+    serving[("m", "10")] = serving[("m", "2")] = [draining]
+    assert default_key("m", specs, serving) == ("m", "10")  # all drain: served still counts
     assert default_key("m", specs, {}) == ("m", "10")  # nobody at all: the latest known
     assert default_key("other", specs, serving) is None

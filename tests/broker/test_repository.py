@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import zmq
 
@@ -324,3 +325,32 @@ def test_a_host_back_under_its_id_loses_only_what_its_next_report_lacks(
     else:  # on the least loaded: h1 itself (empty now; ties go by id)
         assert again.expect(wire.Load) == wire.Load("add", "1", 1, 1)
         assert views["h2"].loading == {}
+
+
+def test_a_draining_default_version_hands_its_queue_and_new_requests_to_another(
+    broker: Broker, client: RawClient, made: list[FakeWorker]
+) -> None:
+    """v2 (the latest: the default) starts draining (credit 0, as an unload or SIGTERM
+    does): requests naming no version queued for it go to v1 at once, not when v2
+    finally leaves, and so do new ones; the job v2 runs is still its to answer."""
+    v1 = FakeWorker(broker.backend_endpoint, worker_id="v1", models=(ADD,), credit=4)
+    v2 = FakeWorker(broker.backend_endpoint, worker_id="v2", models=(ADD2,), credit=1)
+    made += [v1, v2]
+    v1.hello()
+    v2.hello()
+    inputs = {"x": np.ones((4, 8), np.float32), "y": np.ones((4, 8), np.float32)}
+    ids = [client.request("add", inputs) for _ in range(3)]
+    running = v2.job()
+    v2.idle_until(lambda: broker.dispatcher.queues[("add", "2")].head() is not None)
+    v2.send(wire.Heartbeat(credit=0))
+    moved = [v1.job(), v1.job()]
+    assert [job.version for job in (running, *moved)] == ["2", "1", "1"]
+    assert broker.registry.defaults["add"] == ("add", "1")
+    v2.answer(running)
+    v1.answer(*moved)
+    replies = {}
+    for _ in ids:
+        reply = client.recv()
+        assert isinstance(reply, wire.Reply), reply
+        replies[reply.request_id] = reply.version
+    assert sorted(replies.values()) == ["1", "1", "2"]
