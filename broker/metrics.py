@@ -42,6 +42,20 @@ class BrokerMetrics(Registry):
             "Requests held by workers (a group job holds several).",
             "gauge",
         )
+        # the model repository (docs/repository.md)
+        self.repository_commands = Family(
+            p + "repository_commands_total", "Repository commands answered, by action."
+        )
+        self.repository_refused = Family(
+            p + "repository_refused_total",
+            "Repository commands refused, by reason (PERMISSION_DENIED, NO_ROOM, "
+            "UNKNOWN_MODEL, ...).",
+        )
+        self.loads_sent = Family(
+            p + "loads_sent_total",
+            "LOADs sent to repository workers, by why (command, replacement).",
+        )
+        self.hosts = Family(p + "hosts", "Repository workers reporting to this broker.", "gauge")
         # each counts requests: a group job observes its time once per request it holds
         self.queue_seconds = Histogram(p + "queue_seconds", "Admission to dispatch, per request.")
         self.worker_seconds = Histogram(p + "worker_seconds", "Dispatch to result, per request.")

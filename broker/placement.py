@@ -50,9 +50,9 @@ class Placement:
         self.unsent = 0
 
     def place(self, job: JobEntry, now: float) -> None:
-        """On the least-loaded worker with spare credit, else in its model's queue
+        """On the least-loaded worker of its model version with spare credit, else in its queue
         (which may refuse it OVERLOADED)."""
-        worker = self._dispatcher.choose(job.model)
+        worker = self._dispatcher.choose(job.key)
         if worker is None:
             self._dispatcher.enqueue(job)
         else:
@@ -141,6 +141,7 @@ class Placement:
                     j.tensors,
                     None if j.deadline is None else (j.deadline - now) * 1000,
                     j.samples,
+                    j.key[1],
                 )
                 for j in jobs
             )
