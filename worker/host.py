@@ -46,6 +46,11 @@ from ipuserve.worker.repository import RepoEntry, Repository
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
+#: why a version whose worker nodes ended by themselves is UNAVAILABLE
+_STOPPED = (
+    "its worker stopped: a broker refused it (its log says why: e.g. the broker serves "
+    "this name with another schema) or its loop crashed"
+)
 #: builds a backend for an entry on ``replicas`` IPUs (a test may give its own)
 MakeBackend = Callable[[RepoEntry, int], Backend]
 
@@ -269,7 +274,7 @@ class ModelHost:
             if hosted.unloading:  # unloaded while it loaded: drains at once
                 nodes.request_stop()
         code = nodes.run()  # closes the backend once its nodes ended: the IPUs are free
-        self._ended(hosted, "" if code == 0 else f"its worker nodes stopped (exit code {code})")
+        self._ended(hosted, "" if code == 0 else _STOPPED)
 
     def _joined(self, hosted: HostedVersion, line: str) -> None:
         if self._on_joined is not None:

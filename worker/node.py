@@ -481,6 +481,7 @@ class WorkerNode:
             self._finish_running(connection)
         self._read(connection)  # JOBS that arrived meanwhile are handed back too
         self._flush()
+        self._send_control()  # a host's last report (its versions drained) before BYE
         handed_back = self._draining + list(book.jobs)
         self._send(wire.Bye(tuple(handed_back)))
         log.log(
