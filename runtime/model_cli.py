@@ -97,8 +97,10 @@ def example(
     weights_file: Path | None,
     **chosen: Any,
 ) -> None:
-    """Write example model NAME to OUT (and its weights to --weights-file, if given), or
-    as a version of NAME in a model repository (--repository).
+    """Write example model NAME to OUT, or as a new version in a model repository.
+
+    Its weights go into OUT too, or to --weights-file if given; --repository writes
+    REPO/NAME/VERSION/NAME.popef instead.
 
     Options an example does not take are refused when given explicitly.
     """

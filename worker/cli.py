@@ -220,8 +220,10 @@ def worker(
     curve_secret_key: Path | None,
     broker_public_key: Path | None,
 ) -> None:
-    """Serve a model from a ModelRunner to the broker(s) until SIGTERM (--model), or host
-    the models of a repository (--repository)."""
+    """Serve a model (--model) or a repository's models (--repository) until SIGTERM.
+
+    With --model, one ModelRunner serves the model's files; with --repository, versions
+    are loaded and unloaded on this worker's IPUs as brokers ask (docs/repository_layout.md)."""
     _check_model_or_repository(models, repository, loads)
     endpoints = split_endpoints(broker)
     config = WorkerConfig(
@@ -324,12 +326,12 @@ def _serve_repository(
 ) -> int:
     """``--repository``: a ModelHost on this worker's IPUs; the exit code."""
     from ipuserve.metrics import Registry
-    from ipuserve.runtime.simulator.config import SimulatorConfig
+    from ipuserve.runtime import DeviceManager
     from ipuserve.worker.host import ModelHost
     from ipuserve.worker.host_node import serve_host
     from ipuserve.worker.repository import Repository
 
-    count = ipus if ipus is not None else SimulatorConfig.from_env().num_ipus
+    count = ipus if ipus is not None else DeviceManager().config.num_ipus  # the env's
     host = ModelHost(
         Repository(root),
         count,
