@@ -36,6 +36,7 @@ from typing import Protocol
 
 from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
+from ipuserve.limits import name_problem
 from ipuserve.protocol.control import State
 from ipuserve.protocol.envelope import bounded
 from ipuserve.worker.backend import Backend
@@ -238,6 +239,8 @@ class ModelHost:
         free = self._free()
         if self._closing:
             why = "this worker is shutting down"
+        elif (problem := name_problem(hosted.worker_id)) is not None:
+            why = f"its worker id {hosted.worker_id[:40]!r}... {problem}: a shorter --worker-id"
         elif entry is None:
             held = ", ".join(f"{e.name}:{e.version}" for e in self.repository.entries)
             root = self.repository.root

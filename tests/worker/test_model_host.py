@@ -8,8 +8,9 @@ unload a version while it still loads, or load it again while it drains.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from ipuserve.runtime.popef import examples
 from ipuserve.worker.backend import Backend
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.host import ModelHost
+from ipuserve.worker.host_node import host_nodes
 from ipuserve.worker.repository import RepoEntry, Repository
 from tests.helpers import wait_until
 from tests.worker.fakes import TIMEOUT, FakeBroker, GatedAdd
@@ -167,3 +169,57 @@ def test_a_failed_load_is_unavailable_with_why_and_holds_no_ipu(
     assert "not in this worker's repository" in hosted(model_host)[("nope", "3")].reason
     model_host.unload("nope", "3")
     assert ("nope", "3") not in hosted(model_host)
+
+
+def test_host_nodes_report_after_every_welcome_and_pass_on_load_and_unload(
+    host: tuple[ModelHost, Builds], fake: FakeBroker
+) -> None:
+    """The host node: HELLO without models or credit, HOST after WELCOME and again
+    after a reconnect, LOAD/UNLOAD handed to the host, its last report before BYE."""
+    model_host, _builds = host
+    config = WorkerConfig(broker=fake.endpoint, worker_id="h", heartbeat_ms=50)
+    nodes = host_nodes(model_host, config, [fake.endpoint])
+    thread = threading.Thread(target=nodes.run, daemon=True)
+    thread.start()
+    try:
+        node = _join_host(fake)
+        assert isinstance(fake.expect(wire.Host)[1], wire.Host)
+        fake.send(node, wire.Reconnect())  # as a broker that lost us says
+        node = _join_host(fake)
+        first = fake.expect(wire.Host)[1]  # sent again, though nothing changed
+        assert first.free_ipus == 4 and not first.hosted
+        fake.send(node, wire.Load("add", "2", replicas=2))
+        report = _next_report(fake, lambda r: bool(r.hosted))
+        assert [(h.name, h.version, h.replicas) for h in report.hosted] == [("add", "2", 2)]
+        assert report.free_ipus == 2
+        fake.send(node, wire.Unload("add", "2"))
+        _next_report(fake, lambda r: not r.hosted and r.free_ipus == 4)
+    finally:
+        nodes.request_stop()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert isinstance(_next_message(fake, wire.Bye), wire.Bye)
+
+
+def _join_host(fake: FakeBroker) -> bytes:
+    while True:
+        identity, message = fake.recv()
+        if isinstance(message, wire.Hello) and message.worker_id == "h":
+            assert message.models == () and message.credit == 0
+            fake.send(identity, wire.Welcome("e", 50, 60_000))
+            return identity
+
+
+def _next_report(fake: FakeBroker, wanted: Callable[[wire.Host], bool]) -> wire.Host:
+    while True:
+        report = _next_message(fake, wire.Host)
+        if wanted(report):
+            return report
+
+
+def _next_message(fake: FakeBroker, kind: type[Any]) -> Any:
+    """The next ``kind`` from the host node (the hosted version's HELLOs skipped)."""
+    while True:
+        _identity, message = fake.recv()
+        if isinstance(message, kind):
+            return message
