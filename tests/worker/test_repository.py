@@ -125,3 +125,24 @@ def test_broken_versions_say_why_and_the_others_stand(tmp_path: Path) -> None:
     assert "conditional" in entries[("n", "1")] or "branch" in entries[("n", "1")]
     examples.simple().write(tmp_path / "m" / "2" / "m.popef")  # fixed: seen by the next scan
     assert repo.scan() and repo.get("m", "2") is not None and repo.get("m", "2").problem == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--model", "m.popef", "--repository", "r"], "either --model"),
+        ([], "either --model"),
+        (["--model", "m.popef", "--load", "mlp"], "--load needs --repository"),
+        (["--repository", "r", "--replicas", "2"], "--replicas set(s) one model's serving"),
+        (["--repository", "r", "--load", "mlp:0"], "must be a positive integer"),
+        (["--repository", "r", "--load", "mlp:v2"], "must be a positive integer"),
+    ],
+)
+def test_worker_refuses_what_a_repository_worker_cannot_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
+) -> None:
+    (tmp_path / "m.popef").write_bytes(b"")
+    (tmp_path / "r").mkdir()
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(main, ["worker", "--broker", "tcp://127.0.0.1:1", *args])
+    assert done.exit_code == 2 and said in done.output, done.output
