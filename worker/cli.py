@@ -95,7 +95,7 @@ class ModelFiles(click.Path):
 @option(
     "--repository",
     default=None,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Host models from this model repository (REPO/NAME/VERSION/*.popef, "
     "docs/repository_layout.md) on the --ipus of this worker, loading and unloading "
     "versions when a broker's admin asks; each model's options come from its "

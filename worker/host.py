@@ -146,10 +146,13 @@ class ModelHost:
         return wire.Host(ipus=self.ipus, free_ipus=free, repository=entries, hosted=hosted)
 
     def handle(self, message: wire.Load | wire.Unload) -> None:
-        if isinstance(message, wire.Load):
-            self.load(message.name, message.version, message.replicas, message.wanted_workers)
-        else:
-            self.unload(message.name, message.version)
+        try:
+            if isinstance(message, wire.Load):
+                self.load(message.name, message.version, message.replicas, message.wanted_workers)
+            else:
+                self.unload(message.name, message.version)
+        except Exception:  # the host node's loop must go on: its broker still needs reports
+            log.exception("%s %s:%s failed", message.COMMAND.name, message.name, message.version)
 
     def watch(self, wake: Callable[[], None]) -> None:
         with self._lock:

@@ -119,13 +119,19 @@ class Repository:
     def scan(self) -> list[RepoEntry]:
         """Read the directory again; the entries (a missing root: none, and a warning)."""
         found: dict[tuple[str, str], RepoEntry] = {}
-        if not self.root.is_dir():
-            log.warning("the model repository %s is not a directory", self.root)
-        else:
-            for model_dir in sorted(self.root.iterdir()):
-                if model_dir.is_dir() and not model_dir.name.startswith("."):
-                    for entry in self._model(model_dir):
-                        found[entry.key] = entry
+        try:
+            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except OSError as exc:
+            log.warning("cannot read the model repository %s: %s", self.root, exc)
+            model_dirs = []
+        for model_dir in model_dirs:
+            if model_dir.name.startswith("."):
+                continue
+            try:
+                for entry in self._model(model_dir):
+                    found[entry.key] = entry
+            except OSError as exc:  # a scan never fails: the directory is skipped
+                log.warning("repository: cannot read %s: %s", model_dir, exc)
         with self._lock:
             self._entries = found
         return self.entries
@@ -147,6 +153,12 @@ class Repository:
         return [self._version(name, path, config, problem) for path in versions]
 
     def _version(self, name: str, path: Path, config: ModelConfig, problem: str) -> RepoEntry:
+        try:
+            return self._read_version(name, path, config, problem)
+        except OSError as exc:  # e.g. removed while we read it
+            return RepoEntry(name, path.name, config=config, problem=f"cannot read {path}: {exc}")
+
+    def _read_version(self, name: str, path: Path, config: ModelConfig, problem: str) -> RepoEntry:
         files = tuple(sorted(p for p in path.iterdir() if p.suffix == MODEL_SUFFIX and p.is_file()))
         if not problem and not files:
             problem = f"no {MODEL_SUFFIX} file in {path}"
@@ -189,4 +201,6 @@ def check_model(files: tuple[Path, ...], config: ModelConfig) -> tuple[int, str]
         choose_batching_dim(model, config.batching_dim)
     except IpuserveError as exc:
         return 1, str(exc)
+    except Exception as exc:  # whatever a file may hold: an entry's problem, not a crash
+        return 1, f"{type(exc).__name__}: {exc}"
     return model.metadata.numIpus(), ""
