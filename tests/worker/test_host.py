@@ -26,6 +26,7 @@ from ipuserve import protocol as wire
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model
 from tests.helpers import Proc, Processes, RawClient, start_broker, wait_until
+from tests.test_probes import get
 from tests.worker.fakes import FakeBroker
 from tests.worker.test_repository import SMALL_MLP, write_version
 
@@ -98,8 +99,12 @@ def test_a_repository_worker_serves_the_version_it_loads_at_start(
     processes: Processes, repo: Path
 ) -> None:
     broker = start_broker(processes)
-    host = processes.start("host", host_argv(repo, broker.backend, args=("--load", "mlp:1")))
+    args = ("--load", "mlp:1", "--metrics-port", "0")
+    host = processes.start("host", host_argv(repo, broker.backend, args=args))
     host.wait_for(rf"worker {HOST}/mlp/1 registered with \S+ \(epoch {broker.epoch}")
+    probes = host.wait_for(r"metrics on (http://127\.0\.0\.1:\d+)/metrics")[1]
+    wait_until(lambda: get(f"{probes}/ready")[0] == 200)  # the host node joined
+    assert get(f"{probes}/healthz")[0] == 200
     # the broken entries are said at start, and did not stop the worker
     host.wait_for(r"simple:1: .*config\.toml.*replicas")
     host.wait_for(r"empty:1: no \.popef file")
