@@ -96,7 +96,11 @@ class RunnerBackend:
         batch_timeout_ms: float | None = None,
         look_ahead: str = "0",
         credit: int | None = None,
+        version: str = "1",
+        default_version: str | None = None,
     ) -> None:
+        """``version`` and ``default_version`` go into the announced spec (a model
+        repository's ``NAME/VERSION/`` and its config's pin: docs/repository_layout.md)."""
         model = popef.load_model(list(model_paths))
         name = name or model.metadata.modelName()
         self.metrics = WorkerMetrics(name, batch_policy)
@@ -139,6 +143,8 @@ class RunnerBackend:
             outputs=tuple(_spec(d) for d in self._runner.getExecuteOutputs()),
             batch_size=batch,
             batching_dim=self._batching_dim,
+            version=version,
+            default_version=default_version,
         )
         #: device time per sample, from this worker's runs: how much to start ahead
         self._sizer = GroupSizer()
