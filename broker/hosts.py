@@ -101,7 +101,8 @@ def fitting(
     hosts: list[HostView], key: Key, replicas: int | None
 ) -> tuple[list[tuple[HostView, int]], list[str]]:
     """The hosts ``key`` may be loaded on now, least loaded first (fewest IPUs used,
-    then id), each with the IPUs it would take (``replicas``, else its entry's); and,
+    then id), each with the replicas it would run (``replicas``, else its entry's, each
+    on the entry's IPUs per replica); and,
     for the others whose repository has it, why not (for the NO_ROOM message)."""
     room: list[tuple[HostView, int]] = []
     why_not: list[str] = []
@@ -116,11 +117,12 @@ def fitting(
             why_not.append(f"{host.worker_id}: still unloading it")
             continue
         wanted = replicas or entry.replicas
-        if host.free_ipus >= wanted:
+        ipus = wanted * entry.ipus_per_replica
+        if host.free_ipus >= ipus:
             room.append((host, wanted))
         else:
             why_not.append(
                 f"{host.worker_id}: {host.free_ipus} of {host.report.ipus} IPU(s) free, "
-                f"{wanted} needed"
+                f"{ipus} needed"
             )
     return room, why_not

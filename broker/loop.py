@@ -35,7 +35,7 @@ from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry
-from ipuserve.broker.repository import Repository
+from ipuserve.broker.repository import RepositoryControl
 from ipuserve.broker.timers import Timers
 from ipuserve.broker.workers import WorkerHandlers
 from ipuserve.errors import (
@@ -169,7 +169,7 @@ class Broker:
             self.timers,
         )
         self._backlog.abandon = self.life.abandon_client
-        self.repository = Repository(self.registry, self._backlog, self.metrics)
+        self.repository = RepositoryControl(self.registry, self._backlog, self.metrics)
         self.life.worker_gone = self.repository.worker_gone
         now = time.monotonic()
         self._clients = ClientHandlers(

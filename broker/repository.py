@@ -43,7 +43,7 @@ RETURNS = frozenset({"restarted", "re-registered"})
 NOT_LOADED = "not loaded"
 
 
-class Repository:
+class RepositoryControl:
     """Hosts' reports, and the REPOSITORY commands and re-placement they serve."""
 
     def __init__(self, registry: Registry, backlog: Backlog, metrics: BrokerMetrics) -> None:
@@ -167,7 +167,8 @@ class Repository:
                 f"no worker's repository holds version {version} of model {name!r} "
                 f"(versions: {', '.join(sorted(versions, key=version_order))})"
             )
-        key, wanted = (name, version), message.workers or 1
+        key = (name, version)
+        wanted = message.workers or self._default_workers(key)
         holders = [h for h in self.hosts.values() if h.holds(key)]
         need = wanted - len(holders)
         self.lost.pop(key, None)
@@ -182,10 +183,16 @@ class Repository:
                 f"{len(room)} ha(s) room ({has}); the others: {'; '.join(why_not) or 'none'}"
             )
         chosen = room[:need]
-        for host, ipus in chosen:
-            self._load(host, key, ipus, wanted, "command")
-        on = ", ".join(f"{h.worker_id} ({ipus} IPU(s))" for h, ipus in chosen)
+        for host, replicas in chosen:
+            self._load(host, key, replicas, wanted, "command")
+        on = ", ".join(f"{h.worker_id} ({n} replica(s))" for h, n in chosen)
         return f"loading model {name!r} version {version} on {on}"
+
+    def _default_workers(self, key: Key) -> int:
+        """The workers a load of ``key`` wants when the command says not: its config's
+        ``workers`` as the repositories report it (the most any of them says)."""
+        entries = [e for h in self.hosts.values() if (e := h.entry(key)) is not None]
+        return max((e.workers for e in entries), default=1)
 
     def _unload_command(self, name: str, version: str | None) -> str:
         targets = [

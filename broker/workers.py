@@ -18,7 +18,7 @@ from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry, Worker
-from ipuserve.broker.repository import Repository
+from ipuserve.broker.repository import RepositoryControl
 from ipuserve.errors import IpuserveError, WorkerFailedError
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class WorkerHandlers:
         placement: Placement,
         answers: Answers,
         life: Lifecycle,
-        repository: Repository,
+        repository: RepositoryControl,
     ) -> None:
         self._registry = registry
         self._backlog = backlog

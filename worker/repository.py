@@ -82,7 +82,14 @@ class RepoEntry:
         return self.name, self.version
 
     def wire(self) -> wire.Entry:
-        return wire.Entry(self.name, self.version, self.config.replicas, bounded(self.problem))
+        return wire.Entry(
+            self.name,
+            self.version,
+            self.config.replicas,
+            bounded(self.problem),
+            self.ipus_per_replica,
+            self.config.workers,
+        )
 
 
 #: a version's files as (path, size, mtime_ns), and its model's config: what a check's

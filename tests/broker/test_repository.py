@@ -114,7 +114,7 @@ def test_a_load_goes_to_the_least_loaded_host_and_reads_loading_at_once(
     idle = host(broker, made, "b-idle", 4, 4, ENTRIES)
     reply = ask(client, "load", "add")  # no version: the latest in a repository, 2
     assert isinstance(reply, wire.RepositoryReply), reply
-    assert reply.message == "loading model 'add' version 2 on b-idle (2 IPU(s))"
+    assert reply.message == "loading model 'add' version 2 on b-idle (2 replica(s))"
     loading = {(v.name, v.version): v.state for v in reply.models}
     assert loading[("add", "2")] == "LOADING"  # before the host reported anything
     assert idle.expect(wire.Load) == wire.Load("add", "2", 2, 1)  # the entry's replicas
@@ -145,6 +145,19 @@ def test_a_load_with_no_room_is_refused_no_room_saying_what_each_host_has(
     )
     assert broker.metrics.repository_refused.value(reason="NO_ROOM") == 1
     assert broker.metrics.errors.value(code="NO_ROOM", model="") == 1
+
+
+def test_a_load_counts_the_ipus_a_replica_takes_and_the_workers_its_config_wants(
+    broker: Broker, client: RawClient, made: list[FakeWorker]
+) -> None:
+    wide = (wire.Entry("wide", "1", replicas=2, ipus_per_replica=2, workers=2),)
+    host(broker, made, "h1", 4, 3, wide)  # 3 free: 2 replicas of 2 IPUs do not fit
+    host(broker, made, "h2", 4, 4, wide)
+    message = refused(ask(client, "load", "wide"), "NO_ROOM")
+    assert message == (
+        "model 'wide' version 1 wants 2 more worker(s); 1 ha(s) room (h2); the others: "
+        "h1: 3 of 4 IPU(s) free, 4 needed"
+    )
 
 
 def test_unknown_models_and_versions_are_refused_naming_what_there_is(
