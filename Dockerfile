@@ -46,6 +46,11 @@ ARG IPUSERVE_UID=10001
 # Example models written at build time by the project's own CLI, as /models/NAME.popef.
 # Build with --build-arg IPUSERVE_EXAMPLE_MODELS="" to bake none (mount your own).
 ARG IPUSERVE_EXAMPLE_MODELS="mlp noop simple"
+# A model repository baked as /repository (docs/repository_layout.md): each of these
+# examples as versions 1 and 2 (weights of seed 1 and 2), for repository workers
+# (`ipuserve worker --repository /repository`) to load at run time. compose.yaml mounts
+# a named volume there, which Docker fills from this folder the first time.
+ARG IPUSERVE_REPOSITORY_MODELS="simple"
 
 # One BLAS thread per process: numpy's OpenBLAS otherwise starts a spinning thread
 # per host core in every worker, and a few workers on one host then spend their
@@ -69,7 +74,16 @@ RUN set -eu; \
     for name in ${IPUSERVE_EXAMPLE_MODELS}; do \
         ipuserve model example "${name}" "/models/${name}.popef"; \
     done; \
-    chmod -R a+rX /models
+    chmod -R a+rX /models; \
+    mkdir -p /repository; \
+    for name in ${IPUSERVE_REPOSITORY_MODELS}; do \
+        for version in 1 2; do \
+            ipuserve model example "${name}" --repository /repository \
+                --version "${version}" --seed "${version}" >/dev/null; \
+        done; \
+    done; \
+    chown -R ipuserve:ipuserve /repository; \
+    chmod -R a+rX /repository
 
 LABEL org.opencontainers.image.title="ipuserve" \
       org.opencontainers.image.description="Distributed inference on simulated Graphcore IPUs: broker, worker and client"

@@ -39,8 +39,11 @@ def _common(wait: bool) -> Callable[[F], F]:
     """``--broker`` (the ``models`` listing's variable), the CURVE options, the
     request timeout and, for the commands that wait, ``--no-wait`` and ``--wait-s``."""
 
+    def shared_keys(command: F) -> F:  # the `models` listing's variables: one admin key
+        return curve_client_options(command, envvar_prefix="IPUSERVE_MODELS")
+
     def apply(command: F) -> F:
-        decorators = [
+        decorators: list[Callable[[F], F]] = [
             option(
                 "--broker",
                 required=True,
@@ -56,7 +59,7 @@ def _common(wait: bool) -> Callable[[F], F]:
                 default=10.0,
                 help="Give up on one question to the broker after this long.",
             ),
-            curve_client_options,
+            shared_keys,
         ]
         if wait:
             decorators += [

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: compose runs with keys, so --insecure (keyless only) would be a usage error there.
 FIXED = {
     "broker": {"frontend", "backend", "metrics_port", "metrics_host", "insecure"},
-    "worker": {"models", "worker_id", "metrics_port", "metrics_host"},
+    # the repository workers' --repository is the volume's mount point
+    "worker": {"models", "worker_id", "metrics_port", "metrics_host", "repository"},
     # the doors' addresses and --insecure (the published ports decide exposure); TLS
     # and tokens need files mounted: an override's (docs/deploy.md)
     "gateway": {"http", "grpc", "insecure", "tls_cert", "tls_key", "infer_tokens", "admin_tokens"},
@@ -58,8 +59,8 @@ def services(text: str) -> list[str]:
 
 def test_the_swarm_view_drops_what_stack_deploy_cannot_read() -> None:
     """`docker stack deploy` reads the v3 format: a version, depends_on lists only, no
-    profiles. The filter leaves it the broker and workers, the network and the
-    secrets, and drops the Compose-only job, volume and ports."""
+    profiles. The filter leaves it the broker and workers, the network, the secrets and
+    the model repository's volume, and drops the Compose-only job, keys volume and ports."""
     compose = (ROOT / "compose.yaml").read_text()
     swarm = swarm_view()
     assert top_level_keys(compose) == [
@@ -74,14 +75,27 @@ def test_the_swarm_view_drops_what_stack_deploy_cannot_read() -> None:
         "x-ipuserve",
         "networks",
         "x-restart-policy",
+        "volumes",
         "x-secret-key",
         "secrets",
         "services",
     ]
-    assert services(compose) == ["keys", "broker", "worker", "gateway", "client"]
-    assert services(swarm) == ["broker", "worker", "gateway"]
-    for key in ("depends_on:", "profiles:", "build:", "restart:", "ports:", "volumes:"):
+    assert services(compose) == [
+        "keys",
+        "broker",
+        "worker",
+        "repository-worker",
+        "gateway",
+        "client",
+    ]
+    assert services(swarm) == ["broker", "worker", "repository-worker", "gateway"]
+    for key in ("depends_on:", "profiles:", "build:", "restart:", "ports:", "keys:/keys"):
         assert key not in swarm, key
+    # the one volume under Swarm: the model repository, mounted by the repository workers
+    assert re.findall(r"^  (\w+):$", swarm[: swarm.index("\nservices:\n")], re.M).count(
+        "repository"
+    ) == 1
+    assert re.findall(r"volumes: \[(.*)\]", swarm) == ['"repository:/repository:ro"']
     assert re.search(r"^ *#swarm ", swarm, re.MULTILINE) is None
     # Every secret a service mounts is declared, and each at a path of the Compose volume.
     declared = set(re.findall(r"^  (\w+):\n    file: ", swarm, re.MULTILINE))
@@ -115,6 +129,7 @@ def test_health_checks_are_probes_not_scripts() -> None:
     ready = {
         "broker": "http://127.0.0.1:9100/ready",
         "worker": "http://127.0.0.1:9100/ready",
+        "repository-worker": "http://127.0.0.1:9100/ready",
         "gateway": "http://127.0.0.1:8000/v2/health/ready",
     }
     assert sorted(checks) == sorted(ready)

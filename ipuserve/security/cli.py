@@ -73,14 +73,18 @@ def show(file: Path) -> None:
     click.echo(f"fingerprint {fingerprint(public)}", err=True)
 
 
-def curve_client_options(command: F) -> F:
+def curve_client_options(command: F, envvar_prefix: str | None = None) -> F:
     """``--curve-secret-key FILE --broker-public-key FILE`` (each with its variable):
-    what a peer of a broker with keys needs; neither means plaintext."""
+    what a peer of a broker with keys needs; neither means plaintext. ``envvar_prefix``
+    (e.g. ``IPUSERVE_MODELS``): the variables a group's commands share, instead of
+    each command's own."""
     key_file = click.Path(dir_okay=False, path_type=Path)
+    shared = envvar_prefix is not None
     command = option(
         "--broker-public-key",
         type=key_file,
         default=None,
+        envvar=f"{envvar_prefix}_BROKER_PUBLIC_KEY" if shared else None,
         help="The broker's public key file (broker.key), which the broker must prove it "
         "holds; with --curve-secret-key.",
     )(command)
@@ -88,6 +92,7 @@ def curve_client_options(command: F) -> F:
         "--curve-secret-key",
         type=key_file,
         default=None,
+        envvar=f"{envvar_prefix}_CURVE_SECRET_KEY" if shared else None,
         help="This peer's secret key file (NAME.key_secret, from `ipuserve keys generate`): "
         "talk CURVE to a broker with keys (docs/security.md); with --broker-public-key "
         "[default: plaintext].",
