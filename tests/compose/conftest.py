@@ -32,8 +32,8 @@ from tests.compose.harness import (
 )
 
 WORKERS = 2
-#: the long-running containers: a broker, the workers and a gateway
-SERVING = 1 + WORKERS + 1
+#: the long-running containers: a broker, the workers, a repository worker and a gateway
+SERVING = 1 + WORKERS + 1 + 1
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +66,8 @@ def ipuserve_image(docker_engine: docker.DockerClient) -> str:
 def stack(
     docker_engine: docker.DockerClient, compose_cli: list[str], ipuserve_image: str
 ) -> Iterator[ComposeProject]:
-    """compose.yaml brought up with one broker and two workers; torn down whatever happens."""
+    """compose.yaml brought up with one broker, two workers, a repository worker and a
+    gateway; torn down whatever happens (its volumes too)."""
     name = os.environ.get(PROJECT_ENV) or f"ipuserve-test-{uuid.uuid4().hex[:8]}"
     frontend_port, metrics_port, http_port = free_port(), free_port(), free_port()
     project = ComposeProject(

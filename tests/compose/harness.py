@@ -357,6 +357,7 @@ class ComposeProject:
             f"worker={workers}",
             "broker",
             "worker",
+            "repository-worker",
             "gateway",
         )
 

@@ -10,7 +10,8 @@ default seed; the host builds the same example in memory, so it knows the weight
 and checks every result against the plain-numpy reference. Requests go through
 the published frontend port from the Python client and from ``ipuserve infer``,
 through the gateway's published HTTP port in the Open Inference Protocol's JSON,
-and from the one-shot ``client`` job inside the compose network. Last, one worker
+and from the one-shot ``client`` job inside the compose network. A model is loaded at
+run time from the repository volume through the gateway and served. Last, one worker
 container is paused (so it certainly holds requests) and killed (SIGKILL: no
 drain): every request, those it held included, must still succeed.
 
@@ -242,6 +243,52 @@ def test_requests_through_the_gateway_match_numpy(
             assert outputs[name]["datatype"] == "FP32"
             got = np.array(outputs[name]["data"], np.float32).reshape(outputs[name]["shape"])
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def post(url: str, body: Any = None) -> bytes:
+    """POST ``body`` as JSON; the response's body (the repository calls answer none)."""
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=READY_TIMEOUT_S) as response:
+        assert response.status == 200
+        return bytes(response.read())
+
+
+def repository_states(gateway_url: str, name: str) -> dict[str, str]:
+    """Version -> state of ``name`` in the gateway's repository index (Triton's)."""
+    index = json.loads(post(f"{gateway_url}/v2/repository/index"))
+    return {e["version"]: e["state"] for e in index if e["name"] == name}
+
+
+def test_a_model_loaded_at_run_time_through_the_gateway_serves_traffic(gateway_url: str) -> None:
+    """The repository worker starts with nothing loaded; through the gateway (Triton's
+    repository extension, the gateway's key an admin's) `simple` is loaded from the
+    shared volume the image filled (latest: version 2, weights of seed 2), answers as
+    numpy says naming version 2, and is unloaded again."""
+    name = "simple"
+    assert repository_states(gateway_url, name) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+    post(f"{gateway_url}/v2/repository/models/{name}/load")  # returns once READY
+    assert repository_states(gateway_url, name) == {"1": "UNAVAILABLE", "2": "READY"}
+    weights = examples.tensor_arrays(examples.build(name, seed=2))
+    rng = np.random.default_rng(7)
+    for index in range(16):
+        inputs = {
+            t: rng.standard_normal((1, 4)).astype(np.float32) for t in ("tensor_A", "tensor_B")
+        }
+        tensors = [
+            {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in inputs.items()
+        ]
+        answer = http_json(f"{gateway_url}/v2/models/{name}/infer", {"inputs": tensors})
+        assert answer["model_version"] == "2"
+        expected = examples.reference(name, inputs, weights)
+        outputs = {o["name"]: o for o in answer["outputs"]}
+        assert set(outputs) == set(expected), f"request {index}: {sorted(outputs)}"
+        for output, want in expected.items():
+            got = np.array(outputs[output]["data"], np.float32).reshape(outputs[output]["shape"])
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=output)
+    post(f"{gateway_url}/v2/repository/models/{name}/unload")  # returns once drained
+    assert repository_states(gateway_url, name) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
 
 
 def test_one_shot_client_job(stack: ComposeProject) -> None:
