@@ -200,6 +200,13 @@ class Stack:
             what=f"stack {self.name} to be gone",
             diagnose=lambda: repr(self.leftovers()),
         )
+        # `stack rm` keeps volumes (the model repository's): the next stack starts fresh
+        labels = {"label": f"{STACK_LABEL}={self.name}"}
+        for volume in self.engine.volumes.list(filters=labels):
+            try:
+                volume.remove(force=True)
+            except docker.errors.APIError:
+                pass  # a task container not yet removed still holds it: left for docker
 
     def leftovers(self) -> list[str]:
         """What of the stack still exists: services, containers, networks, secrets."""
