@@ -126,7 +126,7 @@ def index(connect: Connect, as_json: bool) -> None:
 @option(
     "--workers",
     type=click.IntRange(min=1),
-    help="How many repository workers load it. Default: 1.",
+    help="How many repository workers load it. Default: the model's config.toml `workers` (1).",
 )
 @_common(wait=True)
 @_connecting
