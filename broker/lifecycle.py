@@ -93,7 +93,7 @@ class Lifecycle:
         orphaned = self._registry.orphaned
         for model in self._registry.remove(worker):  # its last worker: arm the orphan timer
             self._timers.at(orphaned[model] + self._orphan_s, self._orphan_due, model)
-        self._metrics.workers_lost.inc(reason=reason)
+        self._metrics.workers_lost.labels(reason).inc()
         log.log(
             logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
             "worker %s dropped (%s); re-queueing the %d job(s) it did not answer "
@@ -178,7 +178,7 @@ class Lifecycle:
             for job in queue.live_jobs():
                 if job.client == client:
                     self._answers.retire(job)
-                    self._metrics.abandoned.inc(len(job.request_ids), model=job.model)
+                    self._metrics.abandoned.labels(job.model).inc(len(job.request_ids))
                     dropped += len(job.request_ids)
         if dropped:
             log.info("dropped %d queued request(s) of a disconnected client", dropped)

@@ -82,7 +82,7 @@ class Broker:
         self.metrics_server: MetricsServer | None = None
         if config.metrics_port is not None:
             self.metrics_server = MetricsServer(
-                self.metrics,
+                self.metrics.registry,
                 config.metrics_host,
                 config.metrics_port,
                 {probes.LIVE: self._live, probes.READY: self._ready},
@@ -367,7 +367,7 @@ class Broker:
             self._workers.handle(identity, worker, message, now)
         except Exception:  # one peer's message must not stop the broker for everyone
             log.exception("failed to handle a %s from a worker", message.COMMAND.name)
-            self.metrics.dropped.inc(reason="worker_message_failed")
+            self.metrics.dropped.labels("worker_message_failed").inc()
             # the jobs it named may have left the worker's books: answer them, or
             # they would wait for ever (without a timeout)
             error = WorkerFailedError("internal broker error handling the worker's result")
@@ -402,7 +402,7 @@ class Broker:
         # any client may queue requests for made-up names, a label each for ever
         for model in self.registry.specs:
             queue = queues.get(model)
-            self.metrics.queued.set(len(queue) if queue is not None else 0, model=model)
+            self.metrics.queued.labels(model).set(len(queue) if queue is not None else 0)
 
 
 def _endpoint(sock: zmq.Socket[Any]) -> str:

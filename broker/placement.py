@@ -39,6 +39,7 @@ class Placement:
         limits: wire.Limits,
     ) -> None:
         self._workers = registry.workers
+        self._specs = registry.specs
         self._dispatcher = dispatcher
         self._queued = dispatcher.total
         self._backlog = backlog
@@ -88,7 +89,9 @@ class Placement:
             batch.append(job)
         self.unsent += 1
         if len(job.holders) == 1:  # once per request: a re-queued job's wait is in its timing
-            self._metrics.queue_seconds.observe(now - job.received, len(job.request_ids))
+            spec = self._specs.get(job.model)  # a job is placed on a worker serving it
+            series = self._metrics.of(job.model, spec.version if spec is not None else "")
+            series.queue_seconds.observe_many(now - job.received, len(job.request_ids))
 
     def flush(self) -> list[Unreachable]:
         """Send every worker the jobs placed on it since the last flush, as JOBS; the

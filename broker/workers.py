@@ -134,7 +134,7 @@ class WorkerHandlers:
 
     def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
         """Nobody to answer: count it; RESULTS we cannot read fail the jobs they name."""
-        self._metrics.dropped.inc(reason="malformed_from_worker")
+        self._metrics.dropped.labels("malformed_from_worker").inc()
         name = worker.worker_id if worker is not None else "an unregistered peer"
         log.warning("malformed message from %s: %s", name, error)
         if worker is not None:

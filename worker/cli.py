@@ -22,7 +22,7 @@ from ipuserve.security.cli import curve_client_options, keys_from_options
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
 if TYPE_CHECKING:
-    from ipuserve.metrics import Renderable
+    from ipuserve.metrics import Exposed
     from ipuserve.worker.metrics import CreditMetrics
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,6 @@ def worker(
             look_ahead=look_ahead,
             credit=credit,
         )
-        from ipuserve.metrics import Combined
         from ipuserve.worker.metrics import CreditMetrics
 
         credit_metrics = CreditMetrics(credit or backend.capacity())
@@ -227,7 +226,10 @@ def worker(
         health = {probes.LIVE: probes.not_yet("starting"), probes.READY: probes.not_yet("starting")}
         try:
             server = _metrics_server(
-                Combined(backend.metrics, credit_metrics), metrics_host, metrics_port, health
+                [backend.metrics.registry, credit_metrics.registry],
+                metrics_host,
+                metrics_port,
+                health,
             )
         except IpuserveError as exc:
             backend.close()  # lets go of its IPUs
@@ -263,7 +265,7 @@ def _stopped_while_loading() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _metrics_server(metrics: Renderable, host: str, port: int | None, health: probes.Probes) -> Any:
+def _metrics_server(metrics: Exposed, host: str, port: int | None, health: probes.Probes) -> Any:
     if port is None:
         return None
     from ipuserve.metrics import MetricsServer

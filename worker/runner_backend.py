@@ -63,7 +63,7 @@ from ipuserve.runtime import (
     popef,
 )
 from ipuserve.worker.backend import Done, Refused, WorkItem, WorkResult, submit_each
-from ipuserve.worker.metrics import WorkerMetrics
+from ipuserve.worker.metrics import WorkerFamilies, WorkerMetrics
 from ipuserve.worker.model_checks import (
     advise_on_busy_ipus,
     check_inventory,
@@ -96,10 +96,14 @@ class RunnerBackend:
         batch_timeout_ms: float | None = None,
         look_ahead: str = "0",
         credit: int | None = None,
+        version: str = "1",
+        families: WorkerFamilies | None = None,
     ) -> None:
+        """``version``: what the worker announces and its metrics are labelled with;
+        ``families``: the worker process's job metrics, when it hosts several models."""
         model = popef.load_model(list(model_paths))
         name = name or model.metadata.modelName()
-        self.metrics = WorkerMetrics(name, batch_policy)
+        self.metrics = WorkerMetrics(name, batch_policy, version, families)
         limit_s = None if batch_timeout_ms is None else batch_timeout_ms / 1e3
         make_policy(batch_policy, limit_s)  # a bad name or a fixed window of 0: say so now
 
@@ -139,6 +143,7 @@ class RunnerBackend:
             outputs=tuple(_spec(d) for d in self._runner.getExecuteOutputs()),
             batch_size=batch,
             batching_dim=self._batching_dim,
+            version=version,
         )
         #: device time per sample, from this worker's runs: how much to start ahead
         self._sizer = GroupSizer()
@@ -197,6 +202,7 @@ class RunnerBackend:
 
     def close(self) -> None:
         self._runner.close()
+        self.metrics.close()
 
     def _claim(self, samples: int) -> int:
         with self._lock:
