@@ -65,7 +65,14 @@ class BrokerMetrics(Metrics):
             p + "requeued_total", "Jobs re-queued after their worker left."
         )
         self.workers_lost = self.counter(
-            p + "workers_lost_total", "Workers dropped, by reason.", ("reason",)
+            p + "workers_lost_total",
+            "Workers dropped without a goodbye, by reason (silent, unreachable, ...).",
+            ("reason",),
+        )
+        self.departures = self.counter(
+            p + "worker_departures_total",
+            'Workers that left saying so, by reason ("bye": drained, then BYE).',
+            ("reason",),
         )
         self.workers = self.gauge(p + "workers", "Registered workers.")
         self.queued = self.gauge(p + "queued", "Queued requests, by model.", ("model",))

@@ -58,8 +58,11 @@ class WorkerHandlers:
             self.on_hello(identity, message, now)
         elif worker is not None and isinstance(message, wire.Heartbeat):
             self.on_heartbeat(worker, message)
-        elif worker is not None and isinstance(message, wire.Bye):
-            self._life.drop_worker(worker, "left", message.handed_back)
+        elif isinstance(message, wire.Bye):
+            if worker is not None:
+                self._life.drop_worker(worker, "left", message.handed_back)
+            else:  # dropped already, as unreachable: its count says "departure" now
+                self._life.said_bye(identity)
         elif worker is not None:
             log.warning("worker %s sent %s; ignored", worker.worker_id, message.COMMAND.name)
         if worker is None and not isinstance(message, wire.Hello | wire.Bye):

@@ -842,6 +842,9 @@ def test_an_orderly_worker_leave_is_logged_at_info(
     wait_until(lambda: "dropped (left)" in caplog.text)
     [record] = [r for r in list(caplog.records) if "dropped (left)" in r.getMessage()]
     assert record.levelno == logging.INFO  # an orderly leave is no trouble
+    # counted as a departure, not as a worker lost
+    assert counted(broker, "worker_departures_total", reason="bye") == 1
+    assert counted(broker, "workers_lost_total") == 0
 
 
 def test_a_served_models_queue_gauge_exists_before_anything_waits(
