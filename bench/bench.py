@@ -94,7 +94,7 @@ def client_submit(client: Client, model: str, inputs: Mapping[str, Any], samples
     return submit
 
 
-def _outcome(future: Future[Arrays], samples: int, sent: int) -> Outcome:
+def _outcome(future: Future[Any], samples: int, sent: int) -> Outcome:
     error = future.exception()
     if error is not None:
         code = error.code if isinstance(error, IpuserveError) else type(error).__name__

@@ -19,6 +19,7 @@ from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
 from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError, ProtocolError
 from ipuserve.grouping import GroupSizer, group_problem
+from ipuserve.security import Role
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class ClientHandlers:
         #: Until then, requests for models nobody serves yet are queued, not refused.
         self.grace_until: float | None = grace_until
 
-    def handle(self, client: bytes, message: wire.Message) -> None:
-        """Raises IpuserveError for anything to refuse; the loop turns it into ERROR."""
+    def handle(self, client: bytes, message: wire.Message, role: Role) -> None:
+        """Raises IpuserveError for anything to refuse; the loop turns it into ERROR.
+        ``role`` is the sender's now (``Broker.role_of``): what an admin-only command
+        checks (REQUEST(S), PING and MODELS are open to clients and admins alike)."""
         if isinstance(message, wire.Request):
             self.on_request(client, message)
         elif isinstance(message, wire.Requests):

@@ -90,8 +90,17 @@ class Lifecycle:
 
     # ------------------------------------------------------------ losing workers
 
-    def drop_worker(self, worker: Worker, reason: str, handed_back: tuple[bytes, ...] = ()) -> None:
-        """Forget a worker; its live jobs go back to the front of their queues."""
+    def drop_worker(
+        self,
+        worker: Worker,
+        reason: str,
+        handed_back: tuple[bytes, ...] = (),
+        *,
+        blameless: bool = False,
+    ) -> None:
+        """Forget a worker; its live jobs go back to the front of their queues, each
+        counted as a failed attempt unless handed back or ``blameless`` (dropped by
+        the broker, e.g. its key revoked, not failed)."""
         if worker.identity not in self._registry.workers:
             return
         orphaned = self._registry.orphaned
@@ -110,7 +119,7 @@ class Lifecycle:
         returned = set(handed_back)
         for job in reversed(list(worker.in_flight.values())):
             if job.state is State.RUNNING and job.worker is worker:
-                self._requeue(job, counts=job.job_id not in returned)
+                self._requeue(job, counts=not blameless and job.job_id not in returned)
         worker.in_flight.clear()
         for model in worker.models:
             for other in list(self._registry.serving.get(model, ())):

@@ -41,6 +41,7 @@ from ipuserve.errors import (
     BrokerShutdownError,
     IpuserveError,
     ProtocolError,
+    UnauthenticatedError,
     WorkerFailedError,
 )
 from ipuserve.grouping import GroupSizer
@@ -114,6 +115,10 @@ class Broker:
             )
             self.zap.start()  # before any bind: libzmq admits every peer without it
             undo.callback(self.zap.stop)
+            #: the role of a message's sender now (per message: a reload revokes keys
+            #: on open connections too); what an "admin only" command checks
+            self.role_of = self.zap.role_of
+            self._refuse_message = self.zap.refuse_message  # counts, logs, says why
             self.metrics.watch_security(self.zap)
             self._frontend = self._router(
                 config.frontend, FRONTEND_DOMAIN, sndhwm=config.client_hwm, handover=True
@@ -327,6 +332,10 @@ class Broker:
 
     def _on_client(self, frames: list[Any]) -> None:
         client, body = frames[0].bytes, frames[1:]
+        role = self.role_of(frames[0], FRONTEND_DOMAIN)
+        if role is None:  # its key was removed from the lists since it connected
+            self._refuse_revoked(client, frames[0], body)
+            return
         if self._backlog.unreachable:
             self._backlog.heard_from(client)  # reachable again: it keeps its queue
         message: wire.Message | None = None
@@ -335,7 +344,7 @@ class Broker:
             if type(message) is wire.Request:  # the hot one, straight to admission
                 self._clients.on_request(client, message)
             else:
-                self._clients.handle(client, message)
+                self._clients.handle(client, message, role)
         except IpuserveError as exc:
             self._refuse(client, body, exc, getattr(message, "model", ""))
         except Exception:
@@ -348,8 +357,18 @@ class Broker:
         for request_id in wire.peek_ids(body) or [wire.peek_id(body)]:
             self.answers.refuse(client, request_id, error, model)
 
+    def _refuse_revoked(self, client: bytes, frame: Any, body: list[Any]) -> None:
+        """A client whose key no list admits any more: every request it names is
+        answered UNAUTHENTICATED (counted with the errors, and by the ZAP handler);
+        the message is not decoded (a revoked peer gets no more of the parser)."""
+        error = UnauthenticatedError(self._refuse_message(frame, FRONTEND_DOMAIN))
+        self._refuse(client, body, error, "")
+
     def _on_worker(self, frames: list[Any]) -> None:
         identity, body = frames[0].bytes, frames[1:]
+        if self.role_of(frames[0], BACKEND_DOMAIN) is None:  # its key was removed
+            self._workers.on_revoked(identity, self._refuse_message(frames[0], BACKEND_DOMAIN))
+            return
         now = time.monotonic()
         worker = self.registry.workers.get(identity)
         if worker is not None:

@@ -131,6 +131,14 @@ class _ZapCounts(Collector):
         )
         for domain, count in zap.refused_by_domain.items():
             refused.add_metric((domain,), count)
+        refused_messages = CounterMetricFamily(
+            p + "refused_messages_total",
+            "Messages refused on open connections, by socket (frontend, backend): their "
+            "sender's key was removed from the allow-lists (and SIGHUP) after it connected.",
+            labels=("socket",),
+        )
+        for domain, count in zap.refused_messages_by_domain.items():
+            refused_messages.add_metric((domain,), count)
         admitted = CounterMetricFamily(
             p + "admitted_handshakes_total",
             "Peers admitted at the CURVE handshake, by role.",
@@ -145,4 +153,4 @@ class _ZapCounts(Collector):
         )
         for role, count in zap.key_counts.items():
             keys.add_metric((role,), count)
-        yield from (refused, admitted, keys)
+        yield from (refused, refused_messages, admitted, keys)

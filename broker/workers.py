@@ -135,6 +135,18 @@ class WorkerHandlers:
             return
         self._placement.pump(worker)
 
+    def on_revoked(self, identity: bytes, reason: str) -> None:
+        """A message from a worker whose key no list admits any more: refused unread.
+        Registered, it is dropped and its jobs go to the others, none counted as a
+        failed attempt (the revocation is nobody's fault); either way it is told
+        RECONNECT, and its new handshake is then refused at ZAP. A worker leaves on
+        the first RECONNECT, so the few messages it had on the way get one each."""
+        worker = self._registry.get(identity)
+        if worker is not None:
+            log.warning("worker %s: %s", worker.worker_id, reason)
+            self._life.drop_worker(worker, "revoked", blameless=True)
+        self._backlog.to_worker(identity, self._reconnect)
+
     def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
         """Nobody to answer: count it; RESULTS we cannot read fail the jobs they name."""
         self._metrics.dropped.labels("malformed_from_worker").inc()

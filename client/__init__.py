@@ -12,11 +12,13 @@ Example::
 """
 
 from ipuserve.client.async_client import AsyncClient
+from ipuserve.client.base import RequestOptions
 from ipuserve.client.client import Client
 from ipuserve.client.config import ClientConfig, ClientStats
 from ipuserve.client.core import LinkInfo
 from ipuserve.client.fleet import FleetModel, FleetWorker
-from ipuserve.client.pending import InferFuture
+from ipuserve.client.pending import InferFuture, Outputs
+from ipuserve.client.repository import RepositoryIndex
 from ipuserve.client.timing import Timing
 
 __all__ = [
@@ -28,5 +30,8 @@ __all__ = [
     "FleetWorker",
     "InferFuture",
     "LinkInfo",
+    "Outputs",
+    "RepositoryIndex",
+    "RequestOptions",
     "Timing",
 ]

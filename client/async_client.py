@@ -21,53 +21,47 @@ belongs to the event loop it is first used on, and its methods must be called th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar, Unpack
 
 from ipuserve import protocol as wire
 from ipuserve.client.async_loop import AsyncLoop
-from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup
-from ipuserve.client.client import build_request
+from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup, Inputs, RequestOptions
 from ipuserve.client.fleet import merge_models
-from ipuserve.client.pending import Arrays, Pending, parse_models, parse_reply
+from ipuserve.client.pending import Outputs, Pending, parse_models, parse_reply
+from ipuserve.client.repository import Pause, RepositoryIndex, Stepper, Steps
 from ipuserve.client.timing import Timing
 from ipuserve.errors import IpuserveError
 
 T = TypeVar("T")
 
 
-class AsyncClient(ClientBase[AsyncLoop]):
-    """An asyncio client of one broker or several; see the module's docstring."""
+class AsyncClient(ClientBase[AsyncLoop, Awaitable[RepositoryIndex]]):
+    """An asyncio client of one broker or several; see the module's docstring.
+
+    The model repository's calls (``repository_index``, ``load_model``,
+    ``unload_model``) are :class:`~ipuserve.client.Client`'s, awaited: they check
+    their arguments when called and return an awaitable of the index."""
 
     def _start(self, setup: ClientSetup) -> AsyncLoop:
         return AsyncLoop(setup.endpoints, setup.connect, setup.config, follow=setup.follow)
 
-    async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        timeout: float | None = CLIENT_TIMEOUT,
-        copy: bool = True,
-    ) -> Arrays:
-        """One request's outputs, ``{output name: read-only array}``. ``copy=False``
-        sends the arrays as they are: they must not change until this returns."""
-        outputs, _ = await self.infer_timed(model, inputs, timeout=timeout, copy=copy)
+    async def infer(self, model: str, inputs: Inputs, **options: Unpack[RequestOptions]) -> Outputs:
+        """One request's outputs, ``{output name: read-only array}``, whose ``version``
+        says which model version answered (:class:`~ipuserve.client.Outputs`). ``timeout``
+        (seconds; ``None`` waits for ever) defaults to the client's; ``copy=False`` sends
+        the arrays as they are: they must not change until this returns; ``version``: that
+        version of the model, None its default (:class:`~ipuserve.client.RequestOptions`)."""
+        outputs, _ = await self.infer_timed(model, inputs, **options)
         return outputs
 
     async def infer_timed(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        timeout: float | None = CLIENT_TIMEOUT,
-        copy: bool = True,
-    ) -> tuple[Arrays, Timing]:
+        self, model: str, inputs: Inputs, **options: Unpack[RequestOptions]
+    ) -> tuple[Outputs, Timing]:
         """:meth:`infer`, and where the request's time went."""
-        timeout = self._call_timeout(timeout)
-        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
-        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        message, timeout = self._new_request(model, inputs, options)
+        future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
         pending = Pending(message, future, timeout, parse_reply)
         self._io.submit(pending)
         outputs = await self._wait(future, timeout)
@@ -103,6 +97,24 @@ class AsyncClient(ClientBase[AsyncLoop]):
         message = wire.ListModels(next(self._ids).to_bytes(8, "little"))
         self._io.submit(Pending(message, future, timeout, parse_models), to=to)
         return await self._wait(future, timeout)
+
+    def _walk(self, steps: Steps) -> Awaitable[RepositoryIndex]:
+        return self._walk_async(Stepper(steps))
+
+    async def _walk_async(self, stepper: Stepper) -> RepositoryIndex:
+        """The repository calls' steps, awaited (ClientBase)."""
+        step = stepper.next(None)
+        while step is not None:
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                step = stepper.next(None)
+                continue
+            future: asyncio.Future[RepositoryIndex] = asyncio.get_running_loop().create_future()
+            self._io.submit(self._repository_pending(step, future))
+            answer: RepositoryIndex = await self._wait(future, self.timeout)
+            step = stepper.next(answer)
+        assert stepper.result is not None
+        return stepper.result
 
     async def _wait(self, future: asyncio.Future[T], timeout: float | None) -> T:
         """The future's result. No timer of its own: the core fails the request at its

@@ -8,8 +8,7 @@ one-line ``Error: [CODE] message`` exits instead of tracebacks.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,8 +16,10 @@ import click
 import numpy as np
 
 from ipuserve import protocol as wire
+from ipuserve.client.cli_support import client_address, client_for, typed_errors
 from ipuserve.client.client import Client
 from ipuserve.client.fleet import FleetModel, merge_models
+from ipuserve.client.repository_cli import repository_commands
 from ipuserve.clikit import (
     Endpoint,
     ModelName,
@@ -27,11 +28,11 @@ from ipuserve.clikit import (
     option,
     writing,
 )
-from ipuserve.discovery import expand, split_endpoints
 from ipuserve.errors import ConfigError, IpuserveError, TensorError
 from ipuserve.npy_io import parse_input_spec, read_inputs
-from ipuserve.security import ClientKeys
 from ipuserve.security.cli import curve_client_options, keys_from_options
+
+__all__ = ["client_address", "client_for", "commands", "infer", "models", "typed_errors"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -43,45 +44,6 @@ MODELS_BROKER_HELP = (
     "The broker's frontend endpoint, e.g. tcp://HOST:5555; repeat it for several brokers "
     "(in the variable: space-separated): their models are shown as one fleet."
 )
-
-
-@contextmanager
-def _typed_errors() -> Iterator[None]:
-    """Turn a reported IpuserveError into a one-line click error that names its code."""
-    try:
-        yield
-    except IpuserveError as exc:
-        raise click.ClickException(f"[{exc.code}] {exc}") from exc
-
-
-def client_address(brokers: str | Sequence[str]) -> str | list[str]:
-    """What the Client is given for the ``--broker`` values: one endpoint as a string
-    (the single-broker client, as ever), unless its host resolves to several addresses
-    (Swarm's ``tasks.SERVICE``); several, or such a name, as a list (one link each)."""
-    if isinstance(brokers, str):
-        brokers = [brokers]
-    endpoints = split_endpoints(brokers)
-    if len(endpoints) != 1:
-        return endpoints
-    try:
-        several = len(expand(endpoints[0])) > 1
-    except OSError:  # not resolvable (yet): ZeroMQ resolves it when it can
-        several = False
-    return endpoints if several else endpoints[0]
-
-
-def client_for(broker: str | Sequence[str], timeout_s: float, keys: ClientKeys | None) -> Client:
-    """A Client to ``broker`` (one or several, :func:`client_address`), CURVE with
-    ``keys`` (loaded by :func:`keys_from_options`)."""
-    address = client_address(broker)
-    if keys is None:
-        return Client(address, timeout=timeout_s)
-    return Client(
-        address,
-        timeout=timeout_s,
-        curve_secret_key=keys.pair.secret,
-        broker_public_key=keys.broker_public,
-    )
 
 
 def describe(array: np.ndarray[Any, Any]) -> str:
@@ -137,6 +99,11 @@ def _timeout_option(default_s: float, help_text: str) -> Callable[[F], F]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Save the outputs to this file, as given, in numpy's .npz format.",
 )
+@option(
+    "--version",
+    help="A version of the model (a whole number >= 1). Default: the model's default "
+    "version (docs/repository.md).",
+)
 @_timeout_option(30.0, "Give up (DEADLINE_EXCEEDED) after this long.")
 @curve_client_options
 def infer(
@@ -144,22 +111,24 @@ def infer(
     model: str,
     inputs: dict[str, Any],
     output: Path | None,
+    version: str | None,
     timeout_s: float,
     curve_secret_key: Path | None,
     broker_public_key: Path | None,
 ) -> None:
     """Send one request with tensors from .npy files and print the outputs (and save them
-    with --output)."""
+    with --output), and which model version answered."""
     if output is not None:
         check_writable(output)
     keys = keys_from_options(curve_secret_key, broker_public_key)
-    with _typed_errors(), client_for(broker, timeout_s, keys) as client:
-        future = client.infer_async(model, inputs)
+    with typed_errors(), client_for(broker, timeout_s, keys) as client:
+        future = client.infer_async(model, inputs, version=version)
         outputs = future.result(timeout_s + 5)
     for name, array in outputs.items():
         click.echo(f"{name}: {describe(array)}")
     if future.timing is not None:
-        click.echo(f"took {future.timing.total_us / 1e3:.3f} ms", err=True)
+        answered = "" if outputs.version is None else f" (version {outputs.version})"
+        click.echo(f"took {future.timing.total_us / 1e3:.3f} ms{answered}", err=True)
     if output is not None:
         save_npz(output, outputs)
         click.echo(f"saved {', '.join(outputs)} to {output}", err=True)
@@ -172,12 +141,14 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         np.savez(file, **arrays)  # type: ignore[arg-type]
 
 
-@click.command()
-@option("--broker", required=True, multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP)
+@click.group(invoke_without_command=True)
+@option("--broker", multiple=True, type=Endpoint(), help=MODELS_BROKER_HELP + " Required.")
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @_timeout_option(10.0, "Give up after this long.")
 @curve_client_options
+@click.pass_context
 def models(
+    ctx: click.Context,
     broker: tuple[str, ...],
     as_json: bool,
     timeout_s: float,
@@ -185,15 +156,20 @@ def models(
     broker_public_key: Path | None,
 ) -> None:
     """List the broker's models: batch, queued requests, and each worker's credit, jobs
-    and requests.
+    and requests; or load, unload and list the model repository's versions (``models
+    load|unload|index --help``).
 
     Credit and jobs count jobs (a group of requests is one job); queued and requests
     count the clients' requests. With several brokers, the fleet as one: each model
     once, each worker once with the brokers it is registered with (its numbers added
     up over them); a broker that does not answer is named on stderr and left out.
     """
+    if ctx.invoked_subcommand is not None:
+        return  # its own options say where and how
+    if not broker:
+        raise click.UsageError("Missing option '--broker'.")
     keys = keys_from_options(curve_secret_key, broker_public_key)
-    with _typed_errors(), client_for(broker, timeout_s, keys) as client:
+    with typed_errors(), client_for(broker, timeout_s, keys) as client:
         if isinstance(client.address, str):
             found = client.models()
         else:
@@ -228,20 +204,23 @@ def models_json(found: list[wire.ModelInfo]) -> list[dict[str, Any]]:
     return listed
 
 
-_ROW = "{:20} {:>5} {:>6}  {:28} {:>6} {:>5} {:>8}"
+_ROW = "{:20} {:>7} {:>5} {:>6}  {:28} {:>6} {:>5} {:>8}"
 
 
 def models_table(found: list[wire.ModelInfo]) -> str:
-    """One row per (model, worker), then the model's inputs. ``jobs`` is what the credit
+    """One row per (model version, worker), then the model's inputs. ``jobs`` is what the credit
     bounds; ``requests`` what those jobs hold (more when clients send groups)."""
-    header = _ROW.format("model", "batch", "queued", "worker", "credit", "jobs", "requests")
+    header = _ROW.format(
+        "model", "version", "batch", "queued", "worker", "credit", "jobs", "requests"
+    )
     lines = [header, "-" * len(header)]
     for info in found:
-        first = (info.spec.name, info.spec.batch_size, info.queued)
+        spec = info.spec
+        first = (spec.name, spec.version, spec.batch_size, info.queued)
         for i, w in enumerate(info.workers or (wire.WorkerLoad("-", 0, 0, 0),)):
             lines.append(
                 _ROW.format(
-                    *(first if i == 0 else ("", "", "")),
+                    *(first if i == 0 else ("", "", "", "")),
                     w.worker_id,
                     w.credit,
                     w.in_flight,
@@ -251,7 +230,7 @@ def models_table(found: list[wire.ModelInfo]) -> str:
         tensors = ", ".join(map(str, info.spec.inputs))
         dim = info.spec.batching_dim
         batching = "no dynamic batching" if dim is None else f"batched along dimension {dim}"
-        lines.append(f"{'':20} inputs {tensors}; {batching}")
+        lines.append(f"{'':28} inputs {tensors}; {batching}")
     if not found:
         lines.append("(no models: no worker has registered yet)")
     return "\n".join(lines)
@@ -276,10 +255,13 @@ def fleet_table(fleet: list[FleetModel]) -> str:
         for worker in model.workers or (None,):
             out.append(next(rows))
             if worker is not None:
-                out.append(f"{'':20} {'':5} {'':6}  brokers {' '.join(worker.brokers)}")
+                out.append(f"{'':28} {'':5} {'':6}  brokers {' '.join(worker.brokers)}")
         out.append(next(rows))  # the inputs line
     out.extend(rows)
     return "\n".join(out)
 
+
+for _command in repository_commands:
+    models.add_command(_command)
 
 commands: list[click.Command] = [infer, models]

@@ -44,29 +44,33 @@ in the model's dtype, which ``ipuserve models`` shows).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TypeVar, Unpack
 
 from ipuserve import protocol as wire
-from ipuserve.client.base import CLIENT_TIMEOUT, ClientBase, ClientSetup, type_name
+from ipuserve.client.base import (
+    CLIENT_TIMEOUT,
+    ClientBase,
+    ClientSetup,
+    Inputs,
+    RequestOptions,
+)
 from ipuserve.client.fleet import FleetModel, merge_models
 from ipuserve.client.pending import (
-    Arrays,
     InferFuture,
+    Outputs,
     Pending,
     Waiter,
     parse_models,
     parse_reply,
 )
+from ipuserve.client.repository import Pause, RepositoryIndex, Step, Stepper, Steps
 from ipuserve.client.thread_loop import ThreadLoop
 from ipuserve.errors import (
     DeadlineExceeded,
-    InvalidInputError,
     IpuserveError,
     RuntimeUsageError,
 )
@@ -75,7 +79,7 @@ T = TypeVar("T")
 _RESULT_GRACE_S = 5.0  # how long past its deadline a caller waits for the I/O thread
 
 
-class Client(ClientBase[ThreadLoop]):
+class Client(ClientBase[ThreadLoop, RepositoryIndex]):
     """A thread-safe connection to a broker's frontend (``tcp://HOST:5555``), or to
     several.
 
@@ -115,24 +119,24 @@ class Client(ClientBase[ThreadLoop]):
     # ------------------------------------------------------------------ requests
 
     def infer_async(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        timeout: float | None = CLIENT_TIMEOUT,
-        copy: bool = True,
+        self, model: str, inputs: Inputs, **options: Unpack[RequestOptions]
     ) -> InferFuture:
-        """Send one request; the future holds ``{output name: read-only array}``.
+        """Send one request; the future holds ``{output name: read-only array}`` (an
+        :class:`~ipuserve.client.Outputs`: its ``version`` says which version answered).
+        ``version``: that version of the model; None: its default (docs/repository.md).
 
-        The inputs are copied first, so the caller may change its arrays as soon as
-        this returns. ``copy=False`` sends them as they are, without a copy: then they
-        must not change until the future is done, or the request carries (and a
-        re-send after a broker restart re-sends) whatever they hold by then.
+        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
+        inputs are copied first, so the caller may change its arrays as soon as this
+        returns. ``copy=False`` sends them as they are, without a copy: then they must
+        not change until the future is done, or the request carries (and a re-send
+        after a broker restart re-sends) whatever they hold by then
+        (:class:`~ipuserve.client.RequestOptions`).
 
         Raises at once what is known locally: :class:`ClosedError` after
-        :meth:`close`; :class:`ConfigError` for a timeout that is not seconds > 0 (or
-        None); :class:`InvalidInputError` for a model or input name that is not a
-        string of 1..256 characters, or ``inputs`` that are not a mapping of name ->
+        :meth:`close`; ``TypeError`` for an option it does not take;
+        :class:`ConfigError` for a timeout that is not seconds > 0 (or None);
+        :class:`InvalidInputError` for a model or input name that is not a string of
+        1..256 characters, or ``inputs`` that are not a mapping of name ->
         ``numpy.ndarray`` or hold a dtype the wire does not carry.
 
         On the main thread the request is handed to the I/O thread rather than sent
@@ -140,36 +144,33 @@ class Client(ClientBase[ThreadLoop]):
         land in a call meant to return at once after its request has left (a load
         generator would take it for a refusal and lose track of the request).
         """
-        timeout = self._call_timeout(timeout)
+        message, timeout = self._new_request(model, inputs, options)
         direct = threading.current_thread() is not threading.main_thread()
-        return self._request(model, inputs, timeout, copy=copy, direct=direct)
-
-    def _request(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        timeout: float | None,
-        *,
-        copy: bool,
-        direct: bool,
-    ) -> InferFuture:
-        """Build and submit one request; ``direct``: it may leave from this thread."""
-        message = build_request(next(self._ids), model, inputs, timeout, copy=copy)
         future = InferFuture(message.request_id, self._io.thread, owner=self)
         self._io.submit(Pending(message, future, timeout, parse_reply), direct=direct)
         return future
 
     def infer(
-        self, model: str, inputs: Mapping[str, Any], *, timeout: float | None = CLIENT_TIMEOUT
-    ) -> Arrays:
-        """Send one request and wait for its outputs (raises the reported error class).
+        self,
+        model: str,
+        inputs: Inputs,
+        *,
+        timeout: float | None = CLIENT_TIMEOUT,
+        version: str | int | None = None,
+    ) -> Outputs:
+        """Send one request and wait for its outputs (raises the reported error class):
+        ``{output name: read-only array}``, whose ``version`` says which model version
+        answered (:class:`~ipuserve.client.Outputs`).
 
-        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's. The
-        inputs are sent without a copy: they must not change while this runs."""
-        timeout = self._call_timeout(timeout)
+        ``timeout`` (seconds; ``None`` waits for ever) defaults to the client's.
+        ``version``: that version of the model (a whole number, as a string or an int);
+        None: the model's default version. The inputs are sent without a copy: they must
+        not change while this runs."""
         self._refuse_blocking_on_io_thread("infer")
-        message = build_request(next(self._ids), model, inputs, timeout, copy=False)
-        waiter: Waiter[Arrays] = Waiter()  # lighter than the InferFuture nobody sees
+        message, timeout = self._new_request(
+            model, inputs, {"timeout": timeout, "copy": False, "version": version}
+        )
+        waiter: Waiter[Outputs] = Waiter()  # lighter than the InferFuture nobody sees
         self._io.submit(Pending(message, waiter, timeout, parse_reply), direct=True)
         return _wait(waiter, timeout, self._io)
 
@@ -223,6 +224,24 @@ class Client(ClientBase[ThreadLoop]):
         self._io.submit(pending, to=to)
         return future
 
+    def _walk(self, steps: Steps) -> RepositoryIndex:
+        """The repository calls' steps, blocking (ClientBase)."""
+        self._refuse_blocking_on_io_thread("load_model/unload_model/repository_index")
+        stepper = Stepper(steps)
+        step = stepper.next(None)
+        while step is not None:
+            step = stepper.next(self._take(step))
+        assert stepper.result is not None
+        return stepper.result
+
+    def _take(self, step: Step) -> RepositoryIndex | None:
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        future: Future[RepositoryIndex] = Future()
+        self._io.submit(self._repository_pending(step, future))
+        return _wait(future, self.timeout, self._io)
+
     def _refuse_blocking_on_io_thread(self, what: str) -> None:
         """A blocking call from a done-callback would wait for the thread it blocks."""
         if threading.current_thread() is self._io.thread:
@@ -241,44 +260,6 @@ class Client(ClientBase[ThreadLoop]):
         self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def build_request(
-    number: int, model: str, inputs: Mapping[str, Any], timeout: float | None, *, copy: bool
-) -> wire.Request:
-    """Request ``number`` after the caller's mistakes are refused (both faces alike);
-    ``copy``: of the inputs first, so that the caller may reuse its arrays at once."""
-    _check_model(model)
-    _check_inputs(inputs)
-    if copy:
-        inputs = {name: np.array(value, order="C") for name, value in inputs.items()}
-    tensors = wire.Tensors.of(inputs)
-    timeout_ms = None if timeout is None else max(timeout * 1e3, 0.001)
-    return wire.Request(number.to_bytes(8, "little"), model, tensors, timeout_ms)
-
-
-def _check_model(model: Any) -> None:
-    problem = wire.name_problem(model)
-    if problem is not None:
-        raise InvalidInputError(f"the model name {problem}")
-
-
-def _check_inputs(inputs: Any) -> None:
-    """A clear error for inputs the wire would misread (a bare array, a list of floats)."""
-    if not isinstance(inputs, Mapping):
-        raise InvalidInputError(
-            f"inputs must be a dict of input name -> numpy array, not {type_name(inputs)}"
-        )
-    for name, value in inputs.items():
-        problem = wire.name_problem(name)
-        if problem is not None:
-            raise InvalidInputError(f"input name {name!r}: the name {problem}")
-        if not isinstance(value, np.ndarray):
-            raise InvalidInputError(
-                f"input {name!r} is {type_name(value)}, not a numpy array; convert it with "
-                "numpy.asarray(value, dtype=...) in the model's dtype (`ipuserve models` "
-                "lists it)"
-            )
 
 
 def _wait(future: Future[T] | Waiter[T], timeout: float | None, io: ThreadLoop) -> T:

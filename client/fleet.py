@@ -64,14 +64,15 @@ class FleetModel:
 
 
 def merge_models(by_broker: Mapping[str, Sequence[wire.ModelInfo]]) -> list[FleetModel]:
-    """Each model once, each of its workers once (by id), in the order first seen."""
-    specs: dict[str, wire.ModelSpec] = {}
-    queued: dict[str, int] = {}
-    model_brokers: dict[str, list[str]] = {}
-    workers: dict[str, dict[str, list[tuple[str, wire.WorkerLoad]]]] = {}
+    """Each model version once, each of its workers once (by id), in the order first
+    seen."""
+    specs: dict[tuple[str, str], wire.ModelSpec] = {}
+    queued: dict[tuple[str, str], int] = {}
+    model_brokers: dict[tuple[str, str], list[str]] = {}
+    workers: dict[tuple[str, str], dict[str, list[tuple[str, wire.WorkerLoad]]]] = {}
     for broker, infos in by_broker.items():
         for info in infos:
-            name = info.spec.name
+            name = info.spec.key
             specs.setdefault(name, info.spec)
             queued[name] = queued.get(name, 0) + info.queued
             model_brokers.setdefault(name, []).append(broker)

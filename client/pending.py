@@ -24,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from ipuserve import protocol as wire
+from ipuserve.client.repository import RepositoryIndex
 from ipuserve.client.timing import Timing
 from ipuserve.errors import RuntimeUsageError
 
@@ -31,7 +32,25 @@ Arrays = dict[str, np.ndarray[Any, Any]]
 T = TypeVar("T")
 
 
-class InferFuture(Future[Arrays]):
+class Outputs(dict[str, np.ndarray[Any, Any]]):
+    """A reply's outputs, ``{output name: read-only array}`` -- a plain dict to every
+    caller -- that also says which model version answered (``version``: the reply's;
+    None from a broker that does not say). A dict, so that every face and every
+    existing caller keeps its result as it was, and the version reaches the caller of
+    :meth:`Client.infer`, of a future's ``result()`` and of ``await
+    AsyncClient.infer`` alike."""
+
+    __slots__ = ("version",)
+
+    def __init__(self, arrays: Arrays, version: str | None = None) -> None:
+        super().__init__(arrays)
+        self.version = version
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its version
+        return (Outputs, (dict(self), self.version))
+
+
+class InferFuture(Future[Outputs]):
     """A ``concurrent.futures.Future`` of a result, plus where its time went.
 
     ``timing`` is set just before the result (``None`` for errors and models()):
@@ -53,7 +72,7 @@ class InferFuture(Future[Arrays]):
         if owner is not None:
             self.add_done_callback(_release_owner)
 
-    def result(self, timeout: float | None = None) -> Arrays:
+    def result(self, timeout: float | None = None) -> Outputs:
         self._refuse_waiting_on_io_thread()
         return super().result(timeout)
 
@@ -117,12 +136,12 @@ class Waiter(Generic[T]):
         return self._result  # type: ignore[return-value]
 
 
-def _release_owner(future: Future[Arrays]) -> None:
+def _release_owner(future: Future[Outputs]) -> None:
     if isinstance(future, InferFuture):
         future._owner = None
 
 
-Message = wire.Request | wire.ListModels
+Message = wire.Request | wire.ListModels | wire.RepositoryCommand
 
 
 class Settleable(Protocol):
@@ -207,19 +226,25 @@ class Pending:
         return message
 
 
-def parse_reply(message: wire.Message, pending: Pending) -> Arrays:
-    """A REPLY's tensors as read-only views; the timing goes on the future."""
+def parse_reply(message: wire.Message, pending: Pending) -> Outputs:
+    """A REPLY's tensors as read-only views, with the version that answered; the
+    timing goes on the future."""
     assert isinstance(message, wire.Reply)
     pending.timing = timing_of(message.timing, pending.started_ns)
     future = pending.future
     if isinstance(future, InferFuture):
         future.timing = pending.timing
-    return message.tensors.arrays()
+    return Outputs(message.tensors.arrays(), message.version)
 
 
 def parse_models(message: wire.Message, _pending: Pending) -> list[wire.ModelInfo]:
     assert isinstance(message, wire.ModelsReply)
     return list(message.models)
+
+
+def parse_repository(message: wire.Message, _pending: Pending) -> RepositoryIndex:
+    assert isinstance(message, wire.RepositoryReply)
+    return RepositoryIndex(message.models, message.message)
 
 
 def timing_of(reported: Mapping[str, float], started_ns: int) -> Timing:
@@ -313,6 +338,7 @@ class PendingTable:
 EXPECTS: dict[type[Message], type[wire.Message]] = {
     wire.Request: wire.Reply,
     wire.ListModels: wire.ModelsReply,
+    wire.RepositoryCommand: wire.RepositoryReply,
 }
 
 

@@ -98,7 +98,7 @@ class ReplyRouter:
             self.on_pong(message)
         elif isinstance(message, wire.ErrorReply):
             self._on_error(message)
-        elif isinstance(message, wire.Reply | wire.ModelsReply):
+        elif isinstance(message, wire.Reply | wire.ModelsReply | wire.RepositoryReply):
             self._on_answer(message)
         elif isinstance(message, wire.Replies):
             for row in message.replies:
@@ -135,7 +135,7 @@ class ReplyRouter:
             log.error("%s", self.liveness.silence_hint().removeprefix(": "))
         self.liveness.backend_port = True
 
-    def _on_answer(self, message: wire.Reply | wire.ModelsReply) -> None:
+    def _on_answer(self, message: wire.Reply | wire.ModelsReply | wire.RepositoryReply) -> None:
         """A MODELS_REPLY, the link's own probe or a user's, also says which models the
         broker serves now and how to group their requests."""
         if type(message) is wire.ModelsReply:

@@ -127,10 +127,14 @@ class TurnBatch:
 
 
 def share_a_job(first: wire.Request, other: wire.Request) -> bool:
-    """The same model and the same tensor specs (what :meth:`wire.Tensors.group`
-    requires); whether the model takes groups, and how many requests one holds, the
-    broker said (``members`` of :func:`grouped`)."""
-    return other.model == first.model and other.tensors.specs == first.tensors.specs
+    """The same model and version asked for, and the same tensor specs (what
+    :meth:`wire.Tensors.group` requires); whether the model takes groups, and how many
+    requests one holds, the broker said (``members`` of :func:`grouped`)."""
+    return (
+        other.model == first.model
+        and other.version == first.version
+        and other.tensors.specs == first.tensors.specs
+    )
 
 
 def grouped(
@@ -172,4 +176,5 @@ def _group(run: list[wire.Request]) -> wire.Request:
         wire.Tensors.group([r.tensors for r in run]),
         None if None in timeouts else max(t for t in timeouts if t is not None),
         tuple(r.request_id for r in run),
+        first.version,
     )

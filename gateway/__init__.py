@@ -5,8 +5,9 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
 
     tensors.py      datatypes <-> numpy, the Tensor both doors hand the service
     service.py      InferenceService: checks against the model, infer, metadata
-    catalog.py      the fabric's models as last heard, refreshed
-    stats.py        per-model counters (Triton's statistics extension)
+    catalog.py      the fabric's model versions as last heard, refreshed; the default
+    repository.py   Triton's model repository extension: index, load, unload
+    stats.py        per-model-version counters (Triton's statistics extension)
     status.py       the one table: ipuserve error -> HTTP status, gRPC code
     auth.py         bearer tokens by role, refusals counted
     config.py       GatewayConfig

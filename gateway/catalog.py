@@ -6,6 +6,12 @@ on a miss, and when the service asks (the fabric answered UNKNOWN_MODEL or
 INVALID_INPUT, so the gateway's picture is stale). Concurrent refreshes share one
 question to the fabric, and on-demand ones are spaced by ``min_gap_s`` so a flood of
 requests for a model nobody serves cannot turn into a flood of listings.
+
+One entry per model version (the fabric lists each version as its own model, told
+apart by ``spec.version``). A request or a lookup that names no version gets the
+model's default, as the broker picks it (docs/repository.md): the version pinned by
+``default_version`` if a worker serves it, else the largest version a worker serves
+(else the largest listed, not ready).
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from ipuserve.errors import IpuserveError
 
 log = logging.getLogger(__name__)
 
+#: (model name, version): what the fabric routes by
+Key = tuple[str, str]
+
 
 class Catalog:
-    """Model name -> :class:`~ipuserve.protocol.ModelInfo`, kept fresh."""
+    """(model name, version) -> :class:`~ipuserve.protocol.ModelInfo`, kept fresh."""
 
     def __init__(
         self,
@@ -40,26 +49,45 @@ class Catalog:
         self._min_gap_s = min_gap_s
         self._ask_timeout_s = ask_timeout_s
         self._keep_gone_s = keep_gone_s
-        self._models: dict[str, wire.ModelInfo] = {}
-        #: models the fabric stopped listing, and since when (monotonic seconds)
-        self._gone_since: dict[str, float] = {}
+        self._models: dict[Key, wire.ModelInfo] = {}
+        #: versions the fabric stopped listing, and since when (monotonic seconds)
+        self._gone_since: dict[Key, float] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self._refreshed_at = -float("inf")
         #: bumped whenever a model's schema, or the set of models, changes
         self.generation = 0
 
-    def get(self, name: str) -> wire.ModelInfo | None:
-        return self._models.get(name)
+    def get(self, name: str, version: str | None = None) -> wire.ModelInfo | None:
+        """``name`` ``version``'s entry (None: the model's default version)."""
+        version = version or self.default_version(name)
+        return None if version is None else self._models.get((name, version))
 
     def names(self) -> list[str]:
-        return sorted(self._models)
+        return sorted({name for name, _ in self._models})
 
-    async def lookup(self, name: str) -> wire.ModelInfo | None:
-        """``name``'s entry, asking the fabric first on a miss."""
-        info = self._models.get(name)
+    def versions(self, name: str) -> list[str]:
+        """The versions of ``name`` listed, oldest first."""
+        return sorted((v for n, v in self._models if n == name), key=int)
+
+    def default_version(self, name: str) -> str | None:
+        """The version a request naming none goes to (module docstring); None: no
+        version of ``name`` is listed."""
+        versions = self.versions(name)
+        served = [v for v in versions if self._models[name, v].workers]
+        pins = {self._models[name, v].spec.default_version for v in versions}
+        pinned = [v for v in served if v in pins]
+        if pinned:
+            return pinned[-1]
+        listed = served or versions
+        return listed[-1] if listed else None
+
+    async def lookup(self, name: str, version: str | None = None) -> wire.ModelInfo | None:
+        """``name`` ``version``'s entry (None: the default), asking the fabric first on
+        a miss."""
+        info = self.get(name, version)
         if info is None:
             await self.refresh(eager=False)
-            info = self._models.get(name)
+            info = self.get(name, version)
         return info
 
     async def refresh(self, *, eager: bool = True) -> None:
@@ -76,26 +104,27 @@ class Catalog:
 
     async def _ask(self) -> None:
         models = await self._client.models(timeout=self._ask_timeout_s)
-        fresh = {info.spec.name: info for info in models}
-        old = {name: info.spec for name, info in self._models.items()}
+        fresh = {info.spec.key: info for info in models}
+        old = {key: info.spec for key, info in self._models.items()}
         # A model listed before and not now keeps its schema for ``keep_gone_s``, with
         # no workers (not ready): a broker just restarted lists nothing until the
         # workers are back, so requests still go to the fabric, and the service tells
         # their callers to come back (503), not that the model does not exist (404).
         now = time.monotonic()
-        for name in fresh:
-            self._gone_since.pop(name, None)
-        for name, spec in old.items():
-            if name in fresh:
+        for key in fresh:
+            self._gone_since.pop(key, None)
+        for key, spec in old.items():
+            if key in fresh:
                 continue
-            since = self._gone_since.setdefault(name, now)
+            since = self._gone_since.setdefault(key, now)
             if now - since < self._keep_gone_s:
-                fresh[name] = wire.ModelInfo(spec, 0, ())
+                fresh[key] = wire.ModelInfo(spec, 0, ())
             else:
-                del self._gone_since[name]
-        if old != {name: info.spec for name, info in fresh.items()}:
+                del self._gone_since[key]
+        if old != {key: info.spec for key, info in fresh.items()}:
             self.generation += 1
-            log.info("models now: %s", ", ".join(sorted(fresh)) or "none")
+            listed = ", ".join(f"{n} v{v}" for n, v in sorted(fresh)) or "none"
+            log.info("models now: %s", listed)
         self._models = fresh
         self._refreshed_at = time.monotonic()
 

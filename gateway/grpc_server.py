@@ -44,6 +44,8 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 ALIAS_NAME = "ipuserve.oip.GRPCInferenceService"
 #: the role whose tokens may call the guarded RPCs (see gateway/auth.py)
 ROLE = "infer"
+#: ... and the model repository's
+ADMIN_ROLE = "admin"
 
 #: one RPC's coroutine: request message and call context to response message
 Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]
@@ -123,19 +125,28 @@ class _Servicer:
             "ModelMetadata": self._rpc(self.model_metadata, pb.ModelMetadataRequest),
             "ModelInfer": self._rpc(self.model_infer, pb.ModelInferRequest),
             "ModelStatistics": self._rpc(self.model_statistics, pb.ModelStatisticsRequest),
+            "RepositoryIndex": self._rpc(
+                self.repository_index, pb.RepositoryIndexRequest, role=ADMIN_ROLE
+            ),
+            "RepositoryModelLoad": self._rpc(
+                self.repository_load, pb.RepositoryModelLoadRequest, role=ADMIN_ROLE
+            ),
+            "RepositoryModelUnload": self._rpc(
+                self.repository_unload, pb.RepositoryModelUnloadRequest, role=ADMIN_ROLE
+            ),
         }
         return grpc.method_handlers_generic_handler(name, rpcs)
 
     def _rpc(
-        self, fn: Handler, request: type[Message], *, guarded: bool = True
+        self, fn: Handler, request: type[Message], *, guarded: bool = True, role: str = ROLE
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        """One RPC: the token check (``guarded``), then ``fn``; an error becomes the
-        call's status. Responses are serialised by the message itself."""
+        """One RPC: the token check of ``role`` (``guarded``), then ``fn``; an error
+        becomes the call's status. Responses are serialised by the message itself."""
 
         async def call(req: Message, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
             try:
                 if guarded:
-                    self._tokens.check(_authorization(context), ROLE)
+                    self._tokens.check(_authorization(context), role)
                 response = await fn(req, context)
                 return response
             except Exception as exc:  # CancelledError (a BaseException) passes through
@@ -182,6 +193,30 @@ class _Servicer:
     ) -> pb.ModelStatisticsResponse:
         stats = await self._service.statistics(req.name or None, req.version or None)
         return convert.statistics(stats)
+
+    async def repository_index(
+        self, req: pb.RepositoryIndexRequest, _ctx: Any
+    ) -> pb.RepositoryIndexResponse:
+        found = await self._service.repository.index(ready=req.ready)
+        response = pb.RepositoryIndexResponse()
+        for entry in found:
+            response.models.add(
+                name=entry.name, version=entry.version, state=entry.state, reason=entry.reason
+            )
+        return response
+
+    async def repository_load(
+        self, req: pb.RepositoryModelLoadRequest, _ctx: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        config = req.parameters["config"].string_param if "config" in req.parameters else None
+        await self._service.repository.load(req.model_name, config or None)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_unload(
+        self, req: pb.RepositoryModelUnloadRequest, _ctx: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self._service.repository.unload(req.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
 
 def _serialize(message: Message) -> bytes:

@@ -1,7 +1,8 @@
 """The HTTP door: the Open Inference Protocol's REST endpoints on aiohttp.
 
 Every endpoint but the health probes needs an ``infer`` token when tokens are
-configured. Errors are ``{"error": "..."}`` with the status from :mod:`gateway.status`.
+configured, and the model repository's (``/v2/repository/...``) an ``admin`` one.
+Errors are ``{"error": "..."}`` with the status from :mod:`gateway.status`.
 A body over ``max_body_bytes`` is refused (413) from its ``Content-Length`` before it
 is read; the body must arrive within ``body_timeout_s`` (408). The connection guards
 (:mod:`gateway.http_guard`) bound how long a client may take to send its headers and
@@ -11,6 +12,7 @@ how many connections are open. docs/gateway.md lists the endpoints.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -19,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ipuserve.errors import IpuserveError, PayloadTooLargeError
+from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
 from ipuserve.gateway.http_codec import HEADER_LENGTH, parse_infer, render_infer
@@ -50,7 +52,8 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     guards.request_started(request.transport)
     try:
         if not request.path.startswith("/v2/health/"):
-            request.app[TOKENS].check(request.headers.get("Authorization"), "infer")
+            role = "admin" if request.path.startswith("/v2/repository/") else "infer"
+            request.app[TOKENS].check(request.headers.get("Authorization"), role)
         return await handler(request)
     except IpuserveError as exc:
         return _closing(error_response(http_status(exc), str(exc)))
@@ -151,6 +154,47 @@ async def _infer(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers=headers)
 
 
+async def _repository_index(request: web.Request) -> web.Response:
+    """Triton's index: ``[{name, version, state, reason}]``; a body ``{"ready": true}``
+    lists the READY versions only."""
+    body = await _json_body(request)
+    ready = body.get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidInputError(f"'ready' must be true or false, not {ready!r}")
+    found = await request.app[SERVICE].repository.index(ready=ready)
+    return web.json_response([entry.to_json() for entry in found])
+
+
+async def _repository_load(request: web.Request) -> web.Response:
+    """Load as Triton does; the body's ``parameters.config`` (a model config as JSON
+    text, what tritonclient sends) may name the versions (gateway/repository.py)."""
+    parameters = (await _json_body(request)).get("parameters") or {}
+    config = parameters.get("config") if isinstance(parameters, dict) else None
+    if config is not None and not isinstance(config, str):
+        config = json.dumps(config)  # a config given as a JSON object rather than text
+    await request.app[SERVICE].repository.load(request.match_info["name"], config)
+    return web.Response()
+
+
+async def _repository_unload(request: web.Request) -> web.Response:
+    await request.app[SERVICE].repository.unload(request.match_info["name"])
+    return web.Response()
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """A small JSON object body, or {} for none."""
+    body = await _read_body(request)
+    if not body.strip():
+        return {}
+    try:
+        parsed = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"the request body is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInputError("the request body must be a JSON object")
+    return parsed
+
+
 async def _read_body(request: web.Request) -> bytes:
     config = request.app[CONFIG]
     limit = config.max_body_bytes
@@ -192,6 +236,9 @@ def make_app(service: InferenceService, config: GatewayConfig, tokens: Tokens) -
         r.add_get(base + "/ready", _model_ready)
         r.add_get(base + "/stats", _statistics)
         r.add_post(base + "/infer", _infer)
+    r.add_post("/v2/repository/index", _repository_index)
+    r.add_post("/v2/repository/models/{name}/load", _repository_load)
+    r.add_post("/v2/repository/models/{name}/unload", _repository_unload)
     return app
 
 

@@ -7,7 +7,11 @@ checking a request against the model before anything reaches a broker, the call 
 one :class:`~ipuserve.client.AsyncClient`, and the statistics. Errors are ipuserve's
 (:mod:`ipuserve.errors`); :mod:`gateway.status` maps them to each door's status.
 
-Models have one version, ``"1"``, until the fleet has versions (issue 22).
+Every model version the fabric lists is its own catalog entry: a request naming a
+version goes to it, one naming none to the model's default
+(:meth:`~gateway.catalog.Catalog.default_version`), and every response says which
+version answered (the fabric's reply says; ``model_version``). The model repository
+extension (load, unload, index) is :mod:`gateway.repository`'s.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from ipuserve._version import __version__
 from ipuserve.client import AsyncClient
 from ipuserve.errors import InvalidInputError, UnavailableError, UnknownModelError
 from ipuserve.gateway.catalog import Catalog
+from ipuserve.gateway.repository import ModelRepository
 from ipuserve.gateway.stats import Duration, ModelStatistics, Statistics
 from ipuserve.gateway.tensors import Tensor, to_datatype
 
 __all__ = [
     "EXTENSIONS",
-    "VERSION",
     "Duration",
     "InferRequest",
     "InferResponse",
@@ -37,11 +41,9 @@ __all__ = [
     "TensorMetadata",
 ]
 
-#: the one version every model has for now
-VERSION = "1"
 PLATFORM = "ipuserve"
 #: the protocol extensions the gateway supports (docs/gateway.md)
-EXTENSIONS = ("binary_tensor_data", "statistics")
+EXTENSIONS = ("binary_tensor_data", "statistics", "model_repository")
 
 
 @dataclass(frozen=True)
@@ -93,21 +95,17 @@ def _tensor_metadata(spec: wire.TensorSpec, batching_dim: int | None) -> TensorM
     return TensorMetadata(spec.name, to_datatype(spec.dtype), shape)
 
 
-def model_metadata_of(spec: wire.ModelSpec) -> ModelMetadata:
-    """The protocol's view of a model's schema."""
+def model_metadata_of(spec: wire.ModelSpec, versions: tuple[str, ...] = ()) -> ModelMetadata:
+    """The protocol's view of a model version's schema; ``versions``: the model's
+    (default: the spec's own)."""
     dim = spec.batching_dim
     return ModelMetadata(
         name=spec.name,
-        versions=(VERSION,),
+        versions=versions or (spec.version,),
         platform=PLATFORM,
         inputs=tuple(_tensor_metadata(t, dim) for t in spec.inputs),
         outputs=tuple(_tensor_metadata(t, dim) for t in spec.outputs),
     )
-
-
-def _check_version(name: str, version: str | None) -> None:
-    if version not in (None, "", VERSION):
-        raise UnknownModelError(f"model {name!r} has no version {version!r} (versions: {VERSION})")
 
 
 def check_request(meta: ModelMetadata, request: InferRequest) -> None:
@@ -165,9 +163,10 @@ class InferenceService:
     def __init__(self, client: AsyncClient, *, refresh_interval_s: float = 1.5) -> None:
         self.client = client
         self.catalog = Catalog(client, interval_s=refresh_interval_s)
+        self.repository = ModelRepository(client, self.catalog)
         self.stats = Statistics()
         self._refresher: asyncio.Task[None] | None = None
-        self._metadata: dict[str, tuple[wire.ModelSpec, ModelMetadata]] = {}
+        self._metadata: dict[tuple[str, str], tuple[wire.ModelSpec, ModelMetadata]] = {}
 
     def start(self) -> None:
         if self._refresher is None:
@@ -191,32 +190,47 @@ class InferenceService:
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """Raises :class:`UnknownModelError` for a model (or version) nobody serves."""
-        _check_version(name, version)
-        info = await self.catalog.lookup(name)
-        if info is None:
-            raise UnknownModelError.nobody_serves(name, ", ".join(self.catalog.names()))
-        return self._metadata_of(info.spec)
+        return self._metadata_of((await self._lookup(name, version)).spec)
+
+    async def _lookup(self, name: str, version: str | None) -> wire.ModelInfo:
+        """``name`` ``version`` (None: the default) as the catalog lists it, else
+        :class:`UnknownModelError` naming what is served."""
+        info = await self.catalog.lookup(name, version or None)
+        if info is not None:
+            return info
+        versions = self.catalog.versions(name)
+        if version and versions:
+            raise UnknownModelError(
+                f"model {name!r} has no version {version!r} (versions: {', '.join(versions)})"
+            )
+        raise UnknownModelError.nobody_serves(name, ", ".join(self.catalog.names()))
 
     def _metadata_of(self, spec: wire.ModelSpec) -> ModelMetadata:
-        cached = self._metadata.get(spec.name)
-        if cached is None or (cached[0] is not spec and cached[0] != spec):
-            cached = (spec, model_metadata_of(spec))
-        self._metadata[spec.name] = (spec, cached[1])  # the next lookup: one `is`
+        """The metadata of ``spec``'s version, with the versions of its model that
+        workers serve (all listed when none is served); cached while neither changes."""
+        versions = self._served_versions(spec.name)
+        cached = self._metadata.get(spec.key)
+        fresh = cached is not None and cached[1].versions == versions
+        if cached is None or not fresh or (cached[0] is not spec and cached[0] != spec):
+            cached = (spec, model_metadata_of(spec, versions))
+        self._metadata[spec.key] = (spec, cached[1])  # the next lookup: one `is`
         return cached[1]
 
+    def _served_versions(self, name: str) -> tuple[str, ...]:
+        versions = self.catalog.versions(name)
+        served = [v for v in versions if (info := self.catalog.get(name, v)) and info.workers]
+        return tuple(served or versions)
+
     async def model_ready(self, name: str, version: str | None = None) -> bool:
-        """A worker serves the model (as the gateway last heard)."""
-        try:
-            _check_version(name, version)
-        except UnknownModelError:
-            return False
-        info = await self.catalog.lookup(name)
+        """A worker serves the model version (as the gateway last heard)."""
+        info = await self.catalog.lookup(name, version or None)
         return info is not None and bool(info.workers) and self.ready()
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Check ``request`` against the model, run it on the fabric, keep the
         statistics. Raises ipuserve errors."""
-        meta = await self.model_metadata(request.model, request.version)
+        spec = (await self._lookup(request.model, request.version)).spec
+        meta = self._metadata_of(spec)
         check_request(meta, request)
         start = time.perf_counter()
         try:
@@ -224,10 +238,11 @@ class InferenceService:
                 request.model,
                 {t.name: t.array for t in request.inputs},
                 copy=False,
+                version=request.version or None,
                 **({} if request.timeout_s is None else {"timeout": request.timeout_s}),
             )
         except UnknownModelError as exc:
-            self.stats.failed(request.model, time.perf_counter() - start)
+            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
             await self._refresh_quietly()  # the fabric knows better: our picture is stale
             if self.catalog.get(request.model) is not None:  # served now or lately
                 raise UnavailableError(
@@ -236,18 +251,21 @@ class InferenceService:
                 ) from exc
             raise
         except InvalidInputError:
-            self.stats.failed(request.model, time.perf_counter() - start)
+            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
             await self._refresh_quietly()  # the fabric knows better: our picture is stale
             raise
         except Exception:
-            self.stats.failed(request.model, time.perf_counter() - start)
+            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
             raise
+        # the version that answered, as the fabric says (a broker that does not: the
+        # one the gateway took for it)
+        answered = outputs.version or spec.version
         samples = _samples(meta, request.inputs)
-        self.stats.succeeded(request.model, samples, time.perf_counter() - start, timing)
+        self.stats.succeeded(request.model, answered, samples, time.perf_counter() - start, timing)
         names = list(outputs) if request.outputs is None else request.outputs
         return InferResponse(
             model=request.model,
-            version=VERSION,
+            version=answered,
             id=request.id,
             outputs=tuple(Tensor.of(n, outputs[n]) for n in names if n in outputs),  # as asked
         )
@@ -261,19 +279,24 @@ class InferenceService:
     async def statistics(
         self, name: str | None = None, version: str | None = None
     ) -> list[ModelStatistics]:
-        """Every model's statistics, or one's (:class:`UnknownModelError` if the fabric
-        does not know it and the gateway never served it). A model the gateway has not
-        looked up yet is asked of the fabric first, for HTTP and gRPC alike: a gateway
-        just started must not call a served model unknown."""
+        """Every model version's statistics, or one model's (each of its versions), or
+        one version's (:class:`UnknownModelError` if the fabric does not know it and the
+        gateway never served it). A model the gateway has not looked up yet is asked of
+        the fabric first, for HTTP and gRPC alike: a gateway just started must not call
+        a served model unknown."""
         if name:
-            _check_version(name, version)
-            if name not in self.stats.names():
-                await self.model_metadata(name, version)
-            if self.catalog.get(name) is None and name not in self.stats.names():
-                raise UnknownModelError.nobody_serves(name, ", ".join(self.catalog.names()))
-            return [self.stats.of(name, VERSION)]
+            served = self.stats.versions(name)
+            if version not in served and not (served and version is None):
+                await self._lookup(name, version)
+            versions = [version] if version else self._versions_counted(name)
+            return [self.stats.of(name, v) for v in versions]
         names = sorted({*self.catalog.names(), *self.stats.names()})
-        return [self.stats.of(n, VERSION) for n in names]
+        return [self.stats.of(n, v) for n in names for v in self._versions_counted(n)]
+
+    def _versions_counted(self, name: str) -> list[str]:
+        """The versions of ``name`` listed or served through the gateway, oldest first."""
+        versions = {*self.catalog.versions(name), *self.stats.versions(name)}
+        return sorted(versions, key=int)
 
 
 def _samples(meta: ModelMetadata, inputs: tuple[Tensor, ...]) -> int:

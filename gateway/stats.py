@@ -71,21 +71,23 @@ class _ModelCounters:
 
 
 class Statistics:
-    """Counters by model; safe to read from another thread (the gRPC door's)."""
+    """Counters by model version; safe to read from another thread (the gRPC door's)."""
 
     def __init__(self) -> None:
-        self._models: dict[str, _ModelCounters] = {}
+        self._models: dict[tuple[str, str], _ModelCounters] = {}
         self._lock = threading.Lock()
 
-    def _counters(self, model: str) -> _ModelCounters:
-        counters = self._models.get(model)
+    def _counters(self, model: str, version: str) -> _ModelCounters:
+        counters = self._models.get((model, version))
         if counters is None:
-            counters = self._models.setdefault(model, _ModelCounters())
+            counters = self._models.setdefault((model, version), _ModelCounters())
         return counters
 
-    def succeeded(self, model: str, samples: int, seconds: float, timing: Timing) -> None:
+    def succeeded(
+        self, model: str, version: str, samples: int, seconds: float, timing: Timing
+    ) -> None:
         with self._lock:
-            c = self._counters(model)
+            c = self._counters(model, version)
             c.last_inference_ms = int(time.time() * 1e3)
             c.inferences += samples
             c.executions += 1
@@ -95,16 +97,16 @@ class Statistics:
             c.compute_infer.add(timing.device_us, us=True)
             c.compute_output.add(0.0)
 
-    def failed(self, model: str, seconds: float) -> None:
+    def failed(self, model: str, version: str, seconds: float) -> None:
         with self._lock:
-            c = self._counters(model)
+            c = self._counters(model, version)
             c.last_inference_ms = int(time.time() * 1e3)
             c.fail.add(seconds)
 
     def of(self, model: str, version: str) -> ModelStatistics:
-        """A snapshot of ``model``'s counters (zeros if it never served)."""
+        """A snapshot of ``model`` ``version``'s counters (zeros if it never served)."""
         with self._lock:
-            c = self._models.get(model) or _ModelCounters()
+            c = self._models.get((model, version)) or _ModelCounters()
             return ModelStatistics(
                 name=model,
                 version=version,
@@ -121,4 +123,9 @@ class Statistics:
 
     def names(self) -> list[str]:
         with self._lock:
-            return list(self._models)
+            return list(dict.fromkeys(name for name, _ in self._models))
+
+    def versions(self, model: str) -> list[str]:
+        """The versions of ``model`` that have counters."""
+        with self._lock:
+            return [v for name, v in self._models if name == model]

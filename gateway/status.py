@@ -12,9 +12,13 @@ from ipuserve import errors
 #: (error class, HTTP status, gRPC status code name), most specific first
 STATUS_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (errors.UnauthenticatedError, 401, "UNAUTHENTICATED"),
+    (errors.PermissionDeniedError, 403, "PERMISSION_DENIED"),
     (errors.UnknownModelError, 404, "NOT_FOUND"),
     (errors.PayloadTooLargeError, 413, "RESOURCE_EXHAUSTED"),
     (errors.OverloadedError, 503, "UNAVAILABLE"),
+    # a load no worker has room for: the fleet may have room later (UNAVAILABLE is
+    # what a client retries; RESOURCE_EXHAUSTED reads as "your request is too big")
+    (errors.NoRoomError, 503, "UNAVAILABLE"),
     (errors.DeadlineExceeded, 504, "DEADLINE_EXCEEDED"),
     (errors.InvalidInputError, 400, "INVALID_ARGUMENT"),
     (errors.ProtocolError, 400, "INVALID_ARGUMENT"),

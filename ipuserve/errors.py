@@ -10,7 +10,7 @@ same in-process and across the network::
     ├── ProtocolError                a frame not following docs/protocol.md      BAD_MESSAGE
     │   └── UnsupportedVersionError  another protocol version                    UNSUPPORTED_VERSION
     ├── RequestError                 the request was understood and refused
-    │   ├── UnauthenticatedError     no valid token at the gateway's front door  UNAUTHENTICATED
+    │   ├── UnauthenticatedError     no valid token, or a revoked CURVE key      UNAUTHENTICATED
     │   ├── UnknownModelError        no worker serves (or served) that model     UNKNOWN_MODEL
     │   ├── InvalidInputError        bad name, dtype, shape or byte count        INVALID_INPUT
     │   ├── PayloadTooLargeError     over the configured size limit              PAYLOAD_TOO_LARGE
@@ -72,7 +72,9 @@ class RequestError(IpuserveError):
 
 
 class UnauthenticatedError(RequestError):
-    """The gateway refused a call without a valid bearer token (docs/gateway.md)."""
+    """The gateway refused a call without a valid bearer token (docs/gateway.md), or the
+    broker a message whose sender's CURVE key was removed from its allow-lists after it
+    connected (docs/security.md)."""
 
     code = "UNAUTHENTICATED"
 

@@ -29,6 +29,9 @@ class Progress:
     unit: str  # "items", "runs", "requests"
     #: more to show after the rate, e.g. ``errors 0  in flight 16``
     detail: str = ""
+    #: whether the line shows ``done`` per second (not for a count that is no work
+    #: done, such as the versions READY while a load waits)
+    rate: bool = True
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -64,9 +67,10 @@ class ProgressLine:
         self._next_draw = now + self._interval_s
         speed = progress.done / progress.elapsed_s if progress.elapsed_s > 0 else 0.0
         detail = f"  {progress.detail}" if progress.detail else ""
+        rate = f"  ~{speed:10.0f} {progress.unit}/s" if progress.rate else ""
         self._stream.write(
             f"\r{progress.phase:9} {progress.elapsed_s:7.1f} s  {progress.done:10d} "
-            f"{progress.unit}  ~{speed:10.0f} {progress.unit}/s{detail}"
+            f"{progress.unit}{rate}{detail}"
         )
         self._stream.flush()
         self._drawn = True

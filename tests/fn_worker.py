@@ -12,6 +12,8 @@ Models (all with batching dimension 0):
   fail   x: float32 [B, 8]     ->  raises ValueError (INFERENCE_FAILED)
 ``--delay-ms`` makes every job take at least that long; ``--fail-every K`` makes
 every K-th job fail (INFERENCE_FAILED), for a run with a known share of failures.
+``--curve-secret-key FILE --broker-public-key FILE``: a broker with keys, as the
+real worker's options.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from ipuserve.discovery import split_endpoints
 from ipuserve.metrics import MetricsServer
 from ipuserve.protocol import ModelSpec, TensorSpec
+from ipuserve.security import client_keys
 from ipuserve.worker.backend import FunctionBackend, ModelFn
 from ipuserve.worker.cli import serve
 from ipuserve.worker.config import WorkerConfig
@@ -92,6 +95,8 @@ def main() -> int:
     parser.add_argument("--reconnect-max-ms", type=float, default=200.0)
     parser.add_argument("--drain-timeout-ms", type=float, default=10_000.0)
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--curve-secret-key", default=None)
+    parser.add_argument("--broker-public-key", default=None)
     args = parser.parse_args()
     args.model = args.model or ["add"]
     logging.basicConfig(
@@ -108,6 +113,7 @@ def main() -> int:
         reconnect_min_ms=20.0,
         reconnect_max_ms=args.reconnect_max_ms,
         drain_timeout_ms=args.drain_timeout_ms,
+        keys=client_keys(args.curve_secret_key, args.broker_public_key),
         **options,
     )
     metrics = CreditMetrics(args.credit or backend.capacity())

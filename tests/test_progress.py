@@ -57,3 +57,12 @@ def test_a_note_has_its_own_line_even_off_a_terminal() -> None:
     first, note, last, end = drawn.getvalue().split("\n")
     assert first.startswith("\rmeasuring") and note == "waiting"
     assert last.startswith("\rmeasuring") and end == ""
+
+
+def test_a_count_with_no_rate_draws_none() -> None:
+    """A load's wait counts versions READY: "0 ready/s" would say nothing."""
+    stream = io.StringIO()
+    line = ProgressLine(stream, enabled=True, interval_s=0.0)
+    line(Progress("loading mlp", 2.0, 1, "ready", "v1 READY v2 LOADING", rate=False))
+    text = stream.getvalue()
+    assert "/s" not in text and text.endswith("1 ready  v1 READY v2 LOADING")

@@ -68,6 +68,8 @@ def _commands(group: click.Group, path: list[str]) -> list[tuple[list[str], clic
     for name in sorted(group.commands):
         command = group.commands[name]
         if isinstance(command, click.Group):
+            if command.params:  # a group that does something itself (``models``)
+                found.append(([*path, name], command))
             found += _commands(command, [*path, name])
         else:
             found.append(([*path, name], command))

@@ -3,6 +3,7 @@
     keys.py        generate / load key files, fingerprints for logs
     allowlists.py  Role, one directory of public keys per role, re-read on SIGHUP
     policy.py      who is admitted (CURVE, protected, insecure): a pure function
+    roles.py       Roles: a message's sender's role now (its key's, since the last reload)
     zap.py         ZapHandler, the RFC 27 thread on the broker's context; counters
     sockets.py     one call to configure a server or client socket; ClientKeys
     cli.py         ``ipuserve keys generate`` / ``ipuserve keys show``; the peers' key options
@@ -29,6 +30,7 @@ from ipuserve.security.keys import (
     load_secret_key,
 )
 from ipuserve.security.policy import Mode, Verdict, decide, is_local_address
+from ipuserve.security.roles import Roles
 from ipuserve.security.sockets import (
     ClientKeys,
     client_keys,
@@ -52,6 +54,7 @@ __all__ = [
     "KeySource",
     "Mode",
     "Role",
+    "Roles",
     "Verdict",
     "ZapHandler",
     "client_keys",

@@ -4,7 +4,9 @@ Three modes, fixed when the broker starts:
 
 - ``CURVE``: the broker has a secret key and allow-lists. A peer is admitted when
   its public key is in a list of a role its socket's domain admits
-  (:data:`~ipuserve.security.allowlists.DOMAIN_ROLES`); its User-Id is that role.
+  (:data:`~ipuserve.security.allowlists.DOMAIN_ROLES`); its User-Id is its public
+  key (Z85), so that the broker judges each of its messages against the lists in
+  force *then* (:class:`~ipuserve.security.roles.Roles`), not once at the handshake.
 - ``PROTECTED`` (no keys, the default, as Redis does it): only peers on this host
   are admitted: a loopback address (127.0.0.0/8, ::1, IPv4-mapped ::ffff:127.x) or
   an ipc:// socket. Nothing is encrypted; a process on the host is trusted as much
@@ -12,9 +14,9 @@ Three modes, fixed when the broker starts:
 - ``INSECURE`` (no keys, ``--insecure``): every address is admitted.
 
 Without keys the broker cannot tell roles apart, so an admitted peer gets the most
-a socket grants (``admin`` on the frontend, ``worker`` on the backend): the keyless
-demo keeps every command. What reaches the peer is the ZAP status only (200 or
-400); the reason is for the broker's log.
+a socket grants (``admin`` on the frontend, ``worker`` on the backend), and that role
+is its User-Id: the keyless demo keeps every command. What reaches the peer is the
+ZAP status only (200 or 400); the reason is for the broker's log.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ class Mode(StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """One ZAP answer. ``who`` names the peer in the log (a key's fingerprint, or an
-    address); ``reason`` says why it was refused (never sent to the peer)."""
+    """One ZAP answer. ``user_id`` is what every frame of an admitted peer carries (its
+    key with keys, its role without), ``role`` what it was admitted as; ``who`` names
+    the peer in the log (a key's fingerprint, or an address); ``reason`` says why it
+    was refused (never sent to the peer)."""
 
     admitted: bool
     user_id: str = ""
+    role: str = ""
     who: str = ""
     reason: str = ""
 
@@ -85,7 +90,7 @@ def decide(
     if mechanism != b"NULL":
         return Verdict(False, who=address, reason=f"{mechanism!r} to a broker without keys")
     if mode is Mode.INSECURE or is_local_address(address):
-        return Verdict(True, user_id=keyless, who=address)
+        return Verdict(True, user_id=keyless, role=keyless, who=address)
     return Verdict(
         False,
         who=f"address {address}",
@@ -98,10 +103,10 @@ def _decide_curve(
 ) -> Verdict:
     if mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != RAW_KEY_BYTES:
         return Verdict(False, who=f"mechanism {mechanism!r}", reason="not a CURVE peer")
-    key = credentials[0]
+    key = z85.encode(credentials[0])
     who = f"key {fingerprint(key)}"
-    role = lists.role_of(domain, z85.encode(key)) if lists is not None else None
+    role = lists.role_of(domain, key) if lists is not None else None
     if role is None:
         admitting = " or ".join(r.value for r in DOMAIN_ROLES[domain])
         return Verdict(False, who=who, reason=f"not in the {admitting} allow-list")
-    return Verdict(True, user_id=role.value, who=who)
+    return Verdict(True, user_id=key.decode(), role=role.value, who=who)

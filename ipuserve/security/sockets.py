@@ -116,9 +116,10 @@ def client_socket(
 
 
 def peer_user_id(frame: zmq.Frame) -> str | None:
-    """The User-Id the ZAP handler gave the frame's sender (a role, e.g. ``"admin"``),
-    or None when its socket has no ZAP domain. Needs frames received with
-    ``copy=False``; read it from any frame of the message."""
+    """The User-Id the ZAP handler gave the frame's sender (with keys its public key in
+    Z85, without them its role, e.g. ``"admin"``), or None when its socket has no ZAP
+    domain. Needs frames received with ``copy=False``; read it from any frame of the
+    message. For the sender's role now, ask :meth:`ZapHandler.role_of`."""
     try:
         user_id = frame.get("User-Id")
     except zmq.ZMQError:

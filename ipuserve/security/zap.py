@@ -5,17 +5,19 @@ may complete its handshake on a socket that has a ZAP domain. This handler binds
 that endpoint on the broker's context and answers with :func:`policy.decide`.
 
 Why not pyzmq's ``ThreadAuthenticator``: its allow-any switch and address lists
-are global to the context, not per domain; its User-Id is the key itself, not a
-role; it logs every refusal (a refused client retries every 100 ms, so the log
-would fill); and it runs an asyncio loop for a REP socket. What it does right,
-this keeps: its own thread, so a slow broker loop never stalls handshakes.
+are global to the context, not per domain; it has no roles; it logs every refusal
+(a refused client retries every 100 ms, so the log would fill); and it runs an
+asyncio loop for a REP socket. What it does right, this keeps: its own thread, so a
+slow broker loop never stalls handshakes, and (with keys) the key as User-Id.
 
 Start it **before** binding the broker's sockets: a CURVE server socket whose
 context has no ZAP handler admits every key (libzmq's default).
 Allow-lists are re-read by :meth:`ZapHandler.reload` (wire SIGHUP to it with
-:func:`reload_on_sighup`). ZAP is asked only during a handshake, so a reload never
-touches an established connection: a removed key keeps its open connection until
-it drops or the broker restarts (docs/security.md, "rotation").
+:func:`reload_on_sighup`). ZAP is asked only during a handshake, so with keys the
+User-Id it gives a peer is its public key, not a role: the broker asks
+:meth:`ZapHandler.role_of` for the role of each message's sender against the lists
+in force then, and a key removed (and SIGHUP) is refused from its next message on
+an open connection too (:meth:`ZapHandler.refuse_message` says why and counts it).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ipuserve.errors import ConfigError
 from ipuserve.security.allowlists import DOMAIN_ROLES, AllowLists, Role
+from ipuserve.security.keys import Z85_KEY_BYTES, fingerprint
 from ipuserve.security.policy import LOOPBACK_NETWORKS, Mode, Verdict, decide
+from ipuserve.security.roles import Roles
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,11 @@ class ZapHandler:
             Mode.CURVE if lists is not None else (Mode.INSECURE if insecure else Mode.PROTECTED)
         )
         self._lists = lists
+        self._roles = Roles.of(lists) if lists is not None else Roles.keyless()
         self._lock = threading.Lock()
         self._counted = threading.Condition(self._lock)  # notified on every refusal
         self._refused: dict[str, int] = dict.fromkeys(DOMAIN_ROLES, 0)
+        self._refused_messages: dict[str, int] = dict.fromkeys(DOMAIN_ROLES, 0)
         self._admitted: dict[str, int] = {role.value: 0 for role in Role}
         self._logged: set[str] = set()
         self._unnamed = False  # MAX_LOGGED_PEERS reached: refusals only counted
@@ -181,6 +187,12 @@ class ZapHandler:
             return dict(self._refused)
 
     @property
+    def refused_messages_by_domain(self) -> dict[str, int]:
+        """Messages refused on open connections (:meth:`refuse_message`), per socket."""
+        with self._lock:
+            return dict(self._refused_messages)
+
+    @property
     def admitted_by_role(self) -> dict[str, int]:
         """Admitted handshakes per role (``client``, ``worker``, ``admin``)."""
         with self._lock:
@@ -195,6 +207,31 @@ class ZapHandler:
     def startup_line(self) -> str:
         return startup_line(self.mode, self._lists)
 
+    def role_of(self, frame: zmq.Frame, domain: str) -> Role | None:
+        """The role the sender of ``frame`` (any frame of a message received with
+        ``copy=False`` on ``domain``'s socket) has **now**, under the lists in force
+        since the last reload; None: its key is in none of the socket's lists any more
+        (refuse the message: :meth:`refuse_message`). Without keys, the most the socket
+        grants (admin on the frontend, worker on the backend). What an "admin only"
+        check reads; called from the broker's loop, it costs one frame read and one
+        dict lookup."""
+        return self._roles.role_of(frame, domain)
+
+    def refuse_message(self, frame: zmq.Frame, domain: str) -> str:
+        """Count a message :meth:`role_of` found no role for, log its key once (until
+        the next reload), and return why, for the error the peer is answered."""
+        sender = _peer_key(frame)
+        admitting = " or ".join(r.value for r in DOMAIN_ROLES[domain])
+        reason = (
+            f"no longer in the {admitting} allow-list (removed, and the broker's lists "
+            "reloaded): this connection's messages are refused from now on"
+        )
+        who = f"key {fingerprint(sender)}" if sender else "a peer without a key"
+        with self._lock:
+            self._refused_messages[domain] = self._refused_messages.get(domain, 0) + 1
+            self._log_refusal_once(domain, Verdict(False, who=who, reason=reason))
+        return f"this peer's {who} is {reason}; connect with an allowed key"
+
     def reload(self) -> dict[str, int]:
         """Re-read the allow-lists; new handshakes use them, open connections stay.
 
@@ -204,7 +241,9 @@ class ZapHandler:
             log.info("allow-lists not reloaded: the broker has no keys (%s mode)", self.mode.value)
             return {}
         lists = self._lists.reloaded()
-        self._lists = lists  # one reference swap: the ZAP thread sees old or new
+        # reference swaps: the ZAP thread and the broker's loop see old or new; open
+        # connections are judged by the new roles from their next message
+        self._lists, self._roles = lists, Roles.of(lists)
         with self._lock:
             self._logged.clear()  # a key refused again after a change is worth a line
             self._unnamed = False
@@ -292,7 +331,7 @@ class ZapHandler:
         metrics) can also find the line: logging never calls back into this class."""
         with self._lock:
             if verdict.admitted:
-                self._admitted[verdict.user_id] = self._admitted.get(verdict.user_id, 0) + 1
+                self._admitted[verdict.role] = self._admitted.get(verdict.role, 0) + 1
                 return
             self._refused[domain] = self._refused.get(domain, 0) + 1
             self._log_refusal_once(domain, verdict)
@@ -348,6 +387,16 @@ def reload_on_sighup(handler: ZapHandler) -> None:
             log.error("SIGHUP: allow-lists not reloaded, the previous ones stay: %s", exc)
 
     signal.signal(signal.SIGHUP, on_sighup)
+
+
+def _peer_key(frame: zmq.Frame) -> str | None:
+    """The sender's public key (Z85) of a frame on a CURVE socket, or None."""
+    try:
+        user_id = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    text = str(user_id) if user_id else ""
+    return text if len(text) == Z85_KEY_BYTES else None
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:

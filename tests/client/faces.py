@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 
 from ipuserve import protocol as wire
-from ipuserve.client import AsyncClient, Client, ClientStats, LinkInfo
+from ipuserve.client import AsyncClient, Client, ClientStats, LinkInfo, RepositoryIndex
 
 T = TypeVar("T")
 
@@ -37,6 +37,12 @@ class Face(Protocol):
     def models(self, **kwargs: Any) -> list[wire.ModelInfo]: ...
 
     def links(self) -> list[LinkInfo]: ...
+
+    def repository_index(self) -> RepositoryIndex: ...
+
+    def load_model(self, *args: Any, **kwargs: Any) -> RepositoryIndex: ...
+
+    def unload_model(self, *args: Any, **kwargs: Any) -> RepositoryIndex: ...
 
     @property
     def stats(self) -> ClientStats: ...
@@ -76,6 +82,23 @@ class AsyncFace:
 
     def links(self) -> list[LinkInfo]:
         return self._on_loop(self.client.links)
+
+    def repository_index(self) -> RepositoryIndex:
+        return self._awaited(lambda: self.client.repository_index())
+
+    def load_model(self, *args: Any, **kwargs: Any) -> RepositoryIndex:
+        return self._awaited(lambda: self.client.load_model(*args, **kwargs))
+
+    def unload_model(self, *args: Any, **kwargs: Any) -> RepositoryIndex:
+        return self._awaited(lambda: self.client.unload_model(*args, **kwargs))
+
+    def _awaited(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` made and awaited on the loop (its argument errors raised here)."""
+
+        async def run() -> T:
+            return await call()
+
+        return self._run(run()).result()
 
     @property
     def stats(self) -> ClientStats:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,17 @@ def add_handler(request: wire.Request) -> wire.Message:
     return wire.Reply(request.request_id, wire.Tensors.of({"y": y}), timing)
 
 
+def answered_by(version: str) -> Handler:
+    """:func:`add_handler`, its replies saying ``version`` answered."""
+
+    def handler(request: wire.Request) -> wire.Message:
+        reply = add_handler(request)
+        assert isinstance(reply, wire.Reply)
+        return wire.Reply(reply.request_id, reply.tensors, reply.timing, (), version)
+
+    return handler
+
+
 class FakeBroker:
     """A ROUTER on ``address`` (bound at start); :meth:`restart` rebinds with a new epoch."""
 
@@ -62,6 +74,9 @@ class FakeBroker:
         self._peer = b""
         self.duplicate_replies = 1  # how many times each reply is sent
         self.silent = False  # swallow everything, pings included (a hung broker)
+        #: answers each REPOSITORY command (None: refused, as a broker before them does)
+        self.repository: Callable[[wire.RepositoryCommand], wire.Message] | None = None
+        self.commands: list[wire.RepositoryCommand] = []
         #: what MODELS lists as ADD's group_samples; None: it lists no model at all
         self.group_samples: int | None = GROUP_SAMPLES
         self._stop = threading.Event()
@@ -163,6 +178,11 @@ class FakeBroker:
         if isinstance(message, wire.Request):
             self.requests.append(message)
             return self.handler(message)
+        if isinstance(message, wire.RepositoryCommand):
+            self.commands.append(message)
+            if self.repository is None:
+                return wire.ErrorReply(message.request_id, "PROTOCOL_ERROR", "not a command")
+            return self.repository(message)
         return None
 
     @staticmethod
@@ -176,3 +196,54 @@ def inputs(seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:
         "a": rng.standard_normal((2, 3)).astype(np.float32),
         "b": rng.standard_normal((2, 3)).astype(np.float32),
     }
+
+
+# ---------------------------------------------------------------- the model repository
+
+
+def state(version: str, st: str, reason: str = "", workers: int = 0) -> wire.VersionState:
+    """``mlp`` ``version`` in state ``st``, served by ``workers`` workers."""
+    names = tuple(f"h{i}/mlp/{version}" for i in range(workers))
+    return wire.VersionState("mlp", version, st, reason, names)  # type: ignore[arg-type]
+
+
+class ScriptedRepository:
+    """Answers REPOSITORY as a broker with repository workers would: a load is LOADING
+    for ``loading_polls`` index questions, then READY; an unload makes it UNAVAILABLE."""
+
+    def __init__(self, loading_polls: int = 2) -> None:
+        self.states = {
+            "1": state("1", "READY", workers=1),
+            "2": state("2", "UNAVAILABLE", "not loaded"),
+        }
+        self.loading_polls = loading_polls
+        self.refusal: wire.ErrorReply | None = None
+
+    def __call__(self, command: wire.RepositoryCommand) -> wire.Message:
+        if self.refusal is not None:
+            return wire.ErrorReply(command.request_id, self.refusal.code, self.refusal.message)
+        if command.action == "load":
+            self.states[command.version or "2"] = state(command.version or "2", "LOADING")
+        elif command.action == "unload":
+            for version in [command.version] if command.version else list(self.states):
+                self.states[version] = state(version, "UNAVAILABLE", "unloaded")
+        elif any(s.state == "LOADING" for s in self.states.values()):
+            self.loading_polls -= 1
+            if self.loading_polls < 0:
+                self.states = {
+                    v: state(v, "READY", workers=1) if s.state == "LOADING" else s
+                    for v, s in self.states.items()
+                }
+        reply = tuple(self.states.values())
+        return wire.RepositoryReply(command.request_id, reply, f"{command.action} done")
+
+
+@contextmanager
+def scripted_broker() -> Iterator[FakeBroker]:
+    """A started fake broker whose repository is a :class:`ScriptedRepository`."""
+    fake = FakeBroker().start()
+    fake.repository = ScriptedRepository()
+    try:
+        yield fake
+    finally:
+        fake.stop()

@@ -7,6 +7,7 @@ answers. The bench's own mistakes: tests/bench/test_usability.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from ipuserve.bench.processes import free_port
-from ipuserve.client import Client, ClientConfig, link
+from ipuserve.client import AsyncClient, Client, ClientConfig, link
 from ipuserve.endpoints import endpoint_problem
 from ipuserve.errors import ConfigError, DeadlineExceeded, InvalidInputError, UnavailableError
 from ipuserve.face.cli import main
@@ -164,6 +165,31 @@ def test_client_infer_refuses_an_array_instead_of_a_dict() -> None:
         ):
             client.infer_async("add", {"x": np.zeros((2, 8), np.float32), "y": [[1.0] * 8] * 2})
         assert client.stats.sent == 0
+
+
+def test_a_misspelled_option_is_refused_by_every_call_that_sends_a_request() -> None:
+    """The options are declared once (``**options: Unpack[RequestOptions]``); a keyword
+    none of them names raises ``TypeError`` at once, as an explicit signature did, and
+    the ones they name still take effect (a bad timeout is checked)."""
+    given = add_inputs(2)
+    with Client(NOWHERE) as client:
+        with pytest.raises(TypeError, match=r"^unexpected keyword argument\(s\): timout$"):
+            client.infer_async("add", given, timout=1.0)  # type: ignore[call-arg]
+        with pytest.raises(ConfigError, match="timeout must be seconds > 0"):
+            client.infer_async("add", given, timeout=-1.0, copy=False)
+        assert client.stats.sent == 0
+
+    async def faces() -> None:
+        async with AsyncClient(NOWHERE) as client:
+            with pytest.raises(TypeError, match=r"^unexpected keyword argument\(s\): cpy$"):
+                await client.infer("add", given, cpy=False)  # type: ignore[call-arg]
+            with pytest.raises(TypeError, match=r"^unexpected keyword argument\(s\): a, b$"):
+                await client.infer_timed("add", given, b=1, a=2)  # type: ignore[call-arg]
+            with pytest.raises(ConfigError, match="timeout must be seconds > 0"):
+                await client.infer_timed("add", given, timeout=0.0)
+            assert client.stats.sent == 0
+
+    asyncio.run(faces())
 
 
 # ------------------------------------------------------------------ 6. nobody answers

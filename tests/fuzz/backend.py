@@ -86,13 +86,21 @@ class Pending:
     x: np.ndarray[Any, Any]
     y: np.ndarray[Any, Any]
     replies: list[np.ndarray[Any, Any]] = field(default_factory=list)
-    # a job may miss its deadline, and may fail WORKER_FAILED without reaching the fake:
-    # each HELLO or BYE of the fake drops it, and a job its JOBS were still travelling to
-    # is re-queued, an attempt counted (max_attempts of them fail it)
-    codes: set[str] = field(default_factory=lambda: {"DEADLINE_EXCEEDED", "WORKER_FAILED"})
+    # the codes something the fake did allows; a job may fail WORKER_FAILED without
+    # reaching the fake: each HELLO or BYE of the fake drops it, and a job its JOBS were
+    # still travelling to is re-queued, an attempt counted (max_attempts of them fail it)
+    codes: set[str] = field(default_factory=lambda: {"WORKER_FAILED"})
+    # whether the broker may answer DEADLINE_EXCEEDED of its own: kept apart from
+    # ``codes``, so that ruling the deadline out never rules out a DEADLINE_EXCEEDED the
+    # fake itself reported for the job (a fail-valid may pick that code)
+    deadline_may_pass: bool = True
     symptoms: dict[str, str] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.monotonic)
     history: list[str] = field(default_factory=list)  # what the fake did with its job
+
+    def allowed(self) -> set[str]:
+        """The error codes this request may be answered with now."""
+        return self.codes | ({"DEADLINE_EXCEEDED"} if self.deadline_may_pass else set())
 
 
 class BackendFuzzer:
@@ -253,11 +261,12 @@ class BackendFuzzer:
             self.report.violate("exactly one answer per request", f"{rid!r}: {answer!r:.80}")
             return
         if isinstance(answer, str):
-            if answer not in pending.codes:
+            if answer not in pending.allowed():
+                waited_ms = (time.monotonic() - pending.sent_at) * 1e3
                 self.report.violate(
                     "a misbehaving worker's answer reaches the client as the protocol says",
-                    f"{rid!r} got {answer}; allowed {sorted(pending.codes)}"
-                    f" after {pending.history}",
+                    f"{rid!r} got {answer} {waited_ms:.0f} ms after its request; allowed "
+                    f"{sorted(pending.allowed())} after {pending.history}",
                     pending.symptoms.get(answer),
                 )
             return
@@ -386,6 +395,8 @@ class BackendFuzzer:
                 "fail-shutdown": "broker-shutdown-from-worker",
             }.get(behaviour)
             for _job, rid, _z in rows:
+                if rid in self.pending:  # which code: DEADLINE_EXCEEDED is one of them
+                    self.pending[rid].history[-1] += f"({code})"
                 self.allow(
                     rid,
                     code=code if behaviour == "fail-valid" else None,
@@ -428,7 +439,8 @@ class BackendFuzzer:
                 # ...unless their deadline may pass before the broker reads these frames:
                 # a loaded machine can delay it by a few hundred ms (CI saw it at 1.5 s)
                 if pending is not None and time.monotonic() < pending.sent_at + DEADLINE_SURE_S:
-                    pending.codes.discard("DEADLINE_EXCEEDED")
+                    pending.deadline_may_pass = False
+                    pending.history.append("deadline ruled out")
         self.send(frames)
 
     def wrong_outputs(self, behaviour: str, results: list[Any], rows: list[Any]) -> list[bytes]:

@@ -319,3 +319,24 @@ def test_compressed_request_and_response(
     )
     want = fabric.models["mlp"].reference({"input": x})["logits"]
     np.testing.assert_allclose(result.as_numpy("logits"), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_version_path_routes_to_that_version_and_the_reply_names_it(
+    fabric: Fabric, gateway: GatewayProc
+) -> None:
+    x = mlp_input(3, seed=11)
+    tensor = {"name": "input", "datatype": "FP32", "shape": [3, 64], "data": x.ravel().tolist()}
+    body = json.dumps({"inputs": [tensor]}).encode()
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/versions/1/infer", body)
+    assert status == 200 and answer["model_version"] == "1"
+    for output in answer["outputs"]:
+        got = np.asarray(output["data"], np.float32).reshape(output["shape"])
+        want = fabric.models["mlp"].reference({"input": x})[output["name"]]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    status, refused = _raw(gateway, "POST", "/v2/models/mlp/versions/2/infer", body)
+    assert status == 404 and "has no version '2' (versions: 1)" in refused["error"]
+
+
+def test_the_server_lists_the_repository_extension(gateway: GatewayProc) -> None:
+    status, meta = _raw(gateway, "GET", "/v2")
+    assert status == 200 and "model_repository" in meta["extensions"]

@@ -51,7 +51,7 @@ def test_other_addresses(address: str) -> None:
 
 def test_protected_mode_admits_loopback_null_peers_only() -> None:
     loopback = decide(Mode.PROTECTED, None, FRONTEND_DOMAIN, "127.0.0.1", b"NULL", [])
-    assert loopback.admitted and loopback.user_id == "admin"
+    assert loopback.admitted and loopback.user_id == loopback.role == "admin"
     remote = decide(Mode.PROTECTED, None, BACKEND_DOMAIN, "10.200.0.2", b"NULL", [])
     assert not remote.admitted and "10.200.0.2" in remote.who
     assert "loopback" in remote.reason
@@ -59,7 +59,7 @@ def test_protected_mode_admits_loopback_null_peers_only() -> None:
 
 def test_insecure_mode_admits_every_address() -> None:
     remote = decide(Mode.INSECURE, None, BACKEND_DOMAIN, "10.200.0.2", b"NULL", [])
-    assert remote.admitted and remote.user_id == "worker"
+    assert remote.admitted and remote.user_id == remote.role == "worker"
 
 
 def test_keyless_modes_refuse_other_mechanisms_and_domains() -> None:
@@ -77,9 +77,12 @@ def test_curve_mode_judges_by_key_and_domain(tmp_path: Path) -> None:
 
     def granted(domain: str, key: bytes, mechanism: bytes = b"CURVE") -> str | None:
         verdict = decide(Mode.CURVE, lists, domain, "10.0.0.9", mechanism, [key])
-        return verdict.user_id if verdict.admitted else None
+        return verdict.role if verdict.admitted else None
 
     assert granted(FRONTEND_DOMAIN, keys[Role.CLIENT]) == "client"
+    # the User-Id names the key, not its role: the broker judges each message by it
+    client = decide(Mode.CURVE, lists, FRONTEND_DOMAIN, "10.0.0.9", b"CURVE", [keys[Role.CLIENT]])
+    assert client.user_id == z85.encode(keys[Role.CLIENT]).decode()
     assert granted(FRONTEND_DOMAIN, keys[Role.ADMIN]) == "admin"
     assert granted(FRONTEND_DOMAIN, keys[Role.WORKER]) is None
     assert granted(BACKEND_DOMAIN, keys[Role.WORKER]) == "worker"

@@ -45,12 +45,15 @@ def handler(context: Context, keys: Keys) -> Iterator[ZapHandler]:
 class Broker:
     """A ROUTER per domain, as the broker's frontend and backend will be, echoing."""
 
-    def __init__(self, context: Context, keys: Keys) -> None:
+    def __init__(self, context: Context, keys: Keys, handler: ZapHandler) -> None:
         self.context = context
         self.keys = keys
+        self.handler = handler
         self.sockets: dict[str, zmq.Socket[bytes]] = {}
         self.endpoints: dict[str, str] = {}
         self.peers: list[Peer] = []
+        #: the User-Id of each message echoed
+        self.user_ids: list[str | None] = []
         for domain in (FRONTEND_DOMAIN, BACKEND_DOMAIN):
             sock = context.socket(zmq.ROUTER)
             curve_server(sock, keys.broker, domain)
@@ -71,10 +74,12 @@ class Broker:
             sock.close(linger=0)
 
     def echo(self, domain: str = FRONTEND_DOMAIN) -> str | None:
-        """Receive one message, send it back; the sender's User-Id."""
+        """Receive one message, send it back; its sender's role now (None: none)."""
         frames = receive(self.sockets[domain])
         self.sockets[domain].send_multipart(frames)
-        return peer_user_id(frames[-1])
+        self.user_ids.append(peer_user_id(frames[-1]))
+        role = self.handler.role_of(frames[-1], domain)
+        return role.value if role is not None else None
 
     def idle(self, domain: str = FRONTEND_DOMAIN) -> bool:
         return not self.sockets[domain].poll(0)
@@ -95,13 +100,14 @@ class Peer:
     def admitted(self) -> bool:
         return self.outcome[0] == zmq.EVENT_HANDSHAKE_SUCCEEDED
 
-    def round_trip(self, broker: Broker, payload: bytes, domain: str = FRONTEND_DOMAIN) -> str:
-        """Send, have the broker echo, receive: the User-Id the broker saw."""
+    def round_trip(
+        self, broker: Broker, payload: bytes, domain: str = FRONTEND_DOMAIN
+    ) -> str | None:
+        """Send, have the broker echo, receive: the role the broker judged it to have."""
         self.sock.send(payload)
-        user_id = broker.echo(domain)
+        role = broker.echo(domain)
         assert [f.bytes for f in receive(self.sock)] == [payload]
-        assert user_id is not None
-        return user_id
+        return role
 
 
 REFUSED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)
@@ -109,7 +115,7 @@ REFUSED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)
 
 @pytest.fixture
 def broker(context: Context, keys: Keys, handler: ZapHandler) -> Iterator[Broker]:
-    made = Broker(context, keys)
+    made = Broker(context, keys, handler)
     try:
         yield made
     finally:
@@ -120,6 +126,8 @@ def test_an_allowed_client_is_served_as_client(broker: Broker, keys: Keys) -> No
     peer = broker.connect(keys.pairs["client"])
     assert peer.admitted
     assert peer.round_trip(broker, b"x") == "client"
+    # every frame carries the sender's key, which the role is read from per message
+    assert broker.user_ids == [keys.pairs["client"].public.decode()]
 
 
 def test_an_admin_is_served_and_told_apart(broker: Broker, keys: Keys, handler: ZapHandler) -> None:
@@ -169,7 +177,7 @@ def test_a_key_in_two_lists_gets_the_higher_role(
     assert broker.connect(both).round_trip(broker, b"x") == "admin"
 
 
-def test_reload_admits_an_added_key_and_keeps_open_connections(
+def test_reload_admits_an_added_key_and_revokes_a_removed_one_on_open_connections(
     broker: Broker, keys: Keys, handler: ZapHandler
 ) -> None:
     existing = broker.connect(keys.pairs["client"])
@@ -185,9 +193,60 @@ def test_reload_admits_an_added_key_and_keeps_open_connections(
     (keys.dirs[Role.CLIENT] / "late.key").unlink()
     assert handler.reload()["client"] == 1
     assert broker.connect(late).outcome == REFUSED
-    # ZAP judges handshakes only: connections made before the removal stay up
-    assert admitted.round_trip(broker, b"open") == "client"
+    # the connection made before the removal stays up, but its messages have no role
+    # now (the broker refuses them); another client's open connection is untouched
+    assert admitted.round_trip(broker, b"open") is None
     assert existing.round_trip(broker, b"old") == "client"
+
+
+def test_a_demoted_admin_is_a_client_from_its_next_message(
+    broker: Broker, keys: Keys, handler: ZapHandler
+) -> None:
+    admin = broker.connect(keys.pairs["admin"])
+    assert admin.round_trip(broker, b"load") == "admin"
+    (keys.dirs[Role.CLIENT] / "admin.key").write_bytes(
+        (keys.dirs[Role.ADMIN] / "admin.key").read_bytes()
+    )
+    (keys.dirs[Role.ADMIN] / "admin.key").unlink()
+    handler.reload()
+    assert admin.round_trip(broker, b"load") == "client"  # the same connection
+    (keys.dirs[Role.CLIENT] / "admin.key").unlink()
+    handler.reload()
+    assert admin.round_trip(broker, b"infer") is None
+
+
+def test_a_revoked_worker_has_no_role_and_its_refusals_are_counted_and_logged_once(
+    broker: Broker, keys: Keys, handler: ZapHandler, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ipuserve.security")
+    worker = broker.connect(keys.pairs["worker"], BACKEND_DOMAIN)
+    assert worker.round_trip(broker, b"HELLO", BACKEND_DOMAIN) == "worker"
+    (keys.dirs[Role.WORKER] / "worker.key").unlink()
+    handler.reload()
+    for _ in range(3):
+        worker.sock.send(b"RESULTS")
+        frames = receive(broker.sockets[BACKEND_DOMAIN])
+        assert handler.role_of(frames[-1], BACKEND_DOMAIN) is None
+        reason = handler.refuse_message(frames[-1], BACKEND_DOMAIN)
+    fingerprint_ = fingerprint(keys.pairs["worker"].public)
+    assert f"key {fingerprint_} is no longer in the worker allow-list" in reason
+    assert handler.refused_messages_by_domain == {FRONTEND_DOMAIN: 0, BACKEND_DOMAIN: 3}
+    assert handler.refused_by_domain == {FRONTEND_DOMAIN: 0, BACKEND_DOMAIN: 0}  # handshakes
+    named = [r for r in caplog.records if fingerprint_ in r.message]
+    assert len(named) == 1, [r.message for r in caplog.records]
+
+
+def test_without_keys_a_peer_has_the_role_its_socket_grants(context: Context) -> None:
+    with ZapHandler(context) as zap, context.socket(zmq.ROUTER) as router:
+        router.zap_domain = BACKEND_DOMAIN.encode()
+        router.bind("tcp://127.0.0.1:*")
+        with context.socket(zmq.DEALER) as dealer:
+            dealer.linger = 0
+            dealer.connect(router.last_endpoint.decode())
+            dealer.send(b"HELLO")
+            frames = receive(router)
+        assert zap.role_of(frames[-1], BACKEND_DOMAIN) is Role.WORKER
+        assert zap.role_of(frames[-1], FRONTEND_DOMAIN) is Role.ADMIN
 
 
 def test_a_reload_that_reads_a_bad_file_keeps_the_lists_in_force(
@@ -246,7 +305,7 @@ def test_a_peer_without_curve_or_with_a_wrong_broker_key_is_refused_and_counted(
 def test_a_watched_socket_counts_a_zap_refusal_once(
     context: Context, keys: Keys, handler: ZapHandler
 ) -> None:
-    broker = Broker(context, keys)
+    broker = Broker(context, keys, handler)
     try:
         handler.watch(broker.sockets[FRONTEND_DOMAIN], FRONTEND_DOMAIN)
         assert broker.connect(keys.pairs["stranger"]).outcome == REFUSED

@@ -49,7 +49,7 @@ def test_a_malformed_request_is_refused_and_the_handler_lives_on(ask: Asker, key
     assert ask([b"9.9", b"8", b"frontend", b"", b"", b"NULL"])[2] == b"400"
     client = keys.pairs["client"].public
     reply = ask(curve_request(b"9", z85.decode(client)))
-    assert reply == [b"1.0", b"9", b"200", b"OK", b"client", b""]
+    assert reply == [b"1.0", b"9", b"200", b"OK", client, b""]  # User-Id: the key
 
 
 def test_a_flood_of_keys_is_counted_but_logged_only_up_to_a_bound(
