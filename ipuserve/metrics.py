@@ -9,9 +9,9 @@ exposition (``generate_latest``, or OpenMetrics when a scraper asks for it in
 ``Accept``), so what Prometheus parses is what the library writes.
 
 :class:`Histogram` adds one thing to the library's: a weighted observation. A group
-job's requests share one time, and the broker counts each request: a group of 64 would
-otherwise be 64 ``observe`` calls, 0.6 µs each under the child's lock, where one costs
-the same as a single observation (measured: 0.1 µs for a bisect and two adds). It uses
+job's requests share one time, and the broker counts each request: a group of 16 would
+otherwise be 16 ``observe`` calls, 8.8 µs, where one weighted observation costs 0.44
+µs, less than one ``observe`` (0.54 µs: a bisect instead of its linear scan). It uses
 the child's ``_sum``, ``_buckets`` and ``_upper_bounds``: private names, pinned by the
 dependency's bound (``<1``) and by ``tests/test_metrics_server.py``, which checks it
 against single observations.
