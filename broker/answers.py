@@ -53,6 +53,7 @@ class Answers:
         queue_limit: int,
     ) -> None:
         self._specs = registry.specs
+        self._registry = registry
         self._jobs = jobs
         self._dispatcher = dispatcher
         self._backlog = backlog
@@ -130,7 +131,7 @@ class Answers:
             self.reject(job, error)
             return
         model = job.model
-        spec = self._specs.get(model)
+        spec = self._specs.get(job.key)
         if spec is not None:
             problem = wire.outputs_problem(spec, tensors.specs)
             if problem is None and job.samples:
@@ -145,9 +146,11 @@ class Answers:
         if device_us is not None and job.samples:
             self._group_sizer.observe(model, device_us, job.samples)
         # time queued only: not the time a worker that left held it before the re-queue
-        reply = result.reply(job.request_id, job.group, "broker_queue_us", job.queued_s * 1e6)
+        reply = result.reply(
+            job.request_id, job.group, "broker_queue_us", job.queued_s * 1e6, job.key[1]
+        )
         self.retire(job)  # queued: a late result for a job queued again
-        series = self._metrics.of(model, spec.version if spec is not None else "")
+        series = self._metrics.of(*job.key)  # the version it was placed on
         if job.batched:
             self._replies.setdefault(job.client, []).append((reply, series))
             self.unsent += 1
@@ -202,7 +205,8 @@ class Answers:
     def _count_error(self, error: IpuserveError, model: str) -> None:
         """Counted under the model only if one is registered: any client may name any
         model, and a label per made-up name would grow the metrics without bound."""
-        self._metrics.errors.labels(error.code, model if model in self._specs else "").inc()
+        known = self._registry.known_name(model)
+        self._metrics.errors.labels(error.code, model if known else "").inc()
         if error.code == OverloadedError.code:
             if not self._shed:  # the first since the last report: arm the next one
                 self._shed_since = now = time.monotonic()

@@ -14,9 +14,10 @@ from ipuserve.broker.answers import Answers
 from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.dispatch import Dispatcher
 from ipuserve.broker.jobs import JobTable
-from ipuserve.broker.lifecycle import Lifecycle
+from ipuserve.broker.lifecycle import GRACE_DEFAULT, Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
+from ipuserve.broker.versions import Key, version_order
 from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError, ProtocolError
 from ipuserve.grouping import GroupSizer, group_problem
 from ipuserve.security import Role
@@ -46,6 +47,7 @@ class ClientHandlers:
         self._max_payload_bytes = max_payload_bytes
         self._registry = registry
         self._specs = registry.specs
+        self._defaults = registry.defaults
         self._jobs = jobs
         self._keys = jobs.keys
         self._queues = dispatcher.queues
@@ -136,8 +138,9 @@ class ClientHandlers:
 
     def on_request(self, client: bytes, request: wire.Request, batched: bool = False) -> None:
         """Admit one request (or group): the one place its schema and a group's size are
-        checked; the job carries its sample count from here on. Raises IpuserveError to
-        refuse it (a group whole). A group for a model not known yet (the start-up
+        checked; the job carries its sample count from here on, and the model version it
+        goes to (the one named, else the model's default now). Raises IpuserveError to
+        refuse it (a group whole). A request for a model not known yet (the start-up
         grace) waits as it is, checked when the model registers."""
         model = request.model
         if (client, request.request_id) in self._keys:
@@ -145,7 +148,9 @@ class ClientHandlers:
             return  # a re-sent request still pending: its one reply is on the way
         now = time.monotonic()
         tensors = request.tensors
-        spec = self._specs.get(model)
+        asked = request.version
+        key = self._defaults.get(model) if asked is None else (model, asked)
+        spec = self._specs.get(key) if key is not None else None
         samples = 0
         if spec is not None:
             member_samples = self._admitted(spec, tensors.specs)
@@ -155,22 +160,23 @@ class ClientHandlers:
                 if problem is not None:
                     raise InvalidInputError(problem)
             samples = members * member_samples
-            if model in self._registry.orphaned:
-                orphaned = self._life.orphan_error(model, now)
+            if key in self._registry.orphaned:
+                orphaned = self._life.orphan_error(spec.key, now)
                 if orphaned is not None:
                     raise orphaned
         elif self.grace_until is None or now >= self.grace_until:
-            raise self._registry.unknown(model)
+            raise self._registry.unknown(model, asked)
         job = self._jobs.create(
             client,
             request.request_id,
-            model,
+            spec.key if spec is not None else (model, asked or GRACE_DEFAULT),
             tensors,
             now,
             request.timeout_ms,
             batched,
             request.group,
             samples,
+            asked,
         )
         try:
             self._life.admit(job, now)
@@ -198,19 +204,26 @@ class ClientHandlers:
         return samples
 
     def models(self) -> tuple[wire.ModelInfo, ...]:
+        """Every model version the broker knows, each its own entry (``spec.version``
+        tells them apart), by name and version."""
         queues = self._queues
+        ordered = sorted(self._registry.specs.items(), key=lambda kv: _by_version(kv[0]))
         return tuple(
             wire.ModelInfo(
                 spec,
-                len(queues[name]) if name in queues else 0,
+                len(queues[key]) if key in queues else 0,
                 tuple(
                     wire.WorkerLoad(w.worker_id, w.credit, len(w.in_flight), w.requests_in_flight)
-                    for w in self._registry.serving.get(name, ())
+                    for w in self._registry.serving.get(key, ())
                 ),
                 self._group_sizer.listed(spec),
             )
-            for name, spec in sorted(self._registry.specs.items())
+            for key, spec in ordered
         )
 
     def _send(self, client: bytes, message: wire.Message) -> None:
         self._backlog.to_client(client, message.encode())
+
+
+def _by_version(key: Key) -> tuple[str, tuple[int, str]]:
+    return key[0], version_order(key[1])

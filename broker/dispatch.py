@@ -1,4 +1,4 @@
-"""Per-model bounded queues and the choice of worker: credit-based, least loaded first.
+"""Per-model-version bounded queues and the choice of worker: credit-based, least loaded first.
 
 Pure bookkeeping, no sockets: placement (:mod:`ipuserve.broker.placement`) asks
 :meth:`Dispatcher.choose` for a worker and queues the job when none has spare credit;
@@ -12,6 +12,7 @@ from collections import deque
 
 from ipuserve.broker.jobs import JobEntry, State
 from ipuserve.broker.registry import Registry, Worker
+from ipuserve.broker.versions import Key
 from ipuserve.errors import OverloadedError
 
 
@@ -25,10 +26,13 @@ class ModelQueue:
     not refuse that group forever.
     """
 
-    __slots__ = ("_jobs", "_requests", "_total", "limit", "model")
+    __slots__ = ("_jobs", "_requests", "_total", "limit", "model", "version")
 
-    def __init__(self, model: str, limit: int, total: Total | None = None) -> None:
+    def __init__(
+        self, model: str, limit: int, total: Total | None = None, version: str = ""
+    ) -> None:
         self.model = model
+        self.version = version
         self.limit = limit
         self._jobs: deque[JobEntry] = deque()
         self._requests = 0
@@ -42,8 +46,9 @@ class ModelQueue:
     def push(self, job: JobEntry) -> None:
         requests = len(job.request_ids)
         if self._requests and self._requests + requests > self.limit:
+            which = f" version {self.version}" if self.version else ""
             raise OverloadedError(
-                f"model {self.model!r} has {self._requests} queued requests and a limit of "
+                f"model {self.model!r}{which} has {self._requests} queued requests and a limit of "
                 f"{self.limit}; {requests} more request(s) do not fit; try again later"
             )
         self._append(job, front=False)
@@ -97,36 +102,44 @@ class Dispatcher:
         self._limit = queue_limit
         #: jobs waiting in any queue
         self.total = Total()
-        self.queues: dict[str, ModelQueue] = {}
+        self.queues: dict[Key, ModelQueue] = {}
 
-    def choose(self, model: str) -> Worker | None:
-        """The least-loaded worker serving ``model`` with spare credit, if any (the
-        first registered of equals)."""
+    def choose(self, key: Key) -> Worker | None:
+        """The least-loaded worker serving ``key`` (a model version) with spare credit,
+        if any (the first registered of equals)."""
         best: Worker | None = None
         best_load = 1.0
-        for worker in self._serving.get(model, ()):
+        for worker in self._serving.get(key, ()):
             held, credit = len(worker.in_flight), worker.credit
             if held < credit and held / credit < best_load:
                 best, best_load = worker, held / credit
         return best
 
-    def queue(self, model: str) -> ModelQueue:
-        queue = self.queues.get(model)
+    def queue(self, key: Key) -> ModelQueue:
+        queue = self.queues.get(key)
         if queue is None:
-            queue = self.queues[model] = ModelQueue(model, self._limit, self.total)
+            queue = self.queues[key] = ModelQueue(key[0], self._limit, self.total, key[1])
         return queue
 
     def enqueue(self, job: JobEntry) -> None:
-        self.queue(job.model).push(job)
+        self.queue(job.key).push(job)
 
     def requeue(self, job: JobEntry) -> None:
-        self.queue(job.model).push_front(job)
+        self.queue(job.key).push_front(job)
 
     def forget(self, job: JobEntry) -> None:
-        self.queues[job.model].forget(job)
+        self.queues[job.key].forget(job)
+
+    def take_all(self, key: Key) -> list[JobEntry]:
+        """Empty ``key``'s queue; its live jobs, oldest first (to be moved or put back)."""
+        queue = self.queues.get(key)
+        jobs: list[JobEntry] = []
+        while queue is not None and (job := queue.pop()) is not None:
+            jobs.append(job)
+        return jobs
 
     def next_for(self, worker: Worker) -> JobEntry | None:
-        """The oldest queued job among the models ``worker`` serves."""
+        """The oldest queued job among the model versions ``worker`` serves."""
         best: ModelQueue | None = None
         oldest = float("inf")
         queues = self.queues

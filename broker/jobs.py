@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ipuserve.broker.versions import Key
 from ipuserve.protocol import Tensors
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ class JobEntry:
     client: bytes
     request_id: bytes
     model: str
+    #: the (model, version) it is queued for or placed on: the version asked for, or
+    #: the model's default when it was admitted (moved to the new default if every
+    #: worker of that one leaves while it waits: see ``asked``)
+    key: Key
     tensors: Tensors
     received: float
     deadline: float | None
@@ -60,6 +65,12 @@ class JobEntry:
     #: at admission (0 while the model is unknown, in the start-up grace), for the
     #: group sizer when the result comes back
     samples: int = 0
+    #: the version the request named; None: the model's default (it may move)
+    asked: str | None = None
+
+    @property
+    def version(self) -> str:
+        return self.key[1]
 
     def placed_on(self, sender: bytes, worker: Worker | None) -> bool:
         """Whether ``sender`` may answer: a connection it was placed on, or a registered
@@ -98,13 +109,14 @@ class JobTable:
         self,
         client: bytes,
         request_id: bytes,
-        model: str,
+        key: Key,
         tensors: Tensors,
         now: float,
         timeout_ms: float | None,
         batched: bool = False,
         group: tuple[bytes, ...] = (),
         samples: int = 0,
+        asked: str | None = None,
     ) -> JobEntry:
         job_id = self._prefix + next(self._ids).to_bytes(8, "big")
         deadline = None if timeout_ms is None else now + timeout_ms / 1000
@@ -113,7 +125,8 @@ class JobTable:
             job_id,
             client,
             request_id,
-            model,
+            key[0],
+            key,
             tensors,
             now,
             deadline,
@@ -123,6 +136,7 @@ class JobTable:
             enqueued_at=now,
             request_ids=ids,
             samples=samples,
+            asked=asked,
         )
         self._jobs[job_id] = job
         keys = self.keys

@@ -9,12 +9,19 @@ the worker it loses (its live jobs go back to the front of their queues, up to
 ``max_attempts`` workers), the start-up grace (jobs queued for a model nobody serves
 yet), a model whose last worker left (its queue refused after ``orphan_ms``), a
 client that disappeared (its queued jobs dropped), and the broker's shutdown.
+
+Versions: a job waits for one model version (its ``key``). When the last worker of a
+version leaves (drained by an unload: its BYE hands back what it had not started; or
+dead), the jobs queued for it that named no version move to the model's new default,
+if it has one and their inputs fit it: a version switch fails nothing. Those that
+named the version get the orphan's treatment (they wait ``orphan_ms`` for a worker).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ipuserve import protocol as wire
 from ipuserve.broker.answers import Answers
@@ -25,6 +32,7 @@ from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry, Worker
 from ipuserve.broker.timers import Timers
+from ipuserve.broker.versions import Key
 from ipuserve.errors import (
     DeadlineExceeded,
     InvalidInputError,
@@ -68,6 +76,9 @@ class Lifecycle:
         registry.orphan_s = self._orphan_s  # an orphan is kept that long, at least
         # a deadline of an answered job is moot: the heap sheds it (not days later)
         timers.lapses(self._expire, _answered)
+        #: told of every worker dropped, with why (the repository re-places a dead host's
+        #: versions); set by the broker
+        self.worker_gone: Callable[[Worker, str], None] = _ignore
 
     def admit(self, job: JobEntry, now: float) -> None:
         """Place or queue a new job (may raise OVERLOADED); a deadline arms its timer."""
@@ -104,8 +115,9 @@ class Lifecycle:
         if worker.identity not in self._registry.workers:
             return
         orphaned = self._registry.orphaned
-        for model in self._registry.remove(worker):  # its last worker: arm the orphan timer
-            self._timers.at(orphaned[model] + self._orphan_s, self._orphan_due, model)
+        left = self._registry.remove(worker)
+        for key in left:  # its last worker: arm the orphan timer
+            self._timers.at(orphaned[key] + self._orphan_s, self._orphan_due, key)
         self._count_drop(worker, reason)
         log.log(
             logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
@@ -121,9 +133,56 @@ class Lifecycle:
             if job.state is State.RUNNING and job.worker is worker:
                 self._requeue(job, counts=not blameless and job.job_id not in returned)
         worker.in_flight.clear()
-        for model in worker.models:
-            for other in list(self._registry.serving.get(model, ())):
+        for key in left:
+            self.move_to_default(key)
+        for key in worker.models:
+            for other in list(self._registry.serving.get(key, ())):
                 self._placement.pump(other)
+        self.worker_gone(worker, reason)
+
+    def joined(self, worker: Worker) -> None:
+        """A worker registered: requests that named no version and wait for a version
+        of its models that has no worker go to the default now (it may be this one)."""
+        names = {name for name, _version in worker.models}
+        for key in [k for k in self._registry.orphaned if k[0] in names]:
+            self.move_to_default(key)
+
+    def rerouted(self, worker: Worker) -> None:
+        """``worker`` started or stopped taking jobs (credit 0: draining): requests that
+        named no version and wait for a version none of whose workers takes jobs now
+        go to the default (another version, if one takes them)."""
+        serving = self._registry.serving
+        for key in worker.models:
+            if not any(w.credit > 0 for w in serving.get(key, ())):
+                self.move_to_default(key)
+
+    def move_to_default(self, key: Key) -> None:
+        """``key`` has no worker taking jobs: what waits for it and named no version goes
+        to the model's default now (if another, served one), ahead of its queue."""
+        target = self._registry.defaults.get(key[0])
+        if target is None or target == key or not self._registry.serving.get(target):
+            return
+        spec = self._registry.specs[target]
+        moved: list[JobEntry] = []
+        stay: list[JobEntry] = []
+        for job in self._dispatcher.take_all(key):
+            (moved if job.asked is None and _refit(spec, job) is None else stay).append(job)
+        for job in reversed(stay):
+            self._dispatcher.requeue(job)
+        for job in reversed(moved):
+            job.key = target
+            self._dispatcher.requeue(job)
+        if moved:
+            log.info(
+                "model %r: %d queued request(s) moved from version %s to version %s (the "
+                "default now)",
+                key[0],
+                sum(len(job.request_ids) for job in moved),
+                key[1],
+                target[1],
+            )
+            for worker in list(self._registry.serving.get(target, ())):
+                self._placement.pump(worker)
 
     def _count_drop(self, worker: Worker, reason: str) -> None:
         """A BYE is a departure; anything else a loss. But a worker that leaves idle
@@ -179,8 +238,8 @@ class Lifecycle:
             return
         where = "in the queue" if job.state is State.QUEUED else "at a worker"
         why = ""
-        if job.state is State.QUEUED and not self._registry.serving.get(job.model):
-            why = f"; no worker serves model {job.model!r} now (it waits for one to join)"
+        if job.state is State.QUEUED and not self._registry.serving.get(job.key):
+            why = f"; no worker serves model {_named(job.key)} now (it waits for one to join)"
         self._answers.reject(
             job,
             DeadlineExceeded(
@@ -189,18 +248,19 @@ class Lifecycle:
             ),
         )
 
-    def orphan_error(self, model: str, now: float) -> UnavailableError | None:
-        """UNAVAILABLE for ``model`` once its last worker left longer than ``orphan_ms``
-        ago (nobody is coming back, most likely), else None: requests may wait."""
-        since = self._registry.orphaned.get(model)
+    def orphan_error(self, key: Key, now: float) -> UnavailableError | None:
+        """UNAVAILABLE for a model version once its last worker left longer than
+        ``orphan_ms`` ago (nobody is coming back, most likely), else None: requests may
+        wait."""
+        since = self._registry.orphaned.get(key)
         if since is None or now - since < self._orphan_s:
             return None
         return UnavailableError(
-            f"no worker has served model {model!r} for {now - since:.0f} s (its last one "
-            "left); start one, or wait for it to rejoin"
+            f"no worker has served model {_named(key)} for {now - since:.0f} s (its last "
+            "one left); start or load one, or wait for it to rejoin"
         )
 
-    def _orphan_due(self, model: str, now: float) -> None:
+    def _orphan_due(self, model: Key, now: float) -> None:
         """``orphan_ms`` after a model's last worker left (armed by :meth:`drop_worker`):
         refuse what is queued for it, unless a worker joined since (or it was orphaned
         again later: that has a timer of its own)."""
@@ -228,29 +288,37 @@ class Lifecycle:
     # ------------------------------------------------------------ models
 
     def model_registered(self, spec: wire.ModelSpec) -> None:
-        """A model nobody served before: check what was queued for it during the grace
-        (its inputs, and a group's size, as admission would have) and count the samples
-        of what passes (unknown until now)."""
-        queue = self._dispatcher.queues.get(spec.name)
+        """A model version nobody served before: check what was queued for it during the
+        grace (its inputs, and a group's size, as admission would have) and count the
+        samples of what passes (unknown until now). What was queued for the model
+        naming no version (under :data:`GRACE_DEFAULT`) goes to its default now."""
+        queue = self._dispatcher.queues.get(spec.key)
         for job in queue.live_jobs() if queue is not None else ():
-            try:
-                wire.check_inputs(spec, job.tensors.specs)
-                member_samples = spec.samples(t.shape for t in job.tensors.specs)
-                problem = group_problem(spec, len(job.request_ids), member_samples)
-                if problem is not None:
-                    raise InvalidInputError(problem)
-            except IpuserveError as exc:
-                self._answers.reject(job, exc)
-                continue
-            job.samples = len(job.request_ids) * member_samples
+            error = _refit(spec, job)
+            if error is not None:
+                self._answers.reject(job, error)
+        target = self._registry.defaults.get(spec.name)
+        waiting = (spec.name, GRACE_DEFAULT)
+        if target is None or waiting not in self._dispatcher.queues:
+            return
+        target_spec = self._registry.specs[target]
+        for job in self._dispatcher.queues[waiting].live_jobs():
+            error = _refit(target_spec, job)
+            if error is not None:
+                self._answers.reject(job, error)
+        for job in reversed(self._dispatcher.take_all(waiting)):  # older than the rest
+            job.key = target
+            self._dispatcher.requeue(job)
+        del self._dispatcher.queues[waiting]
 
     def end_grace(self) -> None:
         """The start-up grace is over: requests for models still unknown get UNKNOWN_MODEL."""
-        for model, queue in list(self._dispatcher.queues.items()):
-            if model not in self._registry.specs:
+        for key, queue in list(self._dispatcher.queues.items()):
+            if key not in self._registry.specs:
+                asked = key[1] or None
                 for job in queue.live_jobs():
-                    self._answers.reject(job, self._registry.unknown(model))
-                del self._dispatcher.queues[model]
+                    self._answers.reject(job, self._registry.unknown(key[0], asked))
+                del self._dispatcher.queues[key]
 
     def shutdown(self, error: IpuserveError) -> int:
         """Answer every live job with ``error``; how many requests that answered."""
@@ -261,5 +329,33 @@ class Lifecycle:
         return answered
 
 
+#: The version of a job queued in the start-up grace for a model nobody serves yet,
+#: naming no version: its default is not known until a worker registers.
+GRACE_DEFAULT = ""
+
+
 def _answered(job: JobEntry) -> bool:
     return job.state is State.DONE
+
+
+def _ignore(_worker: Worker, _reason: str) -> None:
+    """What :attr:`Lifecycle.worker_gone` does until the broker sets it."""
+
+
+def _named(key: Key) -> str:
+    return f"{key[0]!r} version {key[1]}" if key[1] else repr(key[0])
+
+
+def _refit(spec: wire.ModelSpec, job: JobEntry) -> IpuserveError | None:
+    """Check a queued job against ``spec`` as admission would (its inputs, a group's
+    size) and count its samples under it; the error if it does not fit."""
+    try:
+        wire.check_inputs(spec, job.tensors.specs)
+        member_samples = spec.samples(t.shape for t in job.tensors.specs)
+        problem = group_problem(spec, len(job.request_ids), member_samples)
+        if problem is not None:
+            raise InvalidInputError(problem)
+    except IpuserveError as exc:
+        return exc
+    job.samples = len(job.request_ids) * member_samples
+    return None

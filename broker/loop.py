@@ -35,6 +35,7 @@ from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry
+from ipuserve.broker.repository import RepositoryControl
 from ipuserve.broker.timers import Timers
 from ipuserve.broker.workers import WorkerHandlers
 from ipuserve.errors import (
@@ -49,6 +50,7 @@ from ipuserve.security import (
     BACKEND_DOMAIN,
     FRONTEND_DOMAIN,
     KeyPair,
+    Role,
     ZapHandler,
     load_secret_key,
     server_socket,
@@ -167,6 +169,8 @@ class Broker:
             self.timers,
         )
         self._backlog.abandon = self.life.abandon_client
+        self.repository = RepositoryControl(self.registry, self._backlog, self.metrics)
+        self.life.worker_gone = self.repository.worker_gone
         now = time.monotonic()
         self._clients = ClientHandlers(
             self.epoch,
@@ -192,6 +196,7 @@ class Broker:
             placement=self.placement,
             answers=self.answers,
             life=self.life,
+            repository=self.repository,
         )
         self.timers.at(now, self._beat)
         self.timers.at(now + config.startup_grace_s, self._end_grace)
@@ -343,6 +348,9 @@ class Broker:
             message = wire.decode(body, self._limits)
             if type(message) is wire.Request:  # the hot one, straight to admission
                 self._clients.on_request(client, message)
+            elif type(message) is wire.RepositoryCommand:
+                reply = self.repository.command(message, role is Role.ADMIN)
+                self._backlog.to_client(client, reply.encode())
             else:
                 self._clients.handle(client, message, role)
         except IpuserveError as exc:
@@ -419,9 +427,10 @@ class Broker:
         queues = self.dispatcher.queues
         # registered models only (0 before the first wait): during the start-up grace
         # any client may queue requests for made-up names, a label each for ever
-        for model in self.registry.specs:
-            queue = queues.get(model)
-            self.metrics.queued.labels(model).set(len(queue) if queue is not None else 0)
+        for key in self.registry.specs:
+            queue = queues.get(key)
+            queued = len(queue) if queue is not None else 0
+            self.metrics.queued.labels(*key).set(queued)
 
 
 def _endpoint(sock: zmq.Socket[Any]) -> str:

@@ -75,13 +75,29 @@ class BrokerMetrics(Metrics):
             ("reason",),
         )
         self.workers = self.gauge(p + "workers", "Registered workers.")
-        self.queued = self.gauge(p + "queued", "Queued requests, by model.", ("model",))
+        self.queued = self.gauge(p + "queued", "Queued requests, by model version.", mv)
         self.in_flight = self.gauge(
             p + "in_flight", "Jobs held by workers (what their credit counts)."
         )
         self.requests_in_flight = self.gauge(
             p + "requests_in_flight", "Requests held by workers (a group job holds several)."
         )
+        # the model repository (docs/repository.md)
+        self.repository_commands = self.counter(
+            p + "repository_commands_total", "Repository commands answered, by action.", ("action",)
+        )
+        self.repository_refused = self.counter(
+            p + "repository_refused_total",
+            "Repository commands refused, by reason (PERMISSION_DENIED, NO_ROOM, "
+            "UNKNOWN_MODEL, ...).",
+            ("reason",),
+        )
+        self.loads_sent = self.counter(
+            p + "loads_sent_total",
+            "LOADs sent to repository workers, by why (command, replacement).",
+            ("why",),
+        )
+        self.hosts = self.gauge(p + "hosts", "Repository workers reporting to this broker.")
         # each counts requests: a group job observes its time once per request it holds
         self.queue_seconds = self.histogram(
             p + "queue_seconds", "Admission to dispatch, per request.", mv

@@ -39,7 +39,6 @@ class Placement:
         limits: wire.Limits,
     ) -> None:
         self._workers = registry.workers
-        self._specs = registry.specs
         self._dispatcher = dispatcher
         self._queued = dispatcher.total
         self._backlog = backlog
@@ -51,9 +50,9 @@ class Placement:
         self.unsent = 0
 
     def place(self, job: JobEntry, now: float) -> None:
-        """On the least-loaded worker with spare credit, else in its model's queue
+        """On the least-loaded worker of its model version with spare credit, else in its queue
         (which may refuse it OVERLOADED)."""
-        worker = self._dispatcher.choose(job.model)
+        worker = self._dispatcher.choose(job.key)
         if worker is None:
             self._dispatcher.enqueue(job)
         else:
@@ -89,8 +88,7 @@ class Placement:
             batch.append(job)
         self.unsent += 1
         if len(job.holders) == 1:  # once per request: a re-queued job's wait is in its timing
-            spec = self._specs.get(job.model)  # a job is placed on a worker serving it
-            series = self._metrics.of(job.model, spec.version if spec is not None else "")
+            series = self._metrics.of(*job.key)  # the version it is placed on
             series.queue_seconds.observe_many(now - job.received, len(job.request_ids))
 
     def flush(self) -> list[Unreachable]:
@@ -144,6 +142,7 @@ class Placement:
                     j.tensors,
                     None if j.deadline is None else (j.deadline - now) * 1000,
                     j.samples,
+                    j.key[1],
                 )
                 for j in jobs
             )

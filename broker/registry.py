@@ -1,4 +1,9 @@
-"""Registered workers, and the models they serve (with the schema requests must match).
+"""Registered workers, and the model versions they serve (with the schema requests must match).
+
+Everything is keyed by a model's (name, version) (:attr:`ModelSpec.key`): each version
+has its own workers, schema, queue and orphan timer. A request naming no version goes
+to its model's default (:attr:`Registry.defaults`, kept by :mod:`ipuserve.broker.versions`
+whenever a worker joins or leaves, so admission reads one dict).
 
 What the broker knows is bounded, since every worker's HELLO adds to it and every
 client's MODELS reads it back in one MODELS_REPLY, whose header must fit the wire's
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ipuserve.broker.jobs import JobEntry
+from ipuserve.broker.versions import Key, default_key, version_order
 from ipuserve.errors import UnknownModelError
 from ipuserve.protocol import DEFAULT_LIMITS, Hello, ModelSpec, Refusals
 
@@ -56,7 +62,8 @@ class Worker:
 
     identity: bytes
     worker_id: str
-    models: tuple[str, ...]
+    #: the (name, version) of each model it serves
+    models: tuple[Key, ...]
     credit: int
     last_seen: float
     in_flight: dict[bytes, JobEntry] = field(default_factory=dict)
@@ -79,10 +86,12 @@ class Worker:
 class Registry:
     def __init__(self) -> None:
         self.workers: dict[bytes, Worker] = {}
-        self.specs: dict[str, ModelSpec] = {}
-        self.serving: dict[str, list[Worker]] = {}
-        #: models whose last worker left, and when (monotonic); gone once one joins
-        self.orphaned: dict[str, float] = {}
+        self.specs: dict[Key, ModelSpec] = {}
+        self.serving: dict[Key, list[Worker]] = {}
+        #: model versions whose last worker left, and when (monotonic); gone once one joins
+        self.orphaned: dict[Key, float] = {}
+        #: each known model name's default version: where a request naming none goes
+        self.defaults: dict[str, Key] = {}
         #: the most the entries of a MODELS_REPLY take now (models, and their workers)
         self.reply_bytes = 0
         #: how long an orphaned model is kept at least (the broker's orphan_ms): its
@@ -99,7 +108,7 @@ class Registry:
         """Register a worker for each model whose schema agrees with what is known; the
         others come back with why, for the worker to hear in its WELCOME."""
         refused: list[tuple[str, str]] = []
-        models: list[str] = []
+        models: list[Key] = []
         for spec in hello.models:
             why = self._bounds(hello.worker_id, spec, models)
             if why is not None and self._forget_orphans(now):  # room made: once more
@@ -107,32 +116,61 @@ class Registry:
             if why is None:
                 why = self._refusal(hello.worker_id, spec)
             if why is None:
-                models.append(spec.name)
+                models.append(spec.key)
             else:
                 refused.append((spec.name, why))
         worker = Worker(identity, hello.worker_id, tuple(models), hello.credit, now)
         self.workers[identity] = worker
-        for name in models:
-            self.serving.setdefault(name, []).append(worker)
-            self.orphaned.pop(name, None)
+        for key in models:
+            self.serving.setdefault(key, []).append(worker)
+            self.orphaned.pop(key, None)
+        self._update_defaults({name for name, _version in models})
         return worker, tuple(refused)
 
-    def _bounds(self, worker_id: str, spec: ModelSpec, accepted: list[str]) -> str | None:
+    def _update_defaults(self, names: set[str]) -> None:
+        for name in names:
+            key = default_key(name, self.specs, self.serving)
+            if key is None:
+                self.defaults.pop(name, None)
+            else:
+                self.defaults[name] = key
+
+    def credit_changed(self, worker: Worker, before: int) -> bool:
+        """``worker``'s credit changed from ``before``: whether it started or stopped
+        taking jobs (draining, or back), which may move its models' defaults."""
+        if (before > 0) == (worker.credit > 0):
+            return False
+        self._update_defaults({name for name, _version in worker.models})
+        return True
+
+    def versions(self, name: str) -> list[str]:
+        """The versions of ``name`` the broker knows (served or orphaned lately), in order."""
+        return sorted((v for n, v in self.specs if n == name), key=version_order)
+
+    def known_name(self, name: str) -> bool:
+        """Whether some version of ``name`` is known (served, or orphaned lately)."""
+        return name in self.defaults
+
+    def _served(self, name: str) -> bool:
+        key = self.defaults.get(name)
+        return key is not None and bool(self.serving.get(key))
+
+    def _bounds(self, worker_id: str, spec: ModelSpec, accepted: list[Key]) -> str | None:
         """Why ``spec`` would pass what the broker may know (see the module's doc), else
         None; when None its bytes are counted from now on."""
-        name = spec.name
-        known = self.specs.get(name)
-        if name in accepted:
-            why = f"model {name!r} is announced twice"
+        name, key = spec.name, spec.key
+        known = self.specs.get(key)
+        if any(n == name for n, _v in accepted):
+            why = f"model {name!r} is announced twice (a worker serves one version of a name)"
         elif len(accepted) >= MAX_WORKER_MODELS:
             why = f"a worker may serve at most {MAX_WORKER_MODELS} models"
         elif known is None and len(self.specs) >= MAX_MODELS:
-            why = f"the broker knows {len(self.specs)} models, its most (MAX_MODELS)"
+            why = f"the broker knows {len(self.specs)} model versions, its most (MAX_MODELS)"
         else:
             more = _worker_bytes(worker_id)
             if known is None:
                 more += _model_bytes(spec)
-            elif known != spec and not self.serving.get(name):  # replaces an orphan's
+            elif known != spec and not self.serving.get(key):  # replaces an orphan's
                 more += _model_bytes(spec) - _model_bytes(known)
             if self.reply_bytes + more <= MODELS_REPLY_BYTES:
                 self.reply_bytes += more
@@ -145,52 +183,65 @@ class Registry:
         return why
 
     def _refusal(self, worker_id: str, spec: ModelSpec) -> str | None:
-        known = self.specs.get(spec.name)
-        if known is None or known == spec or not self.serving.get(spec.name):
-            self.specs[spec.name] = spec
+        key = spec.key
+        known = self.specs.get(key)
+        if known is None or known == spec or not self.serving.get(key):
+            self.specs[key] = spec
             return None
         self.reply_bytes -= _worker_bytes(worker_id)  # counted by _bounds, not kept
-        serving = ", ".join(w.worker_id for w in self.serving[spec.name])
+        serving = ", ".join(w.worker_id for w in self.serving[key])
         why = (
-            f"model {spec.name!r} is served by {serving} with another schema "
-            f"({known.signature()}; not {spec.signature()}); stop those workers first, or "
-            "give this model another --name"
+            f"model {spec.name!r} is served by {serving} with another schema at version "
+            f"{spec.version} ({known.signature()}; not {spec.signature()}); stop those "
+            "workers first, or give this build another version (or the model another --name)"
         )
         log.error("worker %s refused: %s", worker_id, why)
         return why
 
-    def unknown(self, model: str) -> UnknownModelError:
-        """The error for a request to ``model``, which no worker serves, listing those
-        that are known (marking the ones without a worker now)."""
+    def unknown(self, model: str, version: str | None = None) -> UnknownModelError:
+        """The error for a request to ``model`` (at ``version``), which no worker serves:
+        a known model's versions, else the known models (marking those without a worker
+        now)."""
+        versions = self.versions(model)
+        if version is not None and versions:
+            served = ", ".join(
+                v if self.serving.get((model, v)) else f"{v} (no worker now)" for v in versions
+            )
+            return UnknownModelError(
+                f"model {model!r} has no version {version} (versions: {served}); name one "
+                "of those, or none for the default"
+            )
+        names = sorted({name for name, _version in self.specs})
         known = ", ".join(
-            name if self.serving.get(name) else f"{name} (no worker now)"
-            for name in sorted(self.specs)
+            name if self._served(name) else f"{name} (no worker now)" for name in names
         )
         return UnknownModelError.nobody_serves(model, known)
 
-    def remove(self, worker: Worker) -> list[str]:
-        """Forget ``worker``; the models it was the last to serve (now orphaned)."""
+    def remove(self, worker: Worker) -> list[Key]:
+        """Forget ``worker``; the model versions it was the last to serve (now orphaned)."""
         self.workers.pop(worker.identity, None)
         orphaned = []
         entry = _worker_bytes(worker.worker_id)
-        for name in worker.models:
-            serving = self.serving.get(name, [])
+        for key in worker.models:
+            serving = self.serving.get(key, [])
             if worker in serving:
                 serving.remove(worker)
                 self.reply_bytes -= entry
                 if not serving:
-                    self.orphaned[name] = time.monotonic()
-                    orphaned.append(name)
+                    self.orphaned[key] = time.monotonic()
+                    orphaned.append(key)
+        self._update_defaults({name for name, _version in worker.models})
         return orphaned
 
     def _forget_orphans(self, now: float) -> bool:
         """Forget the models orphaned for ``orphan_s`` or longer (their name, schema and
         bytes: a worker may announce them anew); whether there were any."""
-        old = [name for name, since in self.orphaned.items() if now - since >= self.orphan_s]
-        for name in old:
-            spec = self.specs.pop(name, None)
+        old = [key for key, since in self.orphaned.items() if now - since >= self.orphan_s]
+        for key in old:
+            spec = self.specs.pop(key, None)
             if spec is not None:
                 self.reply_bytes -= _model_bytes(spec)
-            self.serving.pop(name, None)
-            del self.orphaned[name]
+            self.serving.pop(key, None)
+            del self.orphaned[key]
+        self._update_defaults({name for name, _version in old})
         return bool(old)

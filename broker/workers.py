@@ -18,6 +18,7 @@ from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry, Worker
+from ipuserve.broker.repository import RepositoryControl
 from ipuserve.errors import IpuserveError, WorkerFailedError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class WorkerHandlers:
         placement: Placement,
         answers: Answers,
         life: Lifecycle,
+        repository: RepositoryControl,
     ) -> None:
         self._registry = registry
         self._backlog = backlog
@@ -41,6 +43,7 @@ class WorkerHandlers:
         self._placement = placement
         self._answers = answers
         self._life = life
+        self._repository = repository
         self._welcome = welcome
         self._welcome_frames = welcome.encode()
         self._heartbeat = wire.Heartbeat().encode()
@@ -63,6 +66,8 @@ class WorkerHandlers:
                 self._life.drop_worker(worker, "left", message.handed_back)
             else:  # dropped already, as unreachable: its count says "departure" now
                 self._life.said_bye(identity)
+        elif worker is not None and isinstance(message, wire.Host):
+            self._repository.on_host(worker, message)
         elif worker is not None:
             log.warning("worker %s sent %s; ignored", worker.worker_id, message.COMMAND.name)
         if worker is None and not isinstance(message, wire.Hello | wire.Bye):
@@ -74,16 +79,16 @@ class WorkerHandlers:
             self._life.drop_worker(old, "re-registered")
         else:
             self._forget_namesake(hello.worker_id)
-        new_specs = [s for s in hello.models if s.name not in self._registry.specs]
+        new_specs = [s for s in hello.models if s.key not in self._registry.specs]
         worker, refused = self._registry.add(identity, hello, now)
         log.info(
             "worker %s registered: models %s, credit %d",
             worker.worker_id,
-            ", ".join(worker.models) or "none",
+            ", ".join(f"{name} v{version}" for name, version in worker.models) or "none",
             worker.credit,
         )
         for spec in new_specs:
-            if spec.name in worker.models:  # not one refused
+            if spec.key in worker.models:  # not one refused
                 self._life.model_registered(spec)
         welcome = self._welcome_frames
         if refused:  # the worker hears it: its own log would otherwise say it joined
@@ -91,6 +96,7 @@ class WorkerHandlers:
         if not self._backlog.to_worker(identity, welcome):
             self._life.drop_worker(worker, "unreachable")
             return
+        self._life.joined(worker)
         self._placement.pump(worker)
 
     def _forget_namesake(self, worker_id: str) -> None:
@@ -128,7 +134,9 @@ class WorkerHandlers:
         self._life.send_jobs_of(worker)
         if self._registry.get(worker.identity) is not worker:
             return  # unreachable: dropped
-        worker.credit = heartbeat.credit
+        before, worker.credit = worker.credit, heartbeat.credit
+        if self._registry.credit_changed(worker, before):
+            self._life.rerouted(worker)
         echo = wire.Heartbeat(credit=worker.credit).encode()
         if not self._backlog.to_worker(worker.identity, echo):
             self._life.drop_worker(worker, "unreachable")

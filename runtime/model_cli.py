@@ -29,7 +29,22 @@ def model() -> None:
 
 @model.command("example")
 @click.argument("name", metavar="NAME", type=click.Choice(list(examples.EXAMPLES)))
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@option(
+    "--repository",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write into this model repository instead of OUT: REPO/NAME/VERSION/NAME.popef "
+    "(docs/repository_layout.md).",
+)
+@option(
+    "--version",
+    "version",
+    type=click.IntRange(min=1),
+    default=None,
+    show_default="one more than the largest version in the repository, else 1",
+    help="With --repository: the version to write.",
+)
 @option(
     "--weights-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -74,16 +89,29 @@ def model() -> None:
     default=1024,
     help="noop: elements per sample (1048576 float32 = 4 MiB).",
 )
-def example(name: str, out: Path, weights_file: Path | None, **chosen: Any) -> None:
-    """Write example model NAME to OUT (and its weights to --weights-file, if given).
+def example(
+    name: str,
+    out: Path | None,
+    repository: Path | None,
+    version: int | None,
+    weights_file: Path | None,
+    **chosen: Any,
+) -> None:
+    """Write example model NAME to OUT, or as a new version in a model repository.
+
+    Its weights go into OUT too, or to --weights-file if given; --repository writes
+    REPO/NAME/VERSION/NAME.popef instead.
 
     Options an example does not take are refused when given explicitly.
     """
+    out = _destination(name, out, repository, version, weights_file)
     opts = _options_for(name, chosen)
     try:
         built = examples.build(name, **opts)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
+    if repository is not None:  # only now: a failed build leaves no empty version behind
+        out.parent.mkdir(parents=True, exist_ok=True)
     paths = write_model(built, out, weights_file)
     click.echo(_written(built, paths))
 
@@ -99,6 +127,25 @@ def inspect(files: tuple[Path, ...], as_json: bool) -> None:
         raise click.ClickException(str(e)) from None
     description = dump.describe(loaded)
     click.echo(json.dumps(description, indent=2) if as_json else dump.render(description))
+
+
+def _destination(
+    name: str, out: Path | None, repository: Path | None, version: int | None, weights: Any
+) -> Path:
+    """OUT, or the version's file in the repository: REPO/NAME/VERSION/NAME.popef (the
+    layout ipuserve.worker.repository reads; the runtime does not import the worker)."""
+    if repository is None:
+        if out is None:
+            raise click.UsageError("give OUT (a file to write) or --repository")
+        if version is not None:
+            raise click.UsageError("--version needs --repository")
+        return out
+    if out is not None or weights is not None:
+        raise click.UsageError("--repository writes one file per version: no OUT or --weights-file")
+    if version is None:
+        found = [int(p.name) for p in (repository / name).glob("*") if p.name.isdigit()]
+        version = max(found, default=0) + 1
+    return repository / name / str(version) / f"{name}.popef"
 
 
 def _options_for(name: str, chosen: dict[str, Any]) -> dict[str, Any]:

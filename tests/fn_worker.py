@@ -7,13 +7,15 @@ worker's credit metrics (capacity, jobs held, each broker's credit) and prints
 ``metrics on URL``.
 
 Models (all with batching dimension 0):
-  add    x, y: float32 [B, 8]  ->  z = x + 2 * y
+  add    x, y: float32 [B, 8]  ->  z = x + 2 * y + 10 * (V - 1), V its ``--version``
   echo   x: uint8 [B, N]        ->  y = x          (N from --echo-bytes)
   fail   x: float32 [B, 8]     ->  raises ValueError (INFERENCE_FAILED)
 ``--delay-ms`` makes every job take at least that long; ``--fail-every K`` makes
 every K-th job fail (INFERENCE_FAILED), for a run with a known share of failures.
 ``--curve-secret-key FILE --broker-public-key FILE``: a broker with keys, as the
 real worker's options.
+``--version V`` announces every model as version V (default 1; ``add`` answers told
+apart per version), ``--default-version P`` pins the default its spec announces.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import threading
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import msgspec
 
 from ipuserve.discovery import split_endpoints
 from ipuserve.metrics import MetricsServer
@@ -60,10 +64,11 @@ def models(args: argparse.Namespace) -> dict[ModelSpec, ModelFn]:
         raise ValueError("this model always fails")
 
     f32 = (TensorSpec("x", "float32", (4, WIDTH)), TensorSpec("y", "float32", (4, WIDTH)))
+    shift = 10 * (int(args.version) - 1)
     table: dict[str, tuple[ModelSpec, ModelFn]] = {
         "add": (
             ModelSpec("add", f32, (TensorSpec("z", "float32", (4, WIDTH)),), 4, 0),
-            lambda t: {"z": t["x"] + 2 * t["y"]},
+            lambda t: {"z": t["x"] + 2 * t["y"] + shift} if shift else {"z": t["x"] + 2 * t["y"]},
         ),
         "echo": (
             ModelSpec(
@@ -77,7 +82,11 @@ def models(args: argparse.Namespace) -> dict[ModelSpec, ModelFn]:
         ),
         "fail": (ModelSpec("fail", f32[:1], f32[:1], 4, 0), fail),
     }
-    return {table[name][0]: delayed(table[name][1]) for name in args.model}
+    versioned = {"version": args.version, "default_version": args.default_version}
+    return {
+        msgspec.structs.replace(table[name][0], **versioned): delayed(table[name][1])
+        for name in args.model
+    }
 
 
 def main() -> int:
@@ -97,6 +106,8 @@ def main() -> int:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--curve-secret-key", default=None)
     parser.add_argument("--broker-public-key", default=None)
+    parser.add_argument("--version", default="1")
+    parser.add_argument("--default-version", default=None)
     args = parser.parse_args()
     args.model = args.model or ["add"]
     logging.basicConfig(

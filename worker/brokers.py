@@ -30,6 +30,7 @@ import zmq
 from ipuserve.discovery import EndpointSet, Resolver, resolve_ipv4
 from ipuserve.worker.backend import Backend
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.control import Control
 from ipuserve.worker.credit import CreditPool, Share
 from ipuserve.worker.metrics import CreditMetrics
 from ipuserve.worker.node import WorkerNode
@@ -70,9 +71,12 @@ class BrokerNodes:
         metrics: CreditMetrics | None = None,
         endpoint_set: EndpointSet | None = None,
         resolver: Resolver = resolve_ipv4,
+        control: Control | None = None,
     ) -> None:
         """``endpoint_set`` (default: one for ``endpoints``) and ``resolver`` are a test's
-        to replace: the same resolver for both."""
+        to replace: the same resolver for both. ``control``: every node is a repository
+        worker's host node (:class:`~ipuserve.worker.node.Control`)."""
+        self._control = control
         self._backend = backend
         self._config = config
         self._on_joined = on_joined
@@ -213,6 +217,7 @@ class BrokerNodes:
             share=share,
             on_lost=self._on_lost,
             owns_backend=False,
+            control=self._control,
         )
         name = f"worker-node-{len(self._nodes) + len(self._ended)}"
         running = _Running(node, share, name, self._wake.set)

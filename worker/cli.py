@@ -18,6 +18,7 @@ from ipuserve import probes
 from ipuserve.clikit import Endpoint, ModelName, option, parse_duration_ms
 from ipuserve.discovery import split_endpoints
 from ipuserve.errors import IpuserveError
+from ipuserve.limits import name_problem
 from ipuserve.security.cli import curve_client_options, keys_from_options
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
@@ -44,6 +45,25 @@ class LookAhead(click.ParamType):  # type: ignore[type-arg]
         return text if text == "unlimited" else str(int(text))
 
 
+class LoadSpec(click.ParamType):  # type: ignore[type-arg]
+    """``NAME`` or ``NAME:VERSION`` (a positive integer): (name, version or None)."""
+
+    name = "NAME[:VERSION]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str | None]:
+        if isinstance(value, tuple):
+            return value
+        name, colon, version = str(value).rpartition(":")
+        if not colon:
+            name, version = version, ""
+        problem = name_problem(name)
+        if problem is not None:
+            self.fail(f"a model name {problem}", param, ctx)
+        if colon and not (version.isascii() and version.isdigit() and version[0] != "0"):
+            self.fail(f"the version in {value!r} must be a positive integer", param, ctx)
+        return name, version or None
+
+
 class ModelFiles(click.Path):
     """A model file; a list of them in the env var is split on whitespace, as the help
     says (click splits a Path list on os.pathsep)."""
@@ -68,10 +88,26 @@ class ModelFiles(click.Path):
     "--model",
     "models",
     multiple=True,
-    required=True,
     type=ModelFiles(dir_okay=False),
     help="Model file(s) making one model (repeat the option; the env var takes a "
-    "space-separated list).",
+    "space-separated list). Either this or --repository.",
+)
+@option(
+    "--repository",
+    default=None,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Host models from this model repository (REPO/NAME/VERSION/*.popef, "
+    "docs/repository_layout.md) on the --ipus of this worker, loading and unloading "
+    "versions when a broker's admin asks; each model's options come from its "
+    "config.toml. Either this or --model.",
+)
+@option(
+    "--load",
+    "loads",
+    multiple=True,
+    type=LoadSpec(),
+    help="With --repository: load NAME (its latest version) or NAME:VERSION at start "
+    "(repeat the option; the env var takes a space-separated list).",
 )
 @option(
     "--name",
@@ -165,6 +201,8 @@ class ModelFiles(click.Path):
 def worker(
     broker: tuple[str, ...],
     models: tuple[str, ...],
+    repository: Path | None,
+    loads: tuple[tuple[str, str | None], ...],
     name: str | None,
     replicas: int,
     batching_dim: int | None,
@@ -182,7 +220,11 @@ def worker(
     curve_secret_key: Path | None,
     broker_public_key: Path | None,
 ) -> None:
-    """Serve a model from a ModelRunner to the broker(s) until SIGTERM."""
+    """Serve a model (--model) or a repository's models (--repository) until SIGTERM.
+
+    With --model, one ModelRunner serves the model's files; with --repository, versions
+    are loaded and unloaded on this worker's IPUs as brokers ask (docs/repository_layout.md)."""
+    _check_model_or_repository(models, repository, loads)
     endpoints = split_endpoints(broker)
     config = WorkerConfig(
         broker=endpoints[0],
@@ -202,6 +244,12 @@ def worker(
                 param_hint="'--replicas'",
             )
         os.environ["IPUSERVE_SIM_IPUS"] = str(ipus)
+    if repository is not None:
+        sys.exit(
+            _serve_repository(
+                repository, ipus, config, endpoints, loads, look_ahead, metrics_host, metrics_port
+            )
+        )
     if batch_policy == "fixed" and not batch_timeout_ms:
         raise click.BadParameter(
             "--batch-policy fixed needs --batch-timeout-ms > 0 (its window)",
@@ -240,6 +288,85 @@ def worker(
         if server is not None:
             server.close()
     sys.exit(code)
+
+
+#: options that set one model's serving: with --repository its config.toml sets them
+_PER_MODEL = ("name", "replicas", "batching_dim", "batch_policy", "batch_timeout_ms", "credit")
+
+
+def _check_model_or_repository(
+    models: tuple[str, ...], repository: Path | None, loads: tuple[object, ...]
+) -> None:
+    if bool(models) == (repository is not None):
+        raise click.UsageError("give either --model (one model) or --repository (a repository)")
+    if loads and repository is None:
+        raise click.BadParameter("--load needs --repository", param_hint="'--load'")
+    if repository is None:
+        return
+    context = click.get_current_context()
+    given = [
+        f"--{key.replace('_', '-')}"
+        for key in _PER_MODEL
+        if context.get_parameter_source(key) is not click.core.ParameterSource.DEFAULT
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)} set(s) one model's serving; with --repository each "
+            "model's config.toml does (docs/repository_layout.md)"
+        )
+
+
+def _serve_repository(
+    root: Path,
+    ipus: int | None,
+    config: WorkerConfig,
+    endpoints: Sequence[str],
+    loads: Sequence[tuple[str, str | None]],
+    look_ahead: str,
+    metrics_host: str,
+    metrics_port: int | None,
+) -> int:
+    """``--repository``: a ModelHost on this worker's IPUs; the exit code."""
+    from ipuserve.runtime import DeviceManager
+    from ipuserve.worker.host import ModelHost
+    from ipuserve.worker.host_node import serve_host
+    from ipuserve.worker.metrics import RepositoryMetrics, WorkerFamilies
+    from ipuserve.worker.repository import Repository
+
+    count = ipus if ipus is not None else DeviceManager().config.num_ipus  # the env's
+    families, repository_metrics = WorkerFamilies(), RepositoryMetrics()
+    repository_metrics.free_ipus(count)  # before any load: all of them
+    host = ModelHost(
+        Repository(root),
+        count,
+        config,
+        endpoints,
+        on_joined=lambda line: click.echo(line, err=True),
+        look_ahead=look_ahead,
+        metrics=repository_metrics,
+        families=families,
+    )
+    for entry in host.repository.entries:
+        if entry.problem:
+            click.echo(f"ipuserve worker: {entry.name}:{entry.version}: {entry.problem}", err=True)
+    health = {probes.LIVE: probes.not_yet("starting"), probes.READY: probes.not_yet("starting")}
+    try:
+        registries = [families.registry, repository_metrics.registry]
+        server = _metrics_server(registries, metrics_host, metrics_port, health)
+    except IpuserveError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        return serve_host(
+            host,
+            config,
+            endpoints,
+            loads,
+            on_joined=lambda line: click.echo(line, err=True),
+            health=health,
+        )
+    finally:
+        if server is not None:
+            server.close()
 
 
 class _Stopped(BaseException):

@@ -160,8 +160,8 @@ class CreditPool:
         metrics: CreditMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"a credit pool needs a capacity >= 1, got {capacity}")
+        if capacity < 0:  # 0: a repository worker's host node, which takes no jobs
+            raise ValueError(f"a credit pool needs a capacity >= 0, got {capacity}")
         self.capacity = capacity
         self.metrics = metrics or CreditMetrics(capacity)
         self._clock = clock

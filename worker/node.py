@@ -44,6 +44,7 @@ from ipuserve import transport
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.backend import Backend, Mailbox, Outcome, WorkItem, WorkResult
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.control import Control
 from ipuserve.worker.credit import CreditPool, Share
 from ipuserve.worker.jobbook import JobBook
 from ipuserve.worker.joining import Joined, Joiner
@@ -86,9 +87,11 @@ class WorkerNode:
         share: Share | None = None,
         on_lost: Callable[[], None] | None = None,
         owns_backend: bool = True,
+        control: Control | None = None,
     ) -> None:
         """``share``: this connection's part of a worker's capacity (default: a pool of
         its own); ``on_lost`` is told when a connection to the broker is lost;
+        ``control``: a host node's LOAD/UNLOAD handler and HOST reports (:class:`Control`);
         ``owns_backend``: :meth:`run` closes the backend and the mailbox when it ends
         (the :class:`~ipuserve.worker.brokers.BrokerNodes` of a worker serving several
         brokers closes them itself, once every node has ended)."""
@@ -130,6 +133,11 @@ class WorkerNode:
         self._unsent: list[Outcome] = []
         #: while draining: ids of jobs set aside to hand back in BYE
         self._draining: list[bytes] | None = None
+        #: a host node's reports, and the number of the last one sent (-1: none yet)
+        self._control = control
+        self._control_sent = -1
+        if control is not None:
+            control.watch(self._mailbox.wake)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -174,6 +182,8 @@ class WorkerNode:
             return 1
         finally:
             self._close_connection(linger=0)
+            if self._control is not None:
+                self._control.unwatch(self._mailbox.wake)
             if self._owns_backend:
                 self._backend.close()
                 self._mailbox.close()
@@ -259,6 +269,8 @@ class WorkerNode:
         for job, outcome in unsent:
             self._book.answer(job, outcome)
         self._flush()
+        self._control_sent = -1  # a broker (new, or restarted) hears the report at once
+        self._send_control()
 
     def _collect_unsent(self) -> None:
         """While joining: keep what finished, to answer once a broker lets us in."""
@@ -301,6 +313,7 @@ class WorkerNode:
                     self._book.expire_waiting(time.monotonic())
                     self._flush()
                     self._report()
+                    self._send_control()
                     if (why := self._tick(connection)) is not None:
                         return why
                 return Exit.STOP
@@ -372,6 +385,15 @@ class WorkerNode:
         elif isinstance(message, wire.Heartbeat) and message.credit is not None:
             self._report()  # every JOBS sent before this echo is in the book by now
             self._share.confirm(message.credit)
+        elif isinstance(message, wire.Load | wire.Unload):
+            if self._control is None:
+                log.warning(
+                    "worker %s is no repository worker: %s ignored",
+                    self._config.worker_id,
+                    message.COMMAND.name,
+                )
+            else:
+                self._control.handle(message)
         return None
 
     def _on_jobs(self, message: wire.Jobs) -> None:
@@ -421,6 +443,14 @@ class WorkerNode:
             connection.next_heartbeat = now + connection.heartbeat_s
         return None
 
+    def _send_control(self) -> None:
+        """A host node: send the report if it changed since the last one sent."""
+        control = self._control
+        if control is None or control.seq == self._control_sent:
+            return
+        self._control_sent = control.seq  # before building it: a change meanwhile resends
+        self._send(control.report())
+
     def _held(self) -> int:
         """Jobs this worker holds: running, waiting, or set aside while draining."""
         return len(self._book.jobs) + len(self._draining or ())
@@ -451,6 +481,7 @@ class WorkerNode:
             self._finish_running(connection)
         self._read(connection)  # JOBS that arrived meanwhile are handed back too
         self._flush()
+        self._send_control()  # a host's last report (its versions drained) before BYE
         handed_back = self._draining + list(book.jobs)
         self._send(wire.Bye(tuple(handed_back)))
         log.log(

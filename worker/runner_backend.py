@@ -97,10 +97,13 @@ class RunnerBackend:
         look_ahead: str = "0",
         credit: int | None = None,
         version: str = "1",
+        default_version: str | None = None,
         families: WorkerFamilies | None = None,
     ) -> None:
-        """``version``: what the worker announces and its metrics are labelled with;
-        ``families``: the worker process's job metrics, when it hosts several models."""
+        """``version`` and ``default_version`` go into the announced spec (a model
+        repository's ``NAME/VERSION/`` and its config's pin: docs/repository_layout.md);
+        ``version`` labels its metrics too. ``families``: the worker process's job
+        metrics, shared when it hosts several model versions (a series each)."""
         model = popef.load_model(list(model_paths))
         name = name or model.metadata.modelName()
         self.metrics = WorkerMetrics(name, batch_policy, version, families)
@@ -144,6 +147,7 @@ class RunnerBackend:
             batch_size=batch,
             batching_dim=self._batching_dim,
             version=version,
+            default_version=default_version,
         )
         #: device time per sample, from this worker's runs: how much to start ahead
         self._sizer = GroupSizer()

@@ -109,13 +109,16 @@ class RepositoryReply(Wire, command=Command.REPOSITORY_REPLY, header=RepositoryR
 
 
 class Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """A version in a worker's repository: the IPUs a load takes by default (its config's
-    replicas), or why it cannot be loaded (a broken entry: ``problem``)."""
+    """A version in a worker's repository: what a load takes by default (its config's
+    ``replicas``, each on ``ipus_per_replica`` IPUs, on ``workers`` workers), or why it
+    cannot be loaded (a broken entry: ``problem``)."""
 
     name: Name
     version: Version
     replicas: Positive = 1
     problem: Reason = ""
+    ipus_per_replica: Positive = 1
+    workers: Positive = 1
 
 
 class Hosted(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

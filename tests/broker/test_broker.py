@@ -451,10 +451,10 @@ def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
     [(model, why)] = second.welcome.refused  # told, not left to idle
     assert model == "add"
     assert why == (
-        "model 'add' is served by first with another schema (x:float32[4, 8], "
+        "model 'add' is served by first with another schema at version 1 (x:float32[4, 8], "
         "y:float32[4, 8] -> z:float32[4, 8]; batch 4 along dimension 0; not "
         "x:float32[4, 8] -> z:float32[4, 8]; batch 4 along dimension 0); stop those "
-        "workers first, or give this model another --name"
+        "workers first, or give this build another version (or the model another --name)"
     )
 
 
@@ -853,8 +853,8 @@ def test_a_served_models_queue_gauge_exists_before_anything_waits(
     """A gauge series that appears only once something queued cannot be alerted on."""
     fake(broker, workers)
     queued = "ipuserve_broker_queued"  # set on the broker's next heartbeat tick
-    wait_until(lambda: {"model": "add"} in labels_of(broker.metrics, queued))
-    assert broker.metrics.value(queued, model="add") == 0
+    wait_until(lambda: {"model": "add", "version": "1"} in labels_of(broker.metrics, queued))
+    assert broker.metrics.value(queued, model="add", version="1") == 0
 
 
 def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
@@ -871,7 +871,8 @@ def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
         with pytest.raises(UnknownModelError, match=r"\(models: add \(no worker now\)\)"):
             client.infer("ad", INPUTS)  # a typo: the list says which model has no worker
     assert re.search(
-        r"timeout of 300 ms \(waited \d+ ms in the queue\); no worker serves model 'add' now",
+        r"timeout of 300 ms \(waited \d+ ms in the queue\); no worker serves model 'add' "
+        r"version 1 now",
         str(failed.value),
     ), failed.value
 
@@ -891,8 +892,8 @@ def test_a_model_left_without_workers_past_orphan_ms_is_refused_at_once(
         assert isinstance(refused, wire.ErrorReply) and refused.request_id == waiting
         assert refused.code == "UNAVAILABLE"
         assert re.fullmatch(
-            r"no worker has served model 'add' for \d+ s \(its last one left\); start one, "
-            r"or wait for it to rejoin",
+            r"no worker has served model 'add' version 1 for \d+ s \(its last one left\); "
+            r"start or load one, or wait for it to rejoin",
             refused.message,
         ), refused.message
         again = client.call("add", INPUTS)  # past orphan_ms: refused on arrival
@@ -917,7 +918,8 @@ def test_made_up_models_queued_in_the_start_up_grace_grow_no_metric_label(
         fake(broker, workers)
         wait_until(lambda: counted(broker, "workers") == 1)  # a beat since
     labels = labels_of(broker.metrics, "ipuserve_broker_queued")
-    assert {"model": "add"} in labels and {"model": "ghost"} not in labels
+    assert {"model": "add", "version": "1"} in labels
+    assert not any(label["model"] == "ghost" for label in labels)
     requests = "ipuserve_broker_requests_total"  # counted, unnamed
     assert labels_of(broker.metrics, requests) == [{"model": "", "version": ""}]
     assert broker.metrics.value(requests) == 1

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gc
 import weakref
+from types import SimpleNamespace
+from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ from ipuserve.broker.jobs import JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.timers import Timers
+from ipuserve.broker.versions import default_key
 from ipuserve.errors import OverloadedError
 from ipuserve.protocol import Hello, Tensors
 from tests.broker.fakes import ADD
@@ -25,7 +29,8 @@ def job(
 ) -> JobEntry:
     """A job; with ``members``, a group job of that many requests."""
     group = tuple(b"%f-%d" % (at, i) for i in range(members))
-    return TABLE.create(b"client", b"%f" % at, model, Tensors(), at, timeout_ms, group=group)
+    key = (model, "1")
+    return TABLE.create(b"client", b"%f" % at, key, Tensors(), at, timeout_ms, group=group)
 
 
 def test_a_queue_is_bounded_but_requeued_jobs_always_fit() -> None:
@@ -88,14 +93,16 @@ def test_choose_picks_the_least_loaded_worker_with_spare_credit() -> None:
     a = registry.add(b"a", Hello("a", (ADD,), 4), 0.0)[0]
     b = registry.add(b"b", Hello("b", (ADD,), 1), 0.0)[0]
     dispatcher = Dispatcher(registry, 10)
-    assert dispatcher.choose("add") is a  # a tie goes to the first registered
+    add = ("add", "1")
+    assert dispatcher.choose(add) is a  # a tie goes to the first registered
     a.in_flight[b"1"] = job()
-    assert dispatcher.choose("add") is b  # 0/1 < 1/4
+    assert dispatcher.choose(add) is b  # 0/1 < 1/4
     b.in_flight[b"2"] = job()
-    assert dispatcher.choose("add") is a  # b has no spare credit
+    assert dispatcher.choose(add) is a  # b has no spare credit
     a.credit = 1
-    assert dispatcher.choose("add") is None
-    assert dispatcher.choose("other") is None
+    assert dispatcher.choose(add) is None
+    assert dispatcher.choose(("other", "1")) is None
+    assert dispatcher.choose(("add", "2")) is None  # another version: other workers
 
 
 def test_next_for_takes_the_oldest_job_among_the_worker_models() -> None:
@@ -147,12 +154,12 @@ def test_metrics_render_in_the_prometheus_text_format() -> None:
     metrics = BrokerMetrics()
     metrics.errors.labels("OVERLOADED", "add").inc()
     metrics.errors.labels("OVERLOADED", "add").inc()
-    metrics.queued.labels('we"ird').set(3)
+    metrics.queued.labels('we"ird', "1").set(3)
     metrics.of("add", "2").queue_seconds.observe_many(0.0003, 4)  # a group of 4
     text = metrics.render()
     assert "# TYPE ipuserve_broker_errors_total counter" in text
     assert 'ipuserve_broker_errors_total{code="OVERLOADED",model="add"} 2.0' in text
-    assert 'ipuserve_broker_queued{model="we\\"ird"} 3.0' in text
+    assert 'ipuserve_broker_queued{model="we\\"ird",version="1"} 3.0' in text
     series = 'model="add",version="2"'
     assert f'ipuserve_broker_queue_seconds_bucket{{le="0.00025",{series}}} 0.0' in text
     assert f'ipuserve_broker_queue_seconds_bucket{{le="0.0005",{series}}} 4.0' in text
@@ -168,10 +175,35 @@ def test_a_finished_job_lets_go_of_its_payload() -> None:
     8000 answered 64 KiB requests took the broker from 44 to 556 MiB)."""
     table, timers = JobTable(), Timers()
     payload = np.zeros((4, 8), np.float32)
-    job = table.create(b"c", b"r1", "add", Tensors.of({"x": payload}), 0.0, 1000.0)
+    job = table.create(b"c", b"r1", ("add", "1"), Tensors.of({"x": payload}), 0.0, 1000.0)
     timers.at(1.0, lambda _job, _now: None, job)  # as the job's deadline is armed
     alive = weakref.ref(payload)
     del payload
     table.finish(job)
     gc.collect()
     assert alive() is None and job.state is State.DONE
+
+
+def test_the_default_version_is_the_pinned_one_served_else_the_latest_served() -> None:
+    specs = {
+        ("m", v): ADD.__class__("m", ADD.inputs, ADD.outputs, version=v) for v in ["1", "2", "10"]
+    }
+    taking, draining = SimpleNamespace(credit=2), SimpleNamespace(credit=0)
+    serving: dict[tuple[str, str], list[Any]] = {
+        ("m", "1"): [taking],
+        ("m", "2"): [taking],
+        ("m", "10"): [],
+    }
+    assert default_key("m", specs, serving) == ("m", "2")  # 10 has no worker now
+    serving[("m", "10")] = [taking]
+    assert default_key("m", specs, serving) == ("m", "10")  # as numbers: 10 > 2
+    specs[("m", "10")] = msgspec.structs.replace(specs[("m", "10")], default_version="1")
+    assert default_key("m", specs, serving) == ("m", "1")  # pinned by the latest's config
+    serving[("m", "1")] = [draining]
+    assert default_key("m", specs, serving) == ("m", "10")  # the pin drains: the latest
+    serving[("m", "1")] = []
+    assert default_key("m", specs, serving) == ("m", "10")  # a pin nobody serves: the latest
+    serving[("m", "10")] = serving[("m", "2")] = [draining]
+    assert default_key("m", specs, serving) == ("m", "10")  # all drain: served still counts
+    assert default_key("m", specs, {}) == ("m", "10")  # nobody at all: the latest known
+    assert default_key("other", specs, serving) is None

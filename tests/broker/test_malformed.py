@@ -208,7 +208,7 @@ def test_a_version_3_client_is_told_to_upgrade(client: RawClient) -> None:
     assert isinstance(reply, wire.ErrorReply), reply
     assert (reply.request_id, reply.code) == (b"v3-id", "UNSUPPORTED_VERSION")
     assert reply.message.startswith(
-        "protocol version 3 is not supported; this peer speaks 4: "
+        f"protocol version 3 is not supported; this peer speaks {wire.PROTOCOL_VERSION}: "
         "upgrade ipuserve on the side that speaks 3"
     ), reply.message
 

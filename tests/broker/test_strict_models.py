@@ -61,7 +61,7 @@ def test_five_hellos_of_400_models_leave_models_answerable(
             assert f"at most {MAX_WORKER_MODELS} models" in refused[f"w{n}-model-399"]
         else:  # the broker knows as many names as it may
             assert len(refused) == 400
-            assert f"knows {MAX_MODELS} models" in refused[f"w{n}-model-0"]
+            assert f"knows {MAX_MODELS} model versions" in refused[f"w{n}-model-0"]
     with RawClient(broker.frontend_endpoint) as client:
         known = listed(client)  # its header passed 256 KiB: BAD_MESSAGE for everyone
     assert len(known) == MAX_MODELS
@@ -78,7 +78,7 @@ def test_the_broker_knows_at_most_max_models_and_forgets_orphans_for_new_ones(
     ]
     late = join(broker, made, worker_id="late", models=(ADD,))
     assert late.welcome is not None and late.welcome.refused  # the 257th name
-    assert f"knows {MAX_MODELS} models" in late.welcome.refused[0][1]
+    assert f"knows {MAX_MODELS} model versions" in late.welcome.refused[0][1]
     for old in olds:
         old.send(wire.Bye())
     with RawClient(broker.frontend_endpoint) as client:

@@ -158,7 +158,7 @@ def test_a_model_without_workers_refuses_its_queue_at_orphan_ms_not_before() -> 
             job = leaving.job()
             leaving.send(wire.Bye(handed_back=(job.job_id,)))
             hand.read("backend")
-            since = hand.broker.registry.orphaned["add"]
+            since = hand.broker.registry.orphaned[("add", "1")]
             hand.at(since + 4.999)
             assert [job.state for job in hand.live()] == [State.QUEUED, State.QUEUED]
             hand.at(since + 5.0)

@@ -15,12 +15,14 @@ from tests.helpers import Processes, runner_worker_argv, scrape, start_broker, s
 pytestmark = pytest.mark.slow
 
 
-def test_worker_metrics_count_jobs_and_runtime_batches(processes: Processes,
-                                                       tmp_path: Path) -> None:
+def test_worker_metrics_count_jobs_and_runtime_batches(
+    processes: Processes, tmp_path: Path
+) -> None:
     [path] = examples.mlp(batch_size=16, input_size=8, hidden_size=8).write(tmp_path / "m.popef")
     broker = start_broker(processes)
-    argv = runner_worker_argv(str(path), args=("--metrics-port", "0", "--metrics-host",
-                                               "127.0.0.1", "--replicas", "2"))
+    argv = runner_worker_argv(
+        str(path), args=("--metrics-port", "0", "--metrics-host", "127.0.0.1", "--replicas", "2")
+    )
     worker = start_worker(processes, broker, argv)
     found = worker.wait_for(r"metrics on (http://127\.0\.0\.1:\d+/metrics)")
     with Client(broker.frontend, timeout=30) as client:

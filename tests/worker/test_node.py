@@ -144,9 +144,7 @@ def test_a_batch_that_cannot_be_read_fails_every_job_it_names(
     start_node(GatedAdd().backend())
     identity = broker.welcome()
     batch = wire.Jobs(
-        tuple(
-            add_job(job_id, wire.Tensors.of(add_inputs())) for job_id in (b"a", b"b")
-        )
+        tuple(add_job(job_id, wire.Tensors.of(add_inputs())) for job_id in (b"a", b"b"))
     )
     frames = batch.encode()
     broker.socket.send_multipart([identity, *frames[:-1]])  # a frame short
