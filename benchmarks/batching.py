@@ -86,13 +86,14 @@ def batches(url: str) -> tuple[float, float, float]:
     """(batches, real samples, seconds spent forming them) so far, from a worker's metrics."""
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] not in "#")
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line[:1] not in "#":  # a sample: every model version's, summed per name
+            key, value = line.rsplit(" ", 1)
+            name = key.split("{", 1)[0]
+            values[name] = values.get(name, 0.0) + float(value)
     p = "ipuserve_worker_batch_"
-    return (
-        float(values[p + "samples_count"]),
-        float(values[p + "samples_sum"]),
-        float(values[p + "wait_seconds_sum"]),
-    )
+    return values[p + "samples_count"], values[p + "samples_sum"], values[p + "wait_seconds_sum"]
 
 
 def one_run(

@@ -24,7 +24,7 @@ from ipuserve import protocol as wire
 from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.dispatch import Dispatcher
 from ipuserve.broker.jobs import JobEntry, JobTable, State
-from ipuserve.broker.metrics import BrokerMetrics
+from ipuserve.broker.metrics import BrokerMetrics, ModelSeries
 from ipuserve.broker.registry import Registry, Worker
 from ipuserve.broker.timers import Timers
 from ipuserve.errors import InferenceError, IpuserveError, OverloadedError, WorkerFailedError
@@ -62,7 +62,8 @@ class Answers:
         self._group_sizer = group_sizer
         self._queue_limit = queue_limit
         #: replies to batched requests since the last flush, by client, with their model
-        self._replies: dict[bytes, list[tuple[wire.Reply, str]]] = {}
+        #: version's series (what counts them once sent)
+        self._replies: dict[bytes, list[tuple[wire.Reply, ModelSeries]]] = {}
         #: replies waiting for :meth:`flush`
         self.unsent = 0
         #: OVERLOADED answers by model since the last report, from when, the next report
@@ -93,7 +94,7 @@ class Answers:
         elif not job.placed_on(sender, worker):
             # Any peer on the backend could once answer any job whose id it guessed,
             # without even a HELLO, and its outputs went to the client.
-            self._metrics.dropped.inc(reason="result_from_stranger")
+            self._metrics.dropped.labels("result_from_stranger").inc()
         elif type(outcome) is wire.Result:
             self.answer(job, outcome)
         elif job.worker is not worker:
@@ -149,14 +150,15 @@ class Answers:
             job.request_id, job.group, "broker_queue_us", job.queued_s * 1e6, job.key[1]
         )
         self.retire(job)  # queued: a late result for a job queued again
+        series = self._metrics.of(*job.key)  # the version it was placed on
         if job.batched:
-            self._replies.setdefault(job.client, []).append((reply, model))
+            self._replies.setdefault(job.client, []).append((reply, series))
             self.unsent += 1
         elif self._backlog.to_client(job.client, reply.encode()):
-            self._metrics.replies.inc(model=model)
+            series.replies.inc()
         now = time.monotonic()
-        self._metrics.request_seconds.observe(now - job.received, requests)
-        self._metrics.worker_seconds.observe(now - job.dispatched, requests)
+        series.request_seconds.observe_many(now - job.received, requests)
+        series.worker_seconds.observe_many(now - job.dispatched, requests)
 
     def flush(self) -> None:
         """Send every batching client its replies since the last flush, as REPLIES (a
@@ -166,18 +168,18 @@ class Answers:
             self._send_replies(*replies.popitem())
         self.unsent = 0
 
-    def _send_replies(self, client: bytes, replies: list[tuple[wire.Reply, str]]) -> None:
+    def _send_replies(self, client: bytes, replies: list[tuple[wire.Reply, ModelSeries]]) -> None:
         if len(replies) == 1 and not replies[0][0].group:
-            reply, model = replies[0]
+            reply, series = replies[0]
             if self._backlog.to_client(client, reply.encode()):
-                self._metrics.replies.inc(model=model)
+                series.replies.inc()
             return
-        models = {id(reply): model for reply, model in replies}
-        batch = wire.Replies(tuple(reply for reply, _model in replies))
+        counted = {id(reply): series for reply, series in replies}
+        batch = wire.Replies(tuple(reply for reply, _series in replies))
         for part, frames in wire.split_batch(batch):  # the client decodes with the defaults
             if self._backlog.to_client(client, frames):
                 for reply in part.replies:
-                    self._metrics.replies.inc(len(reply.group) or 1, model=models[id(reply)])
+                    counted[id(reply)].replies.inc(len(reply.group) or 1)
 
     def retire(self, job: JobEntry) -> None:
         """The job is done: out of its queue (if queued) and out of the live jobs."""
@@ -204,7 +206,7 @@ class Answers:
         """Counted under the model only if one is registered: any client may name any
         model, and a label per made-up name would grow the metrics without bound."""
         known = self._registry.known_name(model)
-        self._metrics.errors.inc(code=error.code, model=model if known else "")
+        self._metrics.errors.labels(error.code, model if known else "").inc()
         if error.code == OverloadedError.code:
             if not self._shed:  # the first since the last report: arm the next one
                 self._shed_since = now = time.monotonic()

@@ -79,13 +79,13 @@ class Backlog:
             return True
         if reason == "unwritable":
             return self._defer(self._backlogs.setdefault(identity, deque()), frames)
-        self._dropped.inc(reason="client_gone")
+        self._dropped.labels("client_gone").inc()
         self._lost(identity)
         return False
 
     def _defer(self, backlog: deque[Frames], frames: Frames) -> bool:
         if len(backlog) >= self._backlog_limit:
-            self._dropped.inc(reason="client_backlog_full")
+            self._dropped.labels("client_backlog_full").inc()
             return False
         backlog.append(frames)
         if not self._retry_armed:
@@ -120,7 +120,7 @@ class Backlog:
                 if reason == "unwritable":
                     break
                 if reason == "gone":
-                    self._dropped.inc(len(backlog), reason="client_gone")
+                    self._dropped.labels("client_gone").inc(len(backlog))
                     self._lost(identity)
                     backlog.clear()
                     break
@@ -131,7 +131,7 @@ class Backlog:
     def to_worker(self, identity: bytes, frames: Frames) -> bool:
         reason = _send(self._backend, identity, frames)
         if reason is not None:
-            self._dropped.inc(reason=f"worker_{reason}")
+            self._dropped.labels(f"worker_{reason}").inc()
         return reason is None
 
     def heard_from(self, client: bytes) -> None:

@@ -184,7 +184,8 @@ class ClientHandlers:
             self._jobs.finish(job)
             raise
         # a made-up name queued in the start-up grace gets no label of its own (for ever)
-        self._metrics.requests.inc(len(job.request_ids), model=model if spec is not None else "")
+        named = (model, spec.version) if spec is not None else ("", "")
+        self._metrics.of(*named).requests.inc(len(job.request_ids))
 
     def _admitted(self, spec: wire.ModelSpec, given: tuple[wire.TensorSpec, ...]) -> int:
         """Check ``given`` against the model's inputs (raises InvalidInputError) and

@@ -69,6 +69,10 @@ class Lifecycle:
         self._metrics = metrics
         self._timers = timers
         self._orphan_s = config.orphan_ms / 1000
+        #: dropped as unreachable, not counted yet: connection -> worker id (see
+        #: :meth:`_count_drop`); the BYE may still be on its way
+        self._vanished: dict[bytes, str] = {}
+        self._bye_wait_s = config.heartbeat_ms / 1000
         registry.orphan_s = self._orphan_s  # an orphan is kept that long, at least
         # a deadline of an answered job is moot: the heap sheds it (not days later)
         timers.lapses(self._expire, _answered)
@@ -114,7 +118,7 @@ class Lifecycle:
         left = self._registry.remove(worker)
         for key in left:  # its last worker: arm the orphan timer
             self._timers.at(orphaned[key] + self._orphan_s, self._orphan_due, key)
-        self._metrics.workers_lost.inc(reason=reason)
+        self._count_drop(worker, reason)
         log.log(
             logging.INFO if reason == "left" else logging.WARNING,  # leaving is no trouble
             "worker %s dropped (%s); re-queueing the %d job(s) it did not answer "
@@ -179,6 +183,35 @@ class Lifecycle:
             )
             for worker in list(self._registry.serving.get(target, ())):
                 self._placement.pump(worker)
+
+    def _count_drop(self, worker: Worker, reason: str) -> None:
+        """A BYE is a departure; anything else a loss. But a worker that leaves idle
+        sends its last heartbeat (credit 0) and BYE and closes at once: a broker slower
+        than that finds the connection gone when it echoes the heartbeat, before it
+        reads the BYE behind it, and dropped it as unreachable. The drop stands (its
+        jobs go back to the queues now); only the count waits a heartbeat interval for
+        that BYE (:meth:`said_bye`)."""
+        if reason == "left":
+            self._metrics.departures.labels("bye").inc()
+        elif reason == "unreachable":
+            self._vanished[worker.identity] = worker.worker_id
+            due = time.monotonic() + self._bye_wait_s
+            self._timers.at(due, self._vanished_due, worker.identity)
+        else:
+            self._metrics.workers_lost.labels(reason).inc()
+
+    def said_bye(self, identity: bytes) -> None:
+        """A BYE from a connection no longer registered: if it was dropped as
+        unreachable a moment ago, that was a departure."""
+        worker_id = self._vanished.pop(identity, None)
+        if worker_id is not None:
+            self._metrics.departures.labels("bye").inc()
+            log.info("worker %s said BYE after its connection closed: it left", worker_id)
+
+    def _vanished_due(self, identity: bytes, _now: float) -> None:
+        """No BYE came within a heartbeat interval of the drop: a loss after all."""
+        if self._vanished.pop(identity, None) is not None:
+            self._metrics.workers_lost.labels("unreachable").inc()
 
     def _requeue(self, job: JobEntry, counts: bool) -> None:
         if not counts:
@@ -247,7 +280,7 @@ class Lifecycle:
             for job in queue.live_jobs():
                 if job.client == client:
                     self._answers.retire(job)
-                    self._metrics.abandoned.inc(len(job.request_ids), model=job.model)
+                    self._metrics.abandoned.labels(job.model).inc(len(job.request_ids))
                     dropped += len(job.request_ids)
         if dropped:
             log.info("dropped %d queued request(s) of a disconnected client", dropped)

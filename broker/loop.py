@@ -85,7 +85,7 @@ class Broker:
         self.metrics_server: MetricsServer | None = None
         if config.metrics_port is not None:
             self.metrics_server = MetricsServer(
-                self.metrics,
+                self.metrics.registry,
                 config.metrics_host,
                 config.metrics_port,
                 {probes.LIVE: self._live, probes.READY: self._ready},
@@ -394,7 +394,7 @@ class Broker:
             self._workers.handle(identity, worker, message, now)
         except Exception:  # one peer's message must not stop the broker for everyone
             log.exception("failed to handle a %s from a worker", message.COMMAND.name)
-            self.metrics.dropped.inc(reason="worker_message_failed")
+            self.metrics.dropped.labels("worker_message_failed").inc()
             # the jobs it named may have left the worker's books: answer them, or
             # they would wait for ever (without a timeout)
             error = WorkerFailedError("internal broker error handling the worker's result")
@@ -430,7 +430,7 @@ class Broker:
         for key in self.registry.specs:
             queue = queues.get(key)
             queued = len(queue) if queue is not None else 0
-            self.metrics.queued.set(queued, model=key[0], version=key[1])
+            self.metrics.queued.labels(*key).set(queued)
 
 
 def _endpoint(sock: zmq.Socket[Any]) -> str:

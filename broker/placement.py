@@ -88,7 +88,8 @@ class Placement:
             batch.append(job)
         self.unsent += 1
         if len(job.holders) == 1:  # once per request: a re-queued job's wait is in its timing
-            self._metrics.queue_seconds.observe(now - job.received, len(job.request_ids))
+            series = self._metrics.of(*job.key)  # the version it is placed on
+            series.queue_seconds.observe_many(now - job.received, len(job.request_ids))
 
     def flush(self) -> list[Unreachable]:
         """Send every worker the jobs placed on it since the last flush, as JOBS; the

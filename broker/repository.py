@@ -122,7 +122,7 @@ class RepositoryControl:
         if self._backlog.to_worker(host.worker.identity, load.encode()):
             host.loading[key] = load
             host.unloading.discard(key)
-            self._metrics.loads_sent.inc(why=why)
+            self._metrics.loads_sent.labels(why).inc()
 
     # ------------------------------------------------------------ commands
 
@@ -137,10 +137,10 @@ class RepositoryControl:
                 )
             said = self._act(message)
         except IpuserveError as exc:
-            self._metrics.repository_refused.inc(reason=exc.code)
+            self._metrics.repository_refused.labels(exc.code).inc()
             log.warning("repository %s refused: %s", message.action, exc)
             raise
-        self._metrics.repository_commands.inc(action=message.action)
+        self._metrics.repository_commands.labels(message.action).inc()
         return wire.RepositoryReply(message.request_id, self.index(), said)
 
     def _act(self, message: wire.RepositoryCommand) -> str:

@@ -61,8 +61,11 @@ class WorkerHandlers:
             self.on_hello(identity, message, now)
         elif worker is not None and isinstance(message, wire.Heartbeat):
             self.on_heartbeat(worker, message)
-        elif worker is not None and isinstance(message, wire.Bye):
-            self._life.drop_worker(worker, "left", message.handed_back)
+        elif isinstance(message, wire.Bye):
+            if worker is not None:
+                self._life.drop_worker(worker, "left", message.handed_back)
+            else:  # dropped already, as unreachable: its count says "departure" now
+                self._life.said_bye(identity)
         elif worker is not None and isinstance(message, wire.Host):
             self._repository.on_host(worker, message)
         elif worker is not None:
@@ -154,7 +157,7 @@ class WorkerHandlers:
 
     def on_malformed(self, worker: Worker | None, frames: list[Any], error: IpuserveError) -> None:
         """Nobody to answer: count it; RESULTS we cannot read fail the jobs they name."""
-        self._metrics.dropped.inc(reason="malformed_from_worker")
+        self._metrics.dropped.labels("malformed_from_worker").inc()
         name = worker.worker_id if worker is not None else "an unregistered peer"
         log.warning("malformed message from %s: %s", name, error)
         if worker is not None:

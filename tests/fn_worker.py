@@ -130,7 +130,7 @@ def main() -> int:
     metrics = CreditMetrics(args.credit or backend.capacity())
     server = None
     if args.metrics_port is not None:
-        server = MetricsServer(metrics, "127.0.0.1", args.metrics_port)
+        server = MetricsServer(metrics.registry, "127.0.0.1", args.metrics_port)
         print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=sys.stderr, flush=True)
     try:
         return serve(backend, config, endpoints, metrics)

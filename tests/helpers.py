@@ -482,6 +482,17 @@ def scrape(url: str) -> dict[str, float]:
     return samples
 
 
+def labels_of(metrics: Any, name: str) -> list[dict[str, str]]:
+    """The label sets of the samples exposed as ``name`` in an in-process component's
+    metrics (an :class:`ipuserve.metrics.Metrics`: its ``registry``)."""
+    return [
+        sample.labels
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
 def metric(samples: dict[str, float], family: str) -> float:
     """The sum of every sample of ``family`` (all label sets) in a :func:`scrape`."""
     return sum(v for k, v in samples.items() if k.split("{", 1)[0] == family)

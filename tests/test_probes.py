@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 
 from ipuserve.bench.processes import free_port
 from ipuserve.broker.config import BrokerConfig
@@ -47,9 +48,10 @@ def health(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-class Page:
-    def render(self) -> str:
-        return "x_total 1\n"
+def page() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("x_total", "X.", registry=registry).inc()
+    return registry
 
 
 def test_probes_answer_beside_the_metrics_and_follow_their_owner() -> None:
@@ -64,7 +66,7 @@ def test_probes_answer_beside_the_metrics_and_follow_their_owner() -> None:
         raise RuntimeError("boom")
 
     probes: dict[str, Probe] = {"/ready": ready}
-    server = MetricsServer(Page(), "127.0.0.1", 0, probes)
+    server = MetricsServer(page(), "127.0.0.1", 0, probes)
     url = f"http://127.0.0.1:{server.port}"
     try:
         assert get(f"{url}/ready") == (503, "not registered with any broker\n")
@@ -74,7 +76,7 @@ def test_probes_answer_beside_the_metrics_and_follow_their_owner() -> None:
         probes["/healthz"] = broken
         status, body = get(f"{url}/healthz")
         assert (status, body.startswith("the probe failed: RuntimeError('boom')")) == (503, True)
-        assert get(f"{url}/metrics") == (200, "x_total 1\n")  # the page is unchanged
+        assert get(f"{url}/metrics")[1].endswith("\nx_total 1.0\n")  # the page is unchanged
         head = urllib.request.Request(f"{url}/ready", method="HEAD")
         with urllib.request.urlopen(head, timeout=10) as response:
             assert (response.status, response.read()) == (200, b"")

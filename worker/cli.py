@@ -23,7 +23,7 @@ from ipuserve.security.cli import curve_client_options, keys_from_options
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
 if TYPE_CHECKING:
-    from ipuserve.metrics import Renderable
+    from ipuserve.metrics import Exposed
     from ipuserve.worker.metrics import CreditMetrics
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,6 @@ def worker(
             look_ahead=look_ahead,
             credit=credit,
         )
-        from ipuserve.metrics import Combined
         from ipuserve.worker.metrics import CreditMetrics
 
         credit_metrics = CreditMetrics(credit or backend.capacity())
@@ -275,7 +274,10 @@ def worker(
         health = {probes.LIVE: probes.not_yet("starting"), probes.READY: probes.not_yet("starting")}
         try:
             server = _metrics_server(
-                Combined(backend.metrics, credit_metrics), metrics_host, metrics_port, health
+                [backend.metrics.registry, credit_metrics.registry],
+                metrics_host,
+                metrics_port,
+                health,
             )
         except IpuserveError as exc:
             backend.close()  # lets go of its IPUs
@@ -325,13 +327,15 @@ def _serve_repository(
     metrics_port: int | None,
 ) -> int:
     """``--repository``: a ModelHost on this worker's IPUs; the exit code."""
-    from ipuserve.metrics import Registry
     from ipuserve.runtime import DeviceManager
     from ipuserve.worker.host import ModelHost
     from ipuserve.worker.host_node import serve_host
+    from ipuserve.worker.metrics import RepositoryMetrics, WorkerFamilies
     from ipuserve.worker.repository import Repository
 
     count = ipus if ipus is not None else DeviceManager().config.num_ipus  # the env's
+    families, repository_metrics = WorkerFamilies(), RepositoryMetrics()
+    repository_metrics.free_ipus(count)  # before any load: all of them
     host = ModelHost(
         Repository(root),
         count,
@@ -339,14 +343,16 @@ def _serve_repository(
         endpoints,
         on_joined=lambda line: click.echo(line, err=True),
         look_ahead=look_ahead,
-        # metrics=RepositoryMetrics(...): the "metrics" helper's worker/metrics.py (issue 22)
+        metrics=repository_metrics,
+        families=families,
     )
     for entry in host.repository.entries:
         if entry.problem:
             click.echo(f"ipuserve worker: {entry.name}:{entry.version}: {entry.problem}", err=True)
     health = {probes.LIVE: probes.not_yet("starting"), probes.READY: probes.not_yet("starting")}
     try:
-        server = _metrics_server(Registry(), metrics_host, metrics_port, health)
+        registries = [families.registry, repository_metrics.registry]
+        server = _metrics_server(registries, metrics_host, metrics_port, health)
     except IpuserveError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -386,7 +392,7 @@ def _stopped_while_loading() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _metrics_server(metrics: Renderable, host: str, port: int | None, health: probes.Probes) -> Any:
+def _metrics_server(metrics: Exposed, host: str, port: int | None, health: probes.Probes) -> Any:
     if port is None:
         return None
     from ipuserve.metrics import MetricsServer

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
@@ -43,6 +43,9 @@ from ipuserve.worker.backend import Backend
 from ipuserve.worker.brokers import BrokerNodes
 from ipuserve.worker.config import WorkerConfig
 from ipuserve.worker.repository import RepoEntry, Repository
+
+if TYPE_CHECKING:
+    from ipuserve.worker.metrics import WorkerFamilies
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ class RepositoryMetricsHook(Protocol):
     def unloaded(self, model: str, version: str, seconds: float) -> None: ...
 
     def free_ipus(self, count: int) -> None: ...
+
+    def load_failed(self, model: str, version: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -113,15 +118,17 @@ class ModelHost:
         make_backend: MakeBackend | None = None,
         on_joined: Callable[[str], None] | None = None,
         metrics: RepositoryMetricsHook | None = None,
+        families: WorkerFamilies | None = None,
         look_ahead: str = "0",
     ) -> None:
         """``config`` is the host's (its ``worker_id`` is HOST_ID); each hosted version
-        serves with a copy that names it and carries its model's credit."""
+        serves with a copy that names it and carries its model's credit. ``families``:
+        the job metrics every hosted version's backend reports to (a series each)."""
         self.repository = repository
         self.ipus = ipus
         self._config = config
         self._endpoints = list(endpoints)
-        self._make_backend = make_backend or _runner_backend(look_ahead)
+        self._make_backend = make_backend or _runner_backend(look_ahead, families)
         self._on_joined = on_joined
         self._metrics = metrics
         self._lock = threading.Lock()
@@ -267,6 +274,8 @@ class ModelHost:
         except Exception as exc:  # the runtime's refusal, or a file gone since the scan
             why = str(exc) if isinstance(exc, IpuserveError) else f"{type(exc).__name__}: {exc}"
             log.error("loading %s version %s failed: %s", hosted.name, hosted.version, why)
+            if self._metrics is not None:
+                self._metrics.load_failed(hosted.name, hosted.version)
             self._ended(hosted, f"its load failed: {why}")
             return
         config = dataclasses.replace(
@@ -325,7 +334,7 @@ class ModelHost:
             wake()
 
 
-def _runner_backend(look_ahead: str) -> MakeBackend:
+def _runner_backend(look_ahead: str, families: WorkerFamilies | None) -> MakeBackend:
     def make(entry: RepoEntry, replicas: int) -> Backend:
         from ipuserve.worker.runner_backend import RunnerBackend
 
@@ -341,6 +350,7 @@ def _runner_backend(look_ahead: str) -> MakeBackend:
             credit=config.credit,
             version=entry.version,
             default_version=config.pinned,
+            families=families,
         )
 
     return make

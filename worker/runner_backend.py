@@ -63,7 +63,7 @@ from ipuserve.runtime import (
     popef,
 )
 from ipuserve.worker.backend import Done, Refused, WorkItem, WorkResult, submit_each
-from ipuserve.worker.metrics import WorkerMetrics
+from ipuserve.worker.metrics import WorkerFamilies, WorkerMetrics
 from ipuserve.worker.model_checks import (
     advise_on_busy_ipus,
     check_inventory,
@@ -98,12 +98,15 @@ class RunnerBackend:
         credit: int | None = None,
         version: str = "1",
         default_version: str | None = None,
+        families: WorkerFamilies | None = None,
     ) -> None:
         """``version`` and ``default_version`` go into the announced spec (a model
-        repository's ``NAME/VERSION/`` and its config's pin: docs/repository_layout.md)."""
+        repository's ``NAME/VERSION/`` and its config's pin: docs/repository_layout.md);
+        ``version`` labels its metrics too. ``families``: the worker process's job
+        metrics, shared when it hosts several model versions (a series each)."""
         model = popef.load_model(list(model_paths))
         name = name or model.metadata.modelName()
-        self.metrics = WorkerMetrics(name, batch_policy)
+        self.metrics = WorkerMetrics(name, batch_policy, version, families)
         limit_s = None if batch_timeout_ms is None else batch_timeout_ms / 1e3
         make_policy(batch_policy, limit_s)  # a bad name or a fixed window of 0: say so now
 
@@ -203,6 +206,7 @@ class RunnerBackend:
 
     def close(self) -> None:
         self._runner.close()
+        self.metrics.close()
 
     def _claim(self, samples: int) -> int:
         with self._lock:

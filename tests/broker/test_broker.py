@@ -18,7 +18,7 @@ from ipuserve.client import Client
 from ipuserve.errors import DeadlineExceeded, UnknownModelError
 from tests.broker.conftest import StartBroker
 from tests.broker.fakes import ADD, FakeWorker, result_for
-from tests.helpers import RawClient, add_inputs, assert_add_reply, wait_until
+from tests.helpers import RawClient, add_inputs, assert_add_reply, labels_of, wait_until
 
 INPUTS = add_inputs(2)
 
@@ -37,6 +37,11 @@ def fake(broker: Broker, made: list[FakeWorker], **options: object) -> FakeWorke
     welcome = worker.hello()
     assert welcome.epoch == broker.epoch
     return worker
+
+
+def counted(broker: Broker, name: str, **labels: str) -> float:
+    """``ipuserve_broker_NAME``'s samples with ``labels``, summed."""
+    return broker.metrics.value(f"ipuserve_broker_{name}", **labels)
 
 
 def loads(client: RawClient) -> dict[str, tuple[int, int]]:
@@ -104,7 +109,7 @@ def test_two_live_workers_given_one_id_are_both_kept(
     replies = [client.recv(), client.recv()]
     assert all(isinstance(reply, wire.Reply) for reply in replies)
     assert {reply.request_id for reply in replies} == {a, b}
-    assert broker.metrics.workers_lost.samples == {}
+    assert labels_of(broker.metrics, "ipuserve_broker_workers_lost_total") == []
 
 
 def test_a_worker_restarted_under_its_id_takes_over_its_dead_predecessors_jobs(
@@ -123,7 +128,7 @@ def test_a_worker_restarted_under_its_id_takes_over_its_dead_predecessors_jobs(
     reborn.answer(again)
     reply = client.recv()
     assert isinstance(reply, wire.Reply) and reply.request_id == a
-    assert broker.metrics.workers_lost.value(reason="restarted") == 1
+    assert counted(broker, "workers_lost_total", reason="restarted") == 1
 
 
 def test_a_disconnected_clients_queued_requests_are_dropped_not_run(
@@ -146,7 +151,7 @@ def test_a_disconnected_clients_queued_requests_are_dropped_not_run(
         mine = client.request("add", INPUTS)
         worker.answer(running)  # undeliverable: the broker learns the client is gone...
         second = worker.job()  # ...but a blip is not death: the queue is kept a while
-        worker.idle_until(lambda: broker.metrics.abandoned.value(model="add") == 1)
+        worker.idle_until(lambda: counted(broker, "abandoned_total", model="add") == 1)
         worker.answer(second)
         worker.answer(worker.job())  # the next job is `mine`, not the dead client's third
         reply = client.recv()
@@ -178,7 +183,7 @@ def test_a_bug_handling_one_worker_message_does_not_stop_the_broker(
     reply = client.recv()
     assert reply.request_id == second  # type: ignore[union-attr]
     assert_add_reply(reply, INPUTS)
-    assert broker.metrics.dropped.value(reason="worker_message_failed") == 1
+    assert counted(broker, "dropped_total", reason="worker_message_failed") == 1
 
 
 def test_only_a_worker_the_job_was_placed_on_may_answer_it(
@@ -193,7 +198,7 @@ def test_only_a_worker_the_job_was_placed_on_may_answer_it(
     job = worker.job()
     forged = wire.Tensors.of({"z": np.full((4, 8), 42, np.float32)})
     stranger.send(wire.Results((wire.Result(job.job_id, forged, {}),)))
-    wait_until(lambda: broker.metrics.dropped.value(reason="result_from_stranger") == 1)
+    wait_until(lambda: counted(broker, "dropped_total", reason="result_from_stranger") == 1)
     worker.answer(job)
     reply = client.recv()
     assert reply.request_id == asked  # type: ignore[union-attr]
@@ -217,7 +222,7 @@ def test_a_worker_that_reconnected_may_still_answer_the_jobs_it_held(
     back.answer(held)
     reply = client.recv()
     assert isinstance(reply, wire.Reply) and reply.request_id == asked
-    assert broker.metrics.dropped.value(reason="result_from_stranger") == 0
+    assert counted(broker, "dropped_total", reason="result_from_stranger") == 0
 
 
 def test_outputs_that_do_not_fit_the_model_are_not_forwarded(
@@ -275,7 +280,7 @@ def test_a_request_expiring_at_a_worker_keeps_the_worker_credit_until_it_answers
     client.request("add", INPUTS)
     worker.answer(worker.job())
     assert isinstance(client.recv(), wire.Reply)
-    assert broker.metrics.duplicates.value() == 1
+    assert counted(broker, "duplicate_results_total") == 1
 
 
 def test_a_silent_worker_is_dropped_and_its_jobs_go_to_another(
@@ -292,12 +297,14 @@ def test_a_silent_worker_is_dropped_and_its_jobs_go_to_another(
         reply = client.recv()
         assert isinstance(reply, wire.Reply) and reply.request_id == request_id
         assert [w.worker_id for w in client.models()[0].workers] == ["healthy"]
-    assert broker.metrics.requeued.value() == 1
-    assert broker.metrics.workers_lost.value(reason="silent") == 1
+    assert counted(broker, "requeued_total") == 1
+    assert counted(broker, "workers_lost_total", reason="silent") == 1
     # queued twice, briefly each time: not the liveness window "silent" held it (which
     # broker_queue_us once counted), and the queue histogram sees the request once
     assert reply.timing["broker_queue_us"] < 300_000
-    assert "ipuserve_broker_queue_seconds_count 1" in broker.metrics.render()
+    assert 'ipuserve_broker_queue_seconds_count{model="add",version="1"} 1.0' in (
+        broker.metrics.render()
+    )
 
 
 def test_the_first_result_wins_and_the_dropped_worker_is_told_to_reconnect(
@@ -318,7 +325,7 @@ def test_the_first_result_wins_and_the_dropped_worker_is_told_to_reconnect(
         other.answer(second)  # a duplicate now
         client.send(wire.Ping(b"p"))
         assert isinstance(client.recv(), wire.Pong)  # and no second reply before it
-    assert broker.metrics.duplicates.value() == 1
+    assert counted(broker, "duplicate_results_total") == 1
 
 
 def test_an_error_from_a_dropped_worker_does_not_answer_a_requeued_job(
@@ -336,7 +343,7 @@ def test_an_error_from_a_dropped_worker_does_not_answer_a_requeued_job(
         assert isinstance(slow.recv(), wire.Reconnect)  # the broker read the failure
         other.answer(second)
         assert_add_reply(client.recv(), INPUTS)
-    assert broker.metrics.duplicates.value() == 1
+    assert counted(broker, "duplicate_results_total") == 1
 
 
 def test_a_job_held_by_too_many_dying_workers_fails(
@@ -362,7 +369,7 @@ def test_a_resent_pending_request_runs_once(
     worker.answer(worker.job())
     reply = client.recv()
     assert isinstance(reply, wire.Reply) and reply.request_id == b"same"
-    assert broker.metrics.resent.value() == 1
+    assert counted(broker, "resent_requests_total") == 1
 
 
 def test_bye_hands_jobs_back_without_counting_an_attempt(
@@ -427,8 +434,9 @@ def test_unknown_models_are_refused_once_the_grace_is_over(
     )
     assert reply.message == late.message == advice
     # counted without the made-up name: a label per name would grow without bound
-    assert broker.metrics.errors.value(code="UNKNOWN_MODEL", model="") == 2
-    assert not any(("model", "ghost") in labels for labels in broker.metrics.errors.samples)
+    assert counted(broker, "errors_total", code="UNKNOWN_MODEL", model="") == 2
+    errors = labels_of(broker.metrics, "ipuserve_broker_errors_total")
+    assert errors and all(labels["model"] != "ghost" for labels in errors)
 
 
 def test_a_worker_announcing_another_schema_gets_no_requests_for_that_model(
@@ -476,7 +484,7 @@ def test_malformed_worker_messages_are_dropped_and_counted(
         "worker fake sent an unreadable result: RESULTS header lists 1 tensor(s) but 0 "
         "tensor frame(s) follow"
     )
-    assert broker.metrics.dropped.value(reason="malformed_from_worker") == 2
+    assert counted(broker, "dropped_total", reason="malformed_from_worker") == 2
 
 
 def test_a_result_with_a_bad_frame_fails_alone(
@@ -492,7 +500,7 @@ def test_a_result_with_a_bad_frame_fails_alone(
     # the worker's fault, not the client's INVALID_INPUT
     assert isinstance(replies[first], wire.ErrorReply) and replies[first].code == "WORKER_FAILED"
     assert_add_reply(replies[second], INPUTS)
-    assert broker.metrics.dropped.value(reason="malformed_from_worker") == 0
+    assert counted(broker, "dropped_total", reason="malformed_from_worker") == 0
 
 
 def test_credit_freed_by_one_results_is_refilled_by_one_jobs(
@@ -655,11 +663,12 @@ def test_a_group_travels_as_one_job_and_comes_back_as_one_replies_row(
         assert reply.request_id == ident
         assert_add_reply(reply, inputs)
         assert set(reply.timing) == {"device_us", "broker_queue_us"}
-    assert broker.metrics.requests.value(model="add") == 3
+    assert counted(broker, "requests_total", model="add") == 3
     # counted once the REPLIES left, on the broker's thread: maybe after it arrived here
-    wait_until(lambda: broker.metrics.replies.value(model="add") == 3)
+    wait_until(lambda: counted(broker, "replies_total", model="add") == 3)
     # one job, but the latency histograms count requests, all alike
-    assert broker.metrics.queue_seconds.count == broker.metrics.request_seconds.count == 3
+    counts = [counted(broker, f"{h}_seconds_count", model="add") for h in ("queue", "request")]
+    assert counts == [3, 3]
 
 
 def assert_refused(client: RawClient, ids: tuple[bytes, ...], code: str, words: str) -> None:
@@ -690,7 +699,7 @@ def test_a_group_for_a_model_without_a_batching_dim_is_refused_not_dissolved(
     assert job.samples == 4  # no batching dim: the compiled batch, counted by the broker
     worker.answer(job)
     assert_add_reply(client.recv(), given[0])
-    assert broker.metrics.requests.value(model="add") == 1
+    assert counted(broker, "requests_total", model="add") == 1
 
 
 def test_a_group_holding_a_pending_request_runs_that_request_once(
@@ -707,8 +716,8 @@ def test_a_group_holding_a_pending_request_runs_that_request_once(
     assert_refused(client, (b"q",), "INVALID_INPUT", "must all be new")
     worker.answer(first)
     assert_add_reply(client.recv(), given[0])
-    assert broker.metrics.resent.value() == 1
-    assert broker.metrics.requests.value(model="add") == 1
+    assert counted(broker, "resent_requests_total") == 1
+    assert counted(broker, "requests_total", model="add") == 1
     client.models()  # answered after anything sent before it, which it sets aside
     assert client.stash == []  # so p was answered once, and q never ran
 
@@ -805,7 +814,7 @@ def test_queue_limit_and_listing_count_a_groups_requests(
             and "3 queued requests and a limit of 4" in e.message
             for e in refused
         )
-        assert broker.metrics.errors.value(code="OVERLOADED", model="add") == 2
+        assert counted(broker, "errors_total", code="OVERLOADED", model="add") == 2
         shed = "model 'add': 2 request(s) refused OVERLOADED: its queue is full"
         wait_until(lambda: any(shed in r.getMessage() for r in list(caplog.records)))
         (info,) = client.models()
@@ -818,8 +827,8 @@ def test_queue_limit_and_listing_count_a_groups_requests(
         assert info.queued == 0
         assert [(w.credit, w.in_flight, w.requests) for w in info.workers] == [(1, 1, 3)]
         metrics = broker.metrics  # gauges: set on the broker's next heartbeat tick
-        wait_until(lambda: metrics.requests_in_flight.value() == 3)
-        assert metrics.in_flight.value() == 1
+        wait_until(lambda: metrics.value("ipuserve_broker_requests_in_flight") == 3)
+        assert metrics.value("ipuserve_broker_in_flight") == 1
         worker.answer(group)
         assert_replies(client.recv(), given)
 
@@ -833,6 +842,9 @@ def test_an_orderly_worker_leave_is_logged_at_info(
     wait_until(lambda: "dropped (left)" in caplog.text)
     [record] = [r for r in list(caplog.records) if "dropped (left)" in r.getMessage()]
     assert record.levelno == logging.INFO  # an orderly leave is no trouble
+    # counted as a departure, not as a worker lost
+    assert counted(broker, "worker_departures_total", reason="bye") == 1
+    assert counted(broker, "workers_lost_total") == 0
 
 
 def test_a_served_models_queue_gauge_exists_before_anything_waits(
@@ -840,9 +852,9 @@ def test_a_served_models_queue_gauge_exists_before_anything_waits(
 ) -> None:
     """A gauge series that appears only once something queued cannot be alerted on."""
     fake(broker, workers)
-    queued = broker.metrics.queued  # set on the broker's next heartbeat tick
-    wait_until(lambda: (("model", "add"), ("version", "1")) in queued.samples)
-    assert queued.value(model="add", version="1") == 0
+    queued = "ipuserve_broker_queued"  # set on the broker's next heartbeat tick
+    wait_until(lambda: {"model": "add", "version": "1"} in labels_of(broker.metrics, queued))
+    assert broker.metrics.value(queued, model="add", version="1") == 0
 
 
 def test_a_request_whose_model_lost_its_workers_says_so_at_its_deadline(
@@ -904,11 +916,13 @@ def test_made_up_models_queued_in_the_start_up_grace_grow_no_metric_label(
         client.request("ghost", INPUTS)
         client.models()  # answered after the request was queued
         fake(broker, workers)
-        wait_until(lambda: broker.metrics.workers.value() == 1)  # a beat since then
-    labels = broker.metrics.queued.samples
-    assert (("model", "add"), ("version", "1")) in labels
-    assert not any(("model", "ghost") in label for label in labels)
-    assert broker.metrics.requests.samples == {(("model", ""),): 1.0}  # counted, unnamed
+        wait_until(lambda: counted(broker, "workers") == 1)  # a beat since
+    labels = labels_of(broker.metrics, "ipuserve_broker_queued")
+    assert {"model": "add", "version": "1"} in labels
+    assert not any(label["model"] == "ghost" for label in labels)
+    requests = "ipuserve_broker_requests_total"  # counted, unnamed
+    assert labels_of(broker.metrics, requests) == [{"model": "", "version": ""}]
+    assert broker.metrics.value(requests) == 1
 
 
 def test_a_name_with_a_lone_surrogate_is_refused_and_cannot_break_the_metrics_page(

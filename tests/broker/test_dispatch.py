@@ -152,18 +152,21 @@ def test_a_timer_armed_by_a_firing_one_fires_in_the_same_run_when_due() -> None:
 
 def test_metrics_render_in_the_prometheus_text_format() -> None:
     metrics = BrokerMetrics()
-    metrics.errors.inc(code="OVERLOADED")
-    metrics.errors.inc(code="OVERLOADED")
-    metrics.queued.set(3, model='we"ird')
-    metrics.queue_seconds.observe(0.0003)
+    metrics.errors.labels("OVERLOADED", "add").inc()
+    metrics.errors.labels("OVERLOADED", "add").inc()
+    metrics.queued.labels('we"ird', "1").set(3)
+    metrics.of("add", "2").queue_seconds.observe_many(0.0003, 4)  # a group of 4
     text = metrics.render()
     assert "# TYPE ipuserve_broker_errors_total counter" in text
-    assert 'ipuserve_broker_errors_total{code="OVERLOADED"} 2' in text
-    assert 'ipuserve_broker_queued{model="we\\"ird"} 3' in text
-    assert 'ipuserve_broker_queue_seconds_bucket{le="0.00025"} 0' in text
-    assert 'ipuserve_broker_queue_seconds_bucket{le="0.0005"} 1' in text
-    assert 'ipuserve_broker_queue_seconds_bucket{le="+Inf"} 1' in text
-    assert "ipuserve_broker_queue_seconds_count 1" in text
+    assert 'ipuserve_broker_errors_total{code="OVERLOADED",model="add"} 2.0' in text
+    assert 'ipuserve_broker_queued{model="we\\"ird",version="1"} 3.0' in text
+    series = 'model="add",version="2"'
+    assert f'ipuserve_broker_queue_seconds_bucket{{le="0.00025",{series}}} 0.0' in text
+    assert f'ipuserve_broker_queue_seconds_bucket{{le="0.0005",{series}}} 4.0' in text
+    assert f'ipuserve_broker_queue_seconds_bucket{{le="+Inf",{series}}} 4.0' in text
+    assert f"ipuserve_broker_queue_seconds_count{{{series}}} 4.0" in text
+    assert f"ipuserve_broker_queue_seconds_sum{{{series}}} 0.0012" in text
+    assert "_created" not in text  # off: ipuserve.metrics says why
 
 
 def test_a_finished_job_lets_go_of_its_payload() -> None:

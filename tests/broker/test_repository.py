@@ -35,6 +35,11 @@ def made() -> Iterator[list[FakeWorker]]:
         worker.close()
 
 
+def counted(broker: Broker, name: str, **labels: str) -> float:
+    """``ipuserve_broker_NAME``'s samples with ``labels``, summed."""
+    return broker.metrics.value(f"ipuserve_broker_{name}", **labels)
+
+
 def host(
     broker: Broker,
     made: list[FakeWorker],
@@ -104,7 +109,7 @@ def test_the_index_lists_every_version_with_its_state_reason_workers_and_default
         ("add", "2"): wire.VersionState("add", "2", "UNAVAILABLE", "not loaded"),
         ("bad", "1"): wire.VersionState("bad", "1", "UNAVAILABLE", "no .popef file in bad/1"),
     }
-    assert broker.metrics.repository_commands.value(action="index") == 2
+    assert counted(broker, "repository_commands_total", action="index") == 2
 
 
 def test_a_load_goes_to_the_least_loaded_host_and_reads_loading_at_once(
@@ -126,7 +131,7 @@ def test_a_load_goes_to_the_least_loaded_host_and_reads_loading_at_once(
     idle.send(wire.Host(4, 2, ENTRIES, (wire.Hosted("add", "2", "LOADING", "b-idle/add/2", 2),)))
     idle.idle_until(lambda: not broker.repository.hosts[idle_identity(broker, "b-idle")].loading)
     assert index(client)[("add", "2")].state == "LOADING"
-    wait_until(lambda: broker.metrics.loads_sent.value(why="command") == 2)
+    wait_until(lambda: counted(broker, "loads_sent_total", why="command") == 2)
 
 
 def idle_identity(broker: Broker, host_id: str) -> bytes:
@@ -143,8 +148,8 @@ def test_a_load_with_no_room_is_refused_no_room_saying_what_each_host_has(
         "model 'add' version 2 wants 2 more worker(s); 1 ha(s) room (h2); the others: "
         "h1: 1 of 4 IPU(s) free, 2 needed"
     )
-    assert broker.metrics.repository_refused.value(reason="NO_ROOM") == 1
-    assert broker.metrics.errors.value(code="NO_ROOM", model="") == 1
+    assert counted(broker, "repository_refused_total", reason="NO_ROOM") == 1
+    assert counted(broker, "errors_total", code="NO_ROOM", model="") == 1
 
 
 def test_a_load_counts_the_ipus_a_replica_takes_and_the_workers_its_config_wants(
@@ -173,7 +178,7 @@ def test_unknown_models_and_versions_are_refused_naming_what_there_is(
     assert refused(ask(client, "unload", "add", version="9"), "UNKNOWN_MODEL") == (
         "no worker holds version 9 of model 'add', and no repository has it (versions: 1, 2)"
     )
-    assert broker.metrics.repository_refused.value(reason="UNKNOWN_MODEL") == 3
+    assert counted(broker, "repository_refused_total", reason="UNKNOWN_MODEL") == 3
     reply = ask(client, "unload", "add", version="1")  # known, just not loaded
     assert isinstance(reply, wire.RepositoryReply) and reply.message == (
         "model 'add' version 1 is not loaded"
@@ -218,7 +223,7 @@ def test_a_dead_hosts_versions_are_placed_again_on_a_host_with_room(
     spare = host(broker, made, "h2", 4, 4, ENTRIES)
     dying.die(context)
     assert spare.expect(wire.Load) == wire.Load("add", "2", 2, 1)
-    wait_until(lambda: broker.metrics.loads_sent.value(why="replacement") == 1)  # its thread
+    wait_until(lambda: counted(broker, "loads_sent_total", why="replacement") == 1)  # its thread
     assert index(client)[("add", "2")].state == "LOADING"
 
 
@@ -274,7 +279,7 @@ def test_a_client_key_is_refused_permission_denied_and_an_admin_key_is_answered(
     message = refused(answers["client"], "PERMISSION_DENIED")
     assert "needs the admin role" in message
     assert isinstance(answers["admin"], wire.RepositoryReply)
-    assert broker.metrics.repository_refused.value(reason="PERMISSION_DENIED") == 1
+    assert counted(broker, "repository_refused_total", reason="PERMISSION_DENIED") == 1
 
 
 def test_two_brokers_place_a_dead_hosts_version_on_the_same_host(
@@ -330,7 +335,7 @@ def test_a_host_back_under_its_id_loses_only_what_its_next_report_lacks(
     old.alive = False
     context.destroy(linger=0)
     again = host(broker, made, "h1", 4, 3 if kept else 4, ENTRIES, (hosted,) if kept else ())
-    assert broker.metrics.workers_lost.value(reason="restarted") == 1
+    assert counted(broker, "workers_lost_total", reason="restarted") == 1
     views = {h.worker_id: h for h in broker.repository.hosts.values()}
     assert broker.registry.workers[views["h1"].worker.identity] is views["h1"].worker
     if kept:  # decided when h1's report came: nothing lost, nothing loaded

@@ -144,7 +144,7 @@ def test_a_silent_worker_is_dropped_at_the_first_heartbeat_past_its_liveness(
     assert hand.registered("silent") is None
     (job,) = hand.live()
     assert job.state is State.QUEUED  # re-queued, for the next worker to take
-    assert hand.broker.metrics.workers_lost.value(reason="silent") == 1
+    assert hand.broker.metrics.value("ipuserve_broker_workers_lost_total", reason="silent") == 1
     hand.worker("next", credit=1).job()
 
 
@@ -181,9 +181,9 @@ def test_overload_is_reported_at_once_then_at_most_every_ten_seconds(
             raw.request("add", INPUTS)  # runs
             raw.request("add", INPUTS)  # queued
             refused = raw.request("add", INPUTS)  # OVERLOADED
-            metrics = hand.broker.metrics
+            metrics, errors = hand.broker.metrics, "ipuserve_broker_errors_total"
             hand.read_until(
-                "frontend", lambda: metrics.errors.value(code="OVERLOADED", model="add") == 1
+                "frontend", lambda: metrics.value(errors, code="OVERLOADED", model="add") == 1
             )
             error = raw.recv()
             assert isinstance(error, wire.ErrorReply) and error.request_id == refused

@@ -179,7 +179,7 @@ def test_pending_requests_survive_a_broker_restart_exactly_once(
         client.models()  # ordered after the requests: the broker holds them all now
         # (counted per request: the six may travel as one group, one job)
         held = scrape(broker.metrics_url)
-        assert held['ipuserve_broker_requests_total{model="add"}'] == 6
+        assert held['ipuserve_broker_requests_total{model="add",version="1"}'] == 6
         restart_broker(processes, broker)
         for future, g in zip(futures, given, strict=True):
             np.testing.assert_allclose(future.result(30)["z"], add_expected(g), rtol=1e-6)

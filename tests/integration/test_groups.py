@@ -57,7 +57,7 @@ def test_a_clients_groups_reach_the_worker_as_it_formed_them(
         np.testing.assert_allclose(result["output"], want, rtol=1e-5)
     assert stats.groups >= 10 and stats.grouped >= 40  # 40 requests, at most 4 a group
     jobs = len(given) - stats.grouped + stats.groups  # what the client sent: a job each
-    ok = 'ipuserve_worker_jobs_total{model="simple",outcome="ok"}'
+    ok = 'ipuserve_worker_jobs_total{model="simple",outcome="ok",version="1"}'
     wait_until(lambda: scrape(worker_url).get(ok) == jobs, timeout=30)
     served = metric(scrape(broker.metrics_url), "ipuserve_broker_requests_total")
     assert served == len(given)

@@ -60,13 +60,15 @@ def test_each_policy_answers_right_and_shows_its_batches(
             for name, array in got.items():
                 np.testing.assert_allclose(array, want[name], rtol=1e-5, atol=1e-6)
     metrics = scrape(found[1])
-    assert metrics[f'ipuserve_worker_batch_policy{{model="mlp",policy="{policy}"}}'] == 1
-    assert metrics["ipuserve_worker_batch_samples_count"] == 5 + 3
-    assert metrics["ipuserve_worker_batch_samples_sum"] == 5 + 40
-    assert metrics['ipuserve_worker_batch_samples_bucket{le="1"}'] == 5
-    assert metrics['ipuserve_worker_batch_samples_bucket{le="8"}'] == 6
-    assert metrics['ipuserve_worker_batch_samples_bucket{le="16"}'] == 8
-    assert metrics["ipuserve_worker_batch_wait_seconds_count"] == 8
+    mlp = 'model="mlp",version="1"'
+    chosen = f'model="mlp",policy="{policy}",version="1"'
+    assert metrics[f"ipuserve_worker_batch_policy{{{chosen}}}"] == 1
+    assert metrics[f"ipuserve_worker_batch_samples_count{{{mlp}}}"] == 5 + 3
+    assert metrics[f"ipuserve_worker_batch_samples_sum{{{mlp}}}"] == 5 + 40
+    assert metrics[f'ipuserve_worker_batch_samples_bucket{{le="1.0",{mlp}}}'] == 5
+    assert metrics[f'ipuserve_worker_batch_samples_bucket{{le="8.0",{mlp}}}'] == 6
+    assert metrics[f'ipuserve_worker_batch_samples_bucket{{le="16.0",{mlp}}}'] == 8
+    assert metrics[f"ipuserve_worker_batch_wait_seconds_count{{{mlp}}}"] == 8
 
 
 def test_a_fixed_window_needs_a_timeout() -> None:

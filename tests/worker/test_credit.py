@@ -203,7 +203,7 @@ def test_credit_shifts_to_the_busy_broker_and_back() -> None:
         busy.report()
         _settle([busy, idle])
     assert (busy.credit, idle.credit) == (7, 1)
-    assert pool.metrics.broker_credit.value(broker="busy") == 7
+    assert pool.metrics.value("ipuserve_worker_broker_credit", broker="busy") == 7
     while busy.held:  # its traffic ends; the other's starts
         busy.finish(random.Random(0))
     _settle([busy, idle])

@@ -31,13 +31,14 @@ def test_worker_metrics_count_jobs_and_runtime_batches(
         with pytest.raises(InvalidInputError, match="must be float32, got float64"):
             client.infer("mlp", {"input": np.ones((2, 8), np.float64)})  # stopped at the broker
     metrics = scrape(found[1])
-    assert metrics['ipuserve_worker_jobs_total{model="mlp",outcome="ok"}'] == 4
-    assert metrics['ipuserve_worker_in_flight{model="mlp"}'] == 0
-    assert metrics["ipuserve_worker_job_seconds_count"] == 4
-    assert metrics["ipuserve_worker_device_seconds_count"] == 4
+    mlp = '{model="mlp",version="1"}'
+    assert metrics['ipuserve_worker_jobs_total{model="mlp",outcome="ok",version="1"}'] == 4
+    assert metrics[f"ipuserve_worker_in_flight{mlp}"] == 0
+    assert metrics[f"ipuserve_worker_job_seconds_count{mlp}"] == 4
+    assert metrics[f"ipuserve_worker_device_seconds_count{mlp}"] == 4
     # two replicas: each family's samples stay together (scrape checks the format)
-    replicas = ('{model="mlp",replica="0"}', '{model="mlp",replica="1"}')
+    replicas = ('{model="mlp",replica="0",version="1"}', '{model="mlp",replica="1",version="1"}')
     assert sum(metrics[f"ipuserve_runtime_requests_total{r}"] for r in replicas) == 4
     assert sum(metrics[f"ipuserve_runtime_batches_total{r}"] for r in replicas) >= 5  # 1+5+16+40
-    phases = [f'{r[:-1]},phase="computation"}}' for r in replicas]
+    phases = [f'{{model="mlp",phase="computation",replica="{r}",version="1"}}' for r in (0, 1)]
     assert max(metrics.get(f"ipuserve_runtime_phase_mean_microseconds{p}", 0) for p in phases) > 0

@@ -36,6 +36,6 @@ def test_no_update_is_lost_when_threads_finish_jobs_at_once() -> None:
         thread.start()
     for thread in workers:
         thread.join()
-    assert metrics.jobs.value(model="m", outcome="ok") == threads * jobs
-    assert metrics.in_flight.value(model="m") == 0
-    assert metrics.job_seconds.count == threads * jobs
+    assert metrics.value("ipuserve_worker_jobs_total", model="m", outcome="ok") == threads * jobs
+    assert metrics.value("ipuserve_worker_in_flight", model="m", version="1") == 0
+    assert metrics.value("ipuserve_worker_job_seconds_count", model="m") == threads * jobs

@@ -94,11 +94,11 @@ def test_requests_expiring_behind_a_busy_device_are_answered_and_never_run(
             assert isinstance(reply, wire.ErrorReply), reply
             codes.append(reply.code)
     assert set(codes) == {"DEADLINE_EXCEEDED"} and len(codes) >= sent // 2
-    in_flight = 'ipuserve_worker_in_flight{model="simple"}'
+    in_flight = 'ipuserve_worker_in_flight{model="simple",version="1"}'
     wait_until(lambda: scrape(metrics_url)[in_flight] == 0, timeout=30)  # all 16, the old way
     metrics = scrape(metrics_url)
-    runs = metrics['ipuserve_runtime_batches_total{model="simple",replica="0"}']
+    runs = metrics['ipuserve_runtime_batches_total{model="simple",replica="0",version="1"}']
     assert runs <= sent // 2  # it was 16: every expired request ran too
-    jobs = 'ipuserve_worker_jobs_total{model="simple",outcome="%s"}'
+    jobs = 'ipuserve_worker_jobs_total{model="simple",outcome="%s",version="1"}'
     # every job is counted as answered, those that expired waiting too (they were not)
     assert metrics[jobs % "ok"] + metrics[jobs % "DEADLINE_EXCEEDED"] == sent
