@@ -80,15 +80,22 @@ def test_passed_dict_is_filled_in_place(make_runner, simple: Model) -> None:
     assert info["mine"] == 1.0 and "request_monitoring_statistics_mean_us" in info
 
 
+DEVICE_S = 0.2
+
+
 def test_durations_are_microseconds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bounds that hold whatever the machine's speed, and only in microseconds: a request
-    lasts no longer than the call around it, and its computation phase no shorter than
-    the simulated device time between reading its input and writing its last output."""
+    lasts no longer than the call around it, and its computation phase holds most of the
+    simulated device time between reading its input and writing its last output: 200 ms.
+    Not all of it: the simulated device counts from its launch, so a device thread the
+    host's scheduler made late to read inputs that were ready has already spent part of
+    the run (on a loaded machine 2 ms of 2 showed as 1.2). Half of 200 ms leaves such
+    lateness 100 ms, and still tells microseconds from milli- or nanoseconds."""
     model = examples.build("mlp", batch_size=16)
     steps = model.executable.program(model.metadata.programFlow().main()[0]).steps
     last_read = max(i for i, step in enumerate(steps) if step.op == "stream_in")
     after_read_s = sum(CostModel(ipu_spec(2)).step_seconds(s) for s in steps[last_read + 1 :])
-    scale = 2e-3 / after_read_s  # the device computes for 2 ms after the read
+    scale = DEVICE_S / after_read_s  # the device computes for DEVICE_S after the read
     monkeypatch.setenv("IPUSERVE_SIM_TIME_SCALE", repr(scale))
     inputs = {"input": rows(16, 784, 0)}
     with model_runtime.ModelRunner(model) as runner:
@@ -98,7 +105,7 @@ def test_durations_are_microseconds(monkeypatch: pytest.MonkeyPatch) -> None:
         trace = runner.getTimeTrace({})
         mean = runner.getMonitoringStatisticsMean({})
     assert_matches(got, reference("mlp", model, inputs))
-    assert trace["computation_duration_us"] >= 2e3 * 0.999
+    assert trace["computation_duration_us"] >= DEVICE_S * 1e6 / 2
     assert trace["computation_duration_us"] <= trace["request_duration_us"] <= call_us
     for phase in PHASES:  # one request: its trace is the mean
         assert mean[f"{phase}_monitoring_statistics_mean_us"] == trace[f"{phase}_duration_us"]
