@@ -4,6 +4,10 @@ tritonclient (HTTP and gRPC), on the real fabric: a broker and two repository wo
 repository holding ``mlp`` versions 1 and 2 (other seeds, so numpy tells their answers
 apart) and a ``simple`` whose config.toml asks for more IPUs than a host has.
 
+Inference naming a version is checked against the numpy reference of that version's
+weights; a load with a version policy unloads the other versions only once the named
+ones are READY (the hosts' log time stamps tell the order).
+
 The fabric is the module's; each test leaves nothing loaded (the ``nothing_loaded``
 fixture checks before and cleans after). The broker's refusal of a gateway whose key is
 not an admin's runs on a CURVE broker of its own. The version policy's parsing is
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +37,7 @@ from ipuserve.gateway.repository import versions_of_config
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model
 from tests.gateway.conftest import GatewayProc, start_gateway, wait_ready
-from tests.helpers import BrokerProc, Processes, metric, scrape, start_broker, wait_until
+from tests.helpers import BrokerProc, Proc, Processes, metric, scrape, start_broker, wait_until
 from tests.integration.test_curve import KeyDirs, start_curve_broker
 from tests.worker.test_repository import SMALL_MLP, write_version
 
@@ -42,12 +47,14 @@ Array = np.ndarray[Any, Any]
 ADMIN = "admin-token-7"
 TIMEOUT_S = 60.0
 _HOSTED = ("READY", "LOADING", "UNLOADING")
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
 @dataclass
 class RepoFabric:
     broker: BrokerProc
     gateway: GatewayProc
+    hosts: list[Proc]
     weights: dict[str, dict[str, Array]]  # mlp's, by version
 
     def reference(self, version: str, x: Array) -> dict[str, Array]:
@@ -59,6 +66,25 @@ class RepoFabric:
         return metric(samples, "ipuserve_broker_repository_commands_total") + metric(
             samples, "ipuserve_broker_repository_refused_total"
         )
+
+    def marks(self) -> list[int]:
+        """Where each host's output is now: :meth:`logged` looks after it."""
+        return [len(host.lines) for host in self.hosts]
+
+    def logged(self, pattern: str, since: list[int]) -> str:
+        """When a host logged ``pattern`` after ``since`` (waiting for the line): its
+        log time stamp (the hosts share this machine's clock; milliseconds)."""
+        found: list[str] = []
+
+        def seen() -> bool:
+            for host, mark in zip(self.hosts, since, strict=True):
+                found.extend(line for line in host.lines[mark:] if re.search(pattern, line))
+            return bool(found)
+
+        wait_until(seen, timeout=TIMEOUT_S)
+        stamp = _STAMP.match(found[0])
+        assert stamp is not None, found[0]
+        return stamp[1]
 
 
 def _repository_worker(broker: BrokerProc, repo: Path, name: str) -> list[str]:
@@ -82,7 +108,7 @@ def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric
     }
     tokens = root / "admin.tokens"
     tokens.write_text(ADMIN + "\n")
-    procs = Processes()
+    procs, hosts = Processes(), []
     try:
         broker = start_broker(procs, liveness_ms=3000)  # no host dropped on a busy machine
         for n in (1, 2):
@@ -93,12 +119,13 @@ def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric
                 "IPUSERVE_SIM_IPUS": "4",
                 "IPUSERVE_SIM_TIME_SCALE": os.environ.get("IPUSERVE_TEST_TIME_SCALE", "0"),
             }
-            procs.start(f"host{n}", _repository_worker(broker, repo, f"host{n}"), env=machine)
-        hosts = lambda: metric(scrape(broker.metrics_url), "ipuserve_broker_hosts")  # noqa: E731
-        wait_until(lambda: hosts() == 2, timeout=TIMEOUT_S)
+            argv = _repository_worker(broker, repo, f"host{n}")
+            hosts.append(procs.start(f"host{n}", argv, env=machine))
+        joined = lambda: metric(scrape(broker.metrics_url), "ipuserve_broker_hosts")  # noqa: E731
+        wait_until(lambda: joined() == 2, timeout=TIMEOUT_S)
         gateway = start_gateway(procs, broker, "--admin-tokens", str(tokens))
         wait_ready(gateway)
-        yield RepoFabric(broker, gateway, weights)
+        yield RepoFabric(broker, gateway, hosts, weights)
     finally:
         procs.close()
         print(f"--- output of the fabric's processes ---\n{procs.output()}")
@@ -186,7 +213,10 @@ def test_http_index_load_with_a_version_policy_and_unload(fabric: RepoFabric) ->
     assert_answers(fabric, http_infer, triton, "1", seed=1)
 
     # Triton's meaning: version 2 loaded (and waited for), then the others unloaded
+    since = fabric.marks()
     triton.load_model("mlp", headers=admin(), config=policy(2))
+    ready = fabric.logged(r"mlp version 2 is READY", since)
+    assert ready <= fabric.logged(r"unloading mlp version 1: draining", since)
     assert mlp_states(triton.get_model_repository_index(headers=admin())) == {
         "1": "UNAVAILABLE",
         "2": "READY",
