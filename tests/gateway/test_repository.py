@@ -1,57 +1,151 @@
-"""Triton's model repository extension and version routing on a real ``ipuserve
-gateway``, driven by tritonclient (HTTP and gRPC).
+"""Triton's model repository extension on a real ``ipuserve gateway``, driven by
+tritonclient (HTTP and gRPC), on the real fabric: a broker and two repository workers
+(``ipuserve worker --repository``, each its own simulated machine of 2 IPUs) over a
+repository holding ``mlp`` versions 1 and 2 (other seeds, so numpy tells their answers
+apart) and a ``simple`` whose config.toml asks for more IPUs than a host has.
 
-The repository calls run against the client tests' fake broker (a real ZeroMQ ROUTER in
-this process) answering REPOSITORY as a broker with repository workers does
-(tests/client/fake_broker.py ``ScriptedRepository``): a stand-in until the broker and
-host pieces of issue 22 are merged, when the end-to-end version switch runs on the
-real fabric. Version routing runs on the real fabric: tests/gateway/test_http.py.
+Inference naming a version is checked against the numpy reference of that version's
+weights; a load with a version policy unloads the other versions only once the named
+ones are READY (the hosts' log time stamps tell the order).
+
+The fabric is the module's; each test leaves nothing loaded (the ``nothing_loaded``
+fixture checks before and cleans after). The broker's refusal of a gateway whose key is
+not an admin's runs on a CURVE broker of its own. The version policy's parsing is
+tested on its own at the end.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from ipuserve import protocol as wire
+from ipuserve.client import Client
 from ipuserve.errors import InvalidInputError
 from ipuserve.gateway.repository import versions_of_config
-from tests.client.fake_broker import FakeBroker, ScriptedRepository, scripted_broker
-from tests.gateway.conftest import (
-    GatewayProc,
-    gateway_argv,
-    started_gateway,
-    wait_ready,
-)
-from tests.helpers import BrokerProc, Processes
+from ipuserve.runtime.popef import examples
+from ipuserve.runtime.popef.reader import load_model
+from tests.gateway.conftest import GatewayProc, start_gateway, wait_ready
+from tests.helpers import BrokerProc, Proc, Processes, metric, scrape, start_broker, wait_until
+from tests.integration.test_curve import KeyDirs, start_curve_broker
+from tests.worker.test_repository import SMALL_MLP, write_version
 
 pytestmark = pytest.mark.slow
 
+Array = np.ndarray[Any, Any]
 ADMIN = "admin-token-7"
+TIMEOUT_S = 60.0
+_HOSTED = ("READY", "LOADING", "UNLOADING")
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
-@pytest.fixture
-def broker() -> Iterator[FakeBroker]:
-    with scripted_broker() as fake:
-        yield fake
+@dataclass
+class RepoFabric:
+    broker: BrokerProc
+    gateway: GatewayProc
+    hosts: list[Proc]
+    weights: dict[str, dict[str, Array]]  # mlp's, by version
+
+    def reference(self, version: str, x: Array) -> dict[str, Array]:
+        return examples.reference("mlp", {"input": x}, self.weights[version])
+
+    def commands(self) -> float:
+        """The repository commands the broker answered or refused so far."""
+        samples = scrape(self.broker.metrics_url)
+        return metric(samples, "ipuserve_broker_repository_commands_total") + metric(
+            samples, "ipuserve_broker_repository_refused_total"
+        )
+
+    def marks(self) -> list[int]:
+        """Where each host's output is now: :meth:`logged` looks after it."""
+        return [len(host.lines) for host in self.hosts]
+
+    def logged(self, pattern: str, since: list[int]) -> str:
+        """When a host logged ``pattern`` after ``since`` (waiting for the line): its
+        log time stamp (the hosts share this machine's clock; milliseconds)."""
+        found: list[str] = []
+
+        def seen() -> bool:
+            for host, mark in zip(self.hosts, since, strict=True):
+                found.extend(line for line in host.lines[mark:] if re.search(pattern, line))
+            return bool(found)
+
+        wait_until(seen, timeout=TIMEOUT_S)
+        stamp = _STAMP.match(found[0])
+        assert stamp is not None, found[0]
+        return stamp[1]
 
 
-@pytest.fixture
-def repo_gateway(processes: Processes, broker: FakeBroker, tmp_path: Path) -> GatewayProc:
-    """A gateway with an admin token in front of the fake broker."""
-    tokens = tmp_path / "admin.tokens"
+def _repository_worker(broker: BrokerProc, repo: Path, name: str) -> list[str]:
+    return [sys.executable, "-m", "ipuserve", "--log-level", "INFO", "worker",
+            "--broker", broker.backend, "--repository", str(repo), "--ipus", "2",
+            "--worker-id", name, "--heartbeat-ms", "50"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric]:
+    """The module's broker, two repository workers and gateway (with an admin token)."""
+    root = tmp_path_factory.mktemp("repository")
+    repo = root / "repo"
+    write_version(repo, "mlp", "--seed", "1", *SMALL_MLP)
+    write_version(repo, "mlp", "--seed", "2", *SMALL_MLP)
+    write_version(repo, "simple")
+    (repo / "simple" / "config.toml").write_text("replicas = 3\n")  # a host has 2 IPUs
+    weights = {
+        v: examples.tensor_arrays(load_model([str(repo / "mlp" / v / "mlp.popef")]))
+        for v in ("1", "2")
+    }
+    tokens = root / "admin.tokens"
     tokens.write_text(ADMIN + "\n")
-    fake = BrokerProc(None, broker.address, "", broker.epoch, None)  # type: ignore[arg-type]
-    argv = gateway_argv(fake, "--admin-tokens", str(tokens))
-    started = started_gateway(processes.start("gateway", argv), argv)
-    wait_ready(started)
-    return started
+    procs, hosts = Processes(), []
+    try:
+        broker = start_broker(procs, liveness_ms=3000)  # no host dropped on a busy machine
+        for n in (1, 2):
+            # Module-scoped: set up before the per-test IPU inventory, so each
+            # machine's is given here (its own lock folder: two containers' worth)
+            machine = {
+                "IPUSERVE_SIM_LOCK_DIR": str(root / f"ipus{n}"),
+                "IPUSERVE_SIM_IPUS": "4",
+                "IPUSERVE_SIM_TIME_SCALE": os.environ.get("IPUSERVE_TEST_TIME_SCALE", "0"),
+            }
+            argv = _repository_worker(broker, repo, f"host{n}")
+            hosts.append(procs.start(f"host{n}", argv, env=machine))
+        joined = lambda: metric(scrape(broker.metrics_url), "ipuserve_broker_hosts")  # noqa: E731
+        wait_until(lambda: joined() == 2, timeout=TIMEOUT_S)
+        gateway = start_gateway(procs, broker, "--admin-tokens", str(tokens))
+        wait_ready(gateway)
+        yield RepoFabric(broker, gateway, hosts, weights)
+    finally:
+        procs.close()
+        print(f"--- output of the fabric's processes ---\n{procs.output()}")
+
+
+def _hosted(client: Client) -> list[tuple[str, str]]:
+    return [(v.name, v.version) for v in client.repository_index() if v.state in _HOSTED]
+
+
+@pytest.fixture
+def fabric(repo_fabric: RepoFabric) -> Iterator[RepoFabric]:
+    """The module's fabric with nothing loaded; whatever a test loaded is unloaded after
+    it (straight at the broker, so a failing gateway cannot leave it loaded)."""
+    with Client(repo_fabric.broker.frontend, timeout=TIMEOUT_S) as client:
+        assert _hosted(client) == [], "a test before left versions loaded"
+        try:
+            yield repo_fabric
+        finally:
+            for name in {name for name, _ in _hosted(client)}:
+                client.unload_model(name, timeout=TIMEOUT_S)
 
 
 def admin(*, grpc: bool = False) -> dict[str, str]:
@@ -59,89 +153,182 @@ def admin(*, grpc: bool = False) -> dict[str, str]:
     return {"authorization" if grpc else "Authorization": f"Bearer {ADMIN}"}
 
 
-def versions(broker: FakeBroker) -> dict[str, str]:
-    assert isinstance(broker.repository, ScriptedRepository)
-    return {v: s.state for v, s in broker.repository.states.items()}
+def policy(*versions: int) -> str:
+    return json.dumps({"version_policy": {"specific": {"versions": list(versions)}}})
 
 
-def test_http_index_load_with_a_version_policy_and_unload(
-    repo_gateway: GatewayProc, broker: FakeBroker
-) -> None:
-    triton = httpclient.InferenceServerClient(repo_gateway.host_port)
+def mlp_states(index: list[dict[str, Any]]) -> dict[str, str]:
+    return {m["version"]: m["state"] for m in index if m["name"] == "mlp"}
+
+
+def x_of(seed: int, rows: int = 3) -> Array:
+    return np.random.default_rng(seed).standard_normal((rows, 16)).astype(np.float32)
+
+
+def http_infer(triton: Any, version: str, x: Array) -> tuple[str, dict[str, Array]]:
+    """Infer ``version`` of mlp (naming it); the version the reply names, the outputs."""
+    given = httpclient.InferInput("input", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = triton.infer("mlp", [given], model_version=version, headers=admin())
+    return answer(result, result.get_response())
+
+
+def grpc_infer(triton: Any, version: str, x: Array) -> tuple[str, dict[str, Array]]:
+    given = grpcclient.InferInput("input", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = triton.infer("mlp", [given], model_version=version, headers=admin(grpc=True))
+    return answer(result, result.get_response(as_json=True))
+
+
+def answer(result: Any, response: dict[str, Any]) -> tuple[str, dict[str, Array]]:
+    """The version a tritonclient result names, and its outputs."""
+    names = [o["name"] for o in response["outputs"]]
+    return response["model_version"], {n: result.as_numpy(n) for n in names}
+
+
+def assert_answers(fabric: RepoFabric, infer: Any, triton: Any, version: str, seed: int) -> None:
+    """Inference naming ``version`` is answered by it, with its weights' results."""
+    x = x_of(seed)
+    answered, got = infer(triton, version, x)
+    assert answered == version
+    want = fabric.reference(version, x)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_http_index_load_with_a_version_policy_and_unload(fabric: RepoFabric) -> None:
+    triton = httpclient.InferenceServerClient(fabric.gateway.host_port)
     index = triton.get_model_repository_index(headers=admin())
-    assert index == [
-        {"name": "mlp", "version": "1", "state": "READY", "reason": ""},
-        {"name": "mlp", "version": "2", "state": "UNAVAILABLE", "reason": "not loaded"},
-    ]
-    config = json.dumps({"version_policy": {"specific": {"versions": [2]}}})
-    triton.load_model("mlp", headers=admin(), config=config)
+    assert mlp_states(index) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+    assert {m["name"] for m in index} == {"mlp", "simple"}
+
+    triton.load_model("mlp", headers=admin(), config=policy(1))
+    assert mlp_states(triton.get_model_repository_index(headers=admin())) == {
+        "1": "READY",
+        "2": "UNAVAILABLE",
+    }
+    assert triton.is_model_ready("mlp", "1", headers=admin())
+    assert not triton.is_model_ready("mlp", "2", headers=admin())
+    assert_answers(fabric, http_infer, triton, "1", seed=1)
+
     # Triton's meaning: version 2 loaded (and waited for), then the others unloaded
-    assert versions(broker) == {"1": "UNAVAILABLE", "2": "READY"}
-    actions = [(c.action, c.version) for c in broker.commands if c.action != "index"]
-    assert actions == [("load", "2"), ("unload", "1")]
-    ready = triton.get_model_repository_index(headers=admin(), query_params=None)
-    assert [e["version"] for e in ready if e["state"] == "READY"] == ["2"]
+    since = fabric.marks()
+    triton.load_model("mlp", headers=admin(), config=policy(2))
+    ready = fabric.logged(r"mlp version 2 is READY", since)
+    assert ready <= fabric.logged(r"unloading mlp version 1: draining", since)
+    assert mlp_states(triton.get_model_repository_index(headers=admin())) == {
+        "1": "UNAVAILABLE",
+        "2": "READY",
+    }
+    assert triton.is_model_ready("mlp", "2", headers=admin())
+    assert not triton.is_model_ready("mlp", "1", headers=admin())
+    assert_answers(fabric, http_infer, triton, "2", seed=2)
+
     triton.unload_model("mlp", headers=admin())
-    assert versions(broker) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+    index = triton.get_model_repository_index(headers=admin())
+    assert mlp_states(index) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+    assert not triton.is_model_ready("mlp", "2", headers=admin())
     triton.close()
 
 
-def test_grpc_index_load_and_unload(repo_gateway: GatewayProc, broker: FakeBroker) -> None:
-    assert repo_gateway.grpc is not None
-    with grpcclient.InferenceServerClient(repo_gateway.grpc) as triton:
+def test_grpc_index_load_and_unload(fabric: RepoFabric) -> None:
+    assert fabric.gateway.grpc is not None
+    with grpcclient.InferenceServerClient(fabric.gateway.grpc) as triton:
         index = triton.get_model_repository_index(headers=admin(grpc=True), as_json=True)
-        states = {m["version"]: m["state"] for m in index["models"]}
-        assert states == {"1": "READY", "2": "UNAVAILABLE"}
+        assert mlp_states(index["models"]) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+
         triton.load_model("mlp", headers=admin(grpc=True))  # no config: the latest, 2
-        assert versions(broker) == {"1": "READY", "2": "READY"}
+        index = triton.get_model_repository_index(headers=admin(grpc=True), as_json=True)
+        assert mlp_states(index["models"]) == {"1": "UNAVAILABLE", "2": "READY"}
+        assert triton.is_model_ready("mlp", "2", headers=admin(grpc=True))
+        assert not triton.is_model_ready("mlp", "1", headers=admin(grpc=True))
+        assert_answers(fabric, grpc_infer, triton, "2", seed=3)
+
+        triton.load_model("mlp", headers=admin(grpc=True), config=policy(1, 2))  # both
+        index = triton.get_model_repository_index(headers=admin(grpc=True), as_json=True)
+        assert mlp_states(index["models"]) == {"1": "READY", "2": "READY"}
+        assert_answers(fabric, grpc_infer, triton, "1", seed=4)
+        assert_answers(fabric, grpc_infer, triton, "2", seed=5)
+
         triton.unload_model("mlp", headers=admin(grpc=True))
-    assert versions(broker) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
-    unloads = [c for c in broker.commands if c.action == "unload"]
-    assert [(c.model, c.version) for c in unloads] == [("mlp", None)]
+        index = triton.get_model_repository_index(headers=admin(grpc=True), as_json=True)
+        assert mlp_states(index["models"]) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+        assert not triton.is_model_ready("mlp", "1", headers=admin(grpc=True))
 
 
-def test_the_repository_needs_an_admin_token(repo_gateway: GatewayProc, broker: FakeBroker) -> None:
-    triton = httpclient.InferenceServerClient(repo_gateway.host_port)
+def test_the_repository_needs_an_admin_token(fabric: RepoFabric) -> None:
+    before = fabric.commands()
+    triton = httpclient.InferenceServerClient(fabric.gateway.host_port)
     with pytest.raises(InferenceServerException, match="bearer token") as refused:
         triton.load_model("mlp")
     assert refused.value.status() == "401"
-    assert repo_gateway.grpc is not None
+    triton.close()
+    assert fabric.gateway.grpc is not None
     with (
-        grpcclient.InferenceServerClient(repo_gateway.grpc) as grpc_triton,
+        grpcclient.InferenceServerClient(fabric.gateway.grpc) as grpc_triton,
         pytest.raises(InferenceServerException) as grpc_refused,
     ):
         grpc_triton.get_model_repository_index(headers={"authorization": "Bearer x"})
     assert grpc_refused.value.status() == "StatusCode.UNAUTHENTICATED"
-    assert broker.commands == []  # nothing reached the broker
-    triton.close()
+    assert fabric.commands() == before  # nothing reached the broker
 
 
 @pytest.mark.parametrize(
-    "code, http, grpc_code",
+    "model, http, grpc_code, reason",
     [
-        ("PERMISSION_DENIED", "403", "StatusCode.PERMISSION_DENIED"),
-        ("NO_ROOM", "503", "StatusCode.UNAVAILABLE"),
-        ("UNKNOWN_MODEL", "404", "StatusCode.NOT_FOUND"),
+        ("nope", "404", "StatusCode.NOT_FOUND", "no worker's repository holds model 'nope'"),
+        ("simple", "503", "StatusCode.UNAVAILABLE", "model 'simple' version 1 wants 1 more"),
     ],
 )
 def test_the_brokers_refusals_keep_their_reason_and_map_to_status(
-    repo_gateway: GatewayProc, broker: FakeBroker, code: str, http: str, grpc_code: str
+    fabric: RepoFabric, model: str, http: str, grpc_code: str, reason: str
 ) -> None:
-    assert isinstance(broker.repository, ScriptedRepository)
-    broker.repository.refusal = wire.ErrorReply(b"", code, f"because {code.lower()}")
-    triton = httpclient.InferenceServerClient(repo_gateway.host_port)
-    with pytest.raises(InferenceServerException, match=f"because {code.lower()}") as refused:
-        triton.get_model_repository_index(headers=admin())
+    triton = httpclient.InferenceServerClient(fabric.gateway.host_port)
+    with pytest.raises(InferenceServerException, match=reason) as refused:
+        triton.load_model(model, headers=admin())
     assert refused.value.status() == http
     triton.close()
-    assert repo_gateway.grpc is not None
+    assert fabric.gateway.grpc is not None
     with (
-        grpcclient.InferenceServerClient(repo_gateway.grpc) as grpc_triton,
+        grpcclient.InferenceServerClient(fabric.gateway.grpc) as grpc_triton,
         pytest.raises(InferenceServerException) as grpc_refused,
     ):
-        grpc_triton.load_model("mlp", headers=admin(grpc=True))
+        grpc_triton.load_model(model, headers=admin(grpc=True))
     assert grpc_refused.value.status() == grpc_code
-    assert f"because {code.lower()}" in str(grpc_refused.value.message())
+    assert reason in str(grpc_refused.value.message())
+
+
+def test_a_gateway_whose_key_is_not_an_admins_is_refused_by_the_broker(
+    processes: Processes, tmp_path: Path
+) -> None:
+    root = tmp_path / "keys"
+    for folder in ("clients", "workers", "admins"):
+        (root / folder).mkdir(parents=True)
+    keys = KeyDirs(root)
+    keys.generate("broker")
+    keys.generate("gateway", into="clients")
+    keys.generate("admin", into="admins")
+    broker = start_curve_broker(processes, keys, counts="1 client key, 0 worker keys")
+    gateway = start_gateway(processes, broker, *keys.peer_options("gateway"))
+    wait_ready(gateway)
+    reason = "needs the admin role"
+    triton = httpclient.InferenceServerClient(gateway.host_port)
+    with pytest.raises(InferenceServerException, match=reason) as refused:
+        triton.get_model_repository_index()
+    assert refused.value.status() == "403"
+    triton.close()
+    assert gateway.grpc is not None
+    with (
+        grpcclient.InferenceServerClient(gateway.grpc) as grpc_triton,
+        pytest.raises(InferenceServerException) as grpc_refused,
+    ):
+        grpc_triton.load_model("mlp")
+    assert grpc_refused.value.status() == "StatusCode.PERMISSION_DENIED"
+    assert reason in str(grpc_refused.value.message())
+
+
+# ---------------------------------------------------------------- the version policy
 
 
 @pytest.mark.parametrize(
