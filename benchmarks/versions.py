@@ -138,7 +138,8 @@ def switch(client: Client, steady_s: float) -> dict[str, dict[str, float]]:
     client.unload_model("mlp", "2")
     steady = traffic.window(began - steady_s, began)
     later = traffic.window(ended, after)
-    return {"steady_before": steady, "switch": traffic.window(began, ended), "steady_after": later}
+    during = traffic.window(began, ended) | {"duration_ms": (ended - began) * 1e3}
+    return {"steady_before": steady, "switch": during, "steady_after": later}
 
 
 def one_run(frontend: str, steady_s: float) -> dict[str, Any]:
@@ -211,7 +212,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["switch"] = {
         phase: {
             key: med(r["switch"][phase][key] for r in runs)
-            for key in ("requests", "failed", "p50_us", "p99_us")
+            for key in ("requests", "failed", "p50_us", "p99_us", "duration_ms")
+            if key in runs[0]["switch"][phase]
         }
         for phase in ("steady_before", "switch", "steady_after")
     }
