@@ -1,11 +1,13 @@
 """Fuzz the broker longer than CI does: the protocol fuzzer of tests/fuzz.
 
-    python benchmarks/fuzz.py --messages 20000 --seed 7 [--socket frontend|backend]
+    python benchmarks/fuzz.py --messages 20000 --seed 7 [--socket frontend|backend|host]
 
 Starts a real broker and an ``add`` worker for each socket, sends N mutated messages
-(frontend: REQUEST, REQUESTS, MODELS, PING and garbage; backend: a misbehaving fake
-worker), and prints every invariant violated, tagged with the issue-16 finding it is
-(``tests/fuzz/engine.py`` KNOWN). Exit status 1 if a violation is not a known finding.
+(frontend: REQUEST, REQUESTS, MODELS, PING, REPOSITORY, requests naming versions, and
+garbage; backend: a misbehaving fake worker; host: a lying fake repository worker and
+an admin loading, unloading and listing through the frontend), and prints every
+invariant violated, tagged with the issue-16 finding it is (``tests/fuzz/engine.py``
+KNOWN). Exit status 1 if a violation is not a known finding.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import msgspec
+
 from ipuserve import protocol as wire
 from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.hosts import HostView, fitting
@@ -32,6 +34,9 @@ from ipuserve.errors import (
 from ipuserve.protocol.control import State
 
 log = logging.getLogger(__name__)
+
+#: Room kept in a REPOSITORY_REPLY's header for its message and the JSON around the list.
+_REPLY_SLACK = 8 << 10
 
 #: Why a host was dropped, when its versions are to be placed again at once: it died
 #: (silent, unreachable). One that left (BYE) took its versions with it on purpose.
@@ -141,7 +146,8 @@ class RepositoryControl:
             log.warning("repository %s refused: %s", message.action, exc)
             raise
         self._metrics.repository_commands.labels(message.action).inc()
-        return wire.RepositoryReply(message.request_id, self.index(), said)
+        models, said = _fitting(self.index(), said)
+        return wire.RepositoryReply(message.request_id, models, said)
 
     def _act(self, message: wire.RepositoryCommand) -> str:
         if message.action == "load":
@@ -288,3 +294,20 @@ class RepositoryControl:
         if entries and all(e.problem for e in entries):
             return entries[0].problem
         return NOT_LOADED
+
+
+def _fitting(
+    models: tuple[wire.VersionState, ...], said: str
+) -> tuple[tuple[wire.VersionState, ...], str]:
+    """The index cut to what a REPOSITORY_REPLY's header can carry: hosts' reports each
+    fit the header limit, but the index of several (or of one, with each entry's state
+    and reason added) need not, and a reply over the limit is one no client can read."""
+    room = wire.DEFAULT_LIMITS.max_header_bytes - _REPLY_SLACK
+    used = 0
+    for count, version in enumerate(models):
+        used += len(msgspec.json.encode(version)) + 1
+        if used > room:
+            left = len(models) - count
+            note = f"the index lists {count} of {len(models)} versions ({left} more do not fit)"
+            return models[:count], f"{said}; {note}" if said else note
+    return models, said

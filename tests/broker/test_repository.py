@@ -112,6 +112,26 @@ def test_the_index_lists_every_version_with_its_state_reason_workers_and_default
     assert counted(broker, "repository_commands_total", action="index") == 2
 
 
+def test_an_index_too_big_for_one_reply_is_cut_to_fit_and_says_so(
+    broker: Broker, client: RawClient, made: list[FakeWorker]
+) -> None:
+    """Found by the fuzzer (tests/fuzz/hosts.py): a host's report within the header
+    limit made an index whose REPOSITORY_REPLY was over it, which no client can read."""
+    entries = tuple(wire.Entry("m" * 200 + str(i), "1") for i in range(1000))
+    assert len(wire.Host(4, 4, entries).encode()[1]) <= wire.DEFAULT_LIMITS.max_header_bytes
+    host(broker, made, "h1", 4, 4, entries)
+    reply = ask(client, "index")  # decoded with the default limits: over them, it raises
+    assert isinstance(reply, wire.RepositoryReply), reply
+    assert 0 < len(reply.models) < len(entries)
+    assert reply.models == index_of(entries)[: len(reply.models)]
+    assert f"lists {len(reply.models)} of 1000 versions" in reply.message
+
+
+def index_of(entries: tuple[wire.Entry, ...]) -> tuple[wire.VersionState, ...]:
+    listed = [wire.VersionState(e.name, e.version, "UNAVAILABLE", "not loaded") for e in entries]
+    return tuple(sorted(listed, key=lambda v: v.name))
+
+
 def test_a_load_goes_to_the_least_loaded_host_and_reads_loading_at_once(
     broker: Broker, client: RawClient, made: list[FakeWorker]
 ) -> None:

@@ -1,11 +1,15 @@
-"""Fuzzing the broker's frontend: mutated REQUEST, REQUESTS, MODELS and PING, and garbage.
+"""Fuzzing the broker's frontend: mutated REQUEST, REQUESTS, MODELS, PING and REPOSITORY,
+requests naming versions, and garbage.
 
 One raw DEALER sends one message at a time and reads what comes back until the
 message is answered (or a second has passed): every message a client sends is
 addressable — the broker's ROUTER knows the sender — so every one must be answered,
 a malformed one with an ERROR carrying its id as far as the id can be read
 (docs/protocol.md §4). A well-formed request of model ``add`` that is answered
-with a REPLY must carry ``x + 2 y`` of the tensors actually sent.
+with a REPLY must carry ``x + 2 y`` of the tensors actually sent, and say version
+"1" when it named it (the ``add`` worker serves version 1). REPOSITORY commands
+(tests/fuzz/repository.py) are answered with a REPOSITORY_REPLY or an ERROR of an
+allowed code (the fuzzer's loopback peer is an admin in protected mode).
 """
 
 from __future__ import annotations
@@ -32,18 +36,33 @@ from tests.fuzz.engine import (
     rss_bytes,
     spec_json,
 )
+from tests.fuzz.repository import (
+    check_repository_answer,
+    repository_message,
+    version_field,
+)
 
 ANSWER_TIMEOUT_S = 1.0
 #: The share of messages that are valid REQUESTs with distinct headers of 200-255 KiB:
 #: 15 % of 2,000 is 300 of them, ~70 MiB that a cache bounded in entries would keep.
 BIG_HEADERS = 0.15
-CLIENT_MESSAGES = (wire.Request, wire.Requests, wire.ListModels, wire.Ping)
+CLIENT_MESSAGES = (
+    wire.Request,
+    wire.Requests,
+    wire.ListModels,
+    wire.Ping,
+    wire.RepositoryCommand,
+)
 
 
 def valid_message(rng: random.Random, serial: int, kind: str = "") -> tuple[str, list[bytes]]:
     """A well-formed message of a random client command (or of ``kind``)."""
     rid = b"f%07d" % serial
-    kind = kind or rng.choice(["request", "request", "requests", "requests", "models", "ping"])
+    kind = kind or rng.choice(
+        ["request", "request", "requests", "requests", "models", "ping", "repository"]
+    )
+    if kind == "repository":
+        return kind, repository_message(rng, rid)
     if kind == "request":
         rows = rng.randrange(1, 5)
         x, y = add_arrays(rng, rows)
@@ -53,6 +72,8 @@ def valid_message(rng: random.Random, serial: int, kind: str = "") -> tuple[str,
         }
         if rng.random() < 0.7:
             header["timeout_ms"] = 5000.0
+        if rng.random() < 0.3:  # existing ("1"), unknown or malformed
+            header["version"] = version_field(rng)
         return kind, frames_of(Command.REQUEST, rid, header, x.tobytes(), y.tobytes())
     if kind == "requests":
         specs, rows_out, tensors = [], [], []
@@ -60,7 +81,10 @@ def valid_message(rng: random.Random, serial: int, kind: str = "") -> tuple[str,
             rows = rng.randrange(1, 4)
             members = rng.choice([1, 1, 2, 3])
             ids = [(rid + b"-%d-%d" % (row, m)).hex() for m in range(members)]
-            specs.append({"model": "add", "tensors": [spec_json("x", rows), spec_json("y", rows)]})
+            spec = {"model": "add", "tensors": [spec_json("x", rows), spec_json("y", rows)]}
+            if rng.random() < 0.2:
+                spec["version"] = version_field(rng)
+            specs.append(spec)
             rows_out.append([ids if members > 1 else ids[0], row, 5000.0])
             x, y = add_arrays(rng, rows * members)
             tensors += [x.tobytes(), y.tobytes()]
@@ -125,17 +149,20 @@ class FrontendFuzzer:
             if not self.socket.poll(int(left * 1000) + 1):
                 break
             raw = self.socket.recv_multipart()
-            for rid, answer in _answers(raw, self.report, f"{kind}/{op}"):
+            for rid, answer, carrier in _answers(raw, self.report, f"{kind}/{op}"):
                 if rid not in must and rid != own:
                     continue  # a late answer to an earlier message
                 self.report.answers[answer if isinstance(answer, str) else "REPLY"] += 1
                 wanted.discard(rid)
+                if isinstance(message, wire.RepositoryCommand) or kind == "repository":
+                    check_repository_answer(frames, message, carrier, self.report, f"{kind}/{op}")
                 if message is None and not isinstance(answer, str):
                     self.report.violate(
                         "malformed message answered with a REPLY", f"{kind}/{op}: {why}"
                     )
                 elif message is not None and not isinstance(answer, str):
                     _check_reply(message, rid, answer, self.report, f"{kind}/{op}")
+                    _check_version(message, rid, carrier, self.report, f"{kind}/{op}")
         if wanted and message is None:
             known = op == "envelope-id" or (kind == "models" and op == "header-padded")
             self.report.violate(
@@ -166,29 +193,32 @@ def _request_ids(message: wire.Message) -> list[bytes]:
     return [getattr(message, "request_id", b"")]
 
 
-def _answers(raw: list[bytes], report: Report, what: str) -> list[tuple[bytes, Any]]:
-    """(request id, REPLY tensors z or an ERROR code / command name) for each answer."""
+def _answers(raw: list[bytes], report: Report, what: str) -> list[tuple[bytes, Any, Any]]:
+    """(request id, REPLY tensors z or an ERROR code / command name, the message that
+    carried it) for each answer."""
     message, why = decodes(raw)
     if message is None:
         report.violate("broker sends only well-formed messages", f"after {what}: {why}")
         return []
     if isinstance(message, wire.ErrorReply):
-        return [(message.request_id, message.code)]
+        return [(message.request_id, message.code, message)]
     if isinstance(message, (wire.Pong, wire.ModelsReply)):
-        return [(message.request_id, type(message).__name__)]
+        return [(message.request_id, type(message).__name__, message)]
+    if isinstance(message, wire.RepositoryReply):
+        return [(message.request_id, "REPOSITORY_REPLY", message)]
     if isinstance(message, wire.Reply):
         return _reply_rows(message)
     if isinstance(message, wire.Replies):
         rows = [row for reply in message.replies for row in _reply_rows(reply)]
-        return rows + [(fail.job_id, fail.code) for fail in message.errors]
+        return rows + [(fail.job_id, fail.code, fail) for fail in message.errors]
     report.violate("broker sends clients only client messages", f"{type(message).__name__}")
     return []
 
 
-def _reply_rows(reply: wire.Reply) -> list[tuple[bytes, Any]]:
+def _reply_rows(reply: wire.Reply) -> list[tuple[bytes, Any, Any]]:
     ids = reply.group or (reply.request_id,)
     parts = [member.arrays().get("z") for member in reply.tensors.split()]
-    return list(zip(ids, parts, strict=True))
+    return [(rid, z, reply) for rid, z in zip(ids, parts, strict=True)]
 
 
 def _check_reply(message: wire.Message, rid: bytes, z: Any, report: Report, what: str) -> None:
@@ -208,6 +238,25 @@ def _check_reply(message: wire.Message, rid: bytes, z: Any, report: Report, what
         if not ok:
             report.violate("no well-formed request gets a wrong answer", f"{what}: {rid!r}")
         return
+
+
+def _check_version(
+    message: wire.Message, rid: bytes, reply: Any, report: Report, what: str
+) -> None:
+    """A REPLY says which version answered: the one the request named, if it named one
+    (the ``add`` worker serves version "1": any other is refused)."""
+    requests = message.requests if isinstance(message, wire.Requests) else (message,)
+    for request in requests:
+        members = getattr(request, "group", ()) or (getattr(request, "request_id", None),)
+        if rid in members and isinstance(request, wire.Request):
+            named = request.version
+            said = getattr(reply, "version", None)
+            if said != (named or "1"):
+                report.violate(
+                    "a REPLY names the version that answered",
+                    f"{what}: {rid!r} named version {named!r}, the REPLY says {said!r}",
+                )
+            return
 
 
 def probe(socket: zmq.Socket[Any], rng: random.Random, report: Report, serial: int) -> None:

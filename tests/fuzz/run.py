@@ -6,9 +6,10 @@ from __future__ import annotations
 from tests.fuzz.backend import BackendFuzzer
 from tests.fuzz.engine import RSS_BOUND_BYTES, Report
 from tests.fuzz.frontend import FrontendFuzzer
+from tests.fuzz.hosts import HostFuzzer
 from tests.helpers import Processes, start_broker, start_worker
 
-SOCKETS = ("frontend", "backend")
+SOCKETS = ("frontend", "backend", "host")
 
 
 def fuzz(procs: Processes, socket: str, messages: int, seed: int) -> Report:
@@ -22,6 +23,12 @@ def fuzz(procs: Processes, socket: str, messages: int, seed: int) -> Report:
             report = front.run(messages)
         finally:
             front.close()
+    elif socket == "host":
+        host = HostFuzzer(broker.frontend, broker.backend, broker.proc.pid, seed)
+        try:
+            report = host.run(messages)
+        finally:
+            host.close()
     else:
         back = BackendFuzzer(broker.frontend, broker.backend, broker.proc.pid, seed)
         try:

@@ -1,4 +1,5 @@
-"""The protocol fuzzer in CI: 2,000 mutated messages on each broker socket, fixed seed.
+"""The protocol fuzzer in CI: 2,000 mutated messages on each broker socket (and 2,000
+of a fake repository worker and an admin: tests/fuzz/hosts.py), fixed seed.
 
 Every invariant of issue 16 is checked on every run (tests/fuzz/engine.py lists them);
 a violation fails the test unless it is exactly a finding still listed in
