@@ -79,6 +79,9 @@ class Lifecycle:
         #: told of every worker dropped, with why (the repository re-places a dead host's
         #: versions); set by the broker
         self.worker_gone: Callable[[Worker, str], None] = _ignore
+        #: whether a version is being unloaded (the repository's: a worker reported it
+        #: UNLOADING, or this broker told it to unload it); none is until the broker says
+        self.unloading: Callable[[Key], bool] = _never
 
     def admit(self, job: JobEntry, now: float) -> None:
         """Place or queue a new job (may raise OVERLOADED); a deadline arms its timer."""
@@ -135,6 +138,8 @@ class Lifecycle:
         worker.in_flight.clear()
         for key in left:
             self.move_to_default(key)
+            if self.unloading(key) and self._registry.versions(key[0]) != [key[1]]:
+                self._retire(key)  # unloaded beside another version: not coming back
         for key in worker.models:
             for other in list(self._registry.serving.get(key, ())):
                 self._placement.pump(other)
@@ -260,6 +265,20 @@ class Lifecycle:
             "one left); start or load one, or wait for it to rejoin"
         )
 
+    def _retire(self, key: Key) -> None:
+        """A version's last worker went (drained away, or died draining) while it was
+        being unloaded, and another version of the model is known: it is gone, not
+        orphaned. What still waits for it named it (the rest went to the default): each
+        is told at once, as every later request that names it, not after ``orphan_ms``.
+        The model's only version, unloaded, stays an orphan: its requests wait
+        ``orphan_ms`` for another version to be loaded (an unload, then a load)."""
+        self._registry.retire(key)
+        error = self._registry.unknown(*key)
+        queue = self._dispatcher.queues.get(key)
+        for job in queue.live_jobs() if queue else ():
+            self._answers.reject(job, error)
+        log.info("model %s was unloaded: requests that name it are refused", _named(key))
+
     def _orphan_due(self, model: Key, now: float) -> None:
         """``orphan_ms`` after a model's last worker left (armed by :meth:`drop_worker`):
         refuse what is queued for it, unless a worker joined since (or it was orphaned
@@ -359,3 +378,8 @@ def _refit(spec: wire.ModelSpec, job: JobEntry) -> IpuserveError | None:
         return exc
     job.samples = len(job.request_ids) * member_samples
     return None
+
+
+def _never(_key: Key) -> bool:
+    """What :attr:`Lifecycle.unloading` says until the broker sets it."""
+    return False

@@ -171,6 +171,7 @@ class Broker:
         self._backlog.abandon = self.life.abandon_client
         self.repository = RepositoryControl(self.registry, self._backlog, self.metrics)
         self.life.worker_gone = self.repository.worker_gone
+        self.life.unloading = self.repository.unloading
         now = time.monotonic()
         self._clients = ClientHandlers(
             self.epoch,

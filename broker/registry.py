@@ -233,6 +233,14 @@ class Registry:
         self._update_defaults({name for name, _version in worker.models})
         return orphaned
 
+    def retire(self, key: Key) -> None:
+        """Forget the orphaned version ``key`` now, not ``orphan_s`` later: it was
+        unloaded (its last worker drained away), and nobody will bring it back: a
+        request that names it is told at once that it is not there."""
+        if key in self.orphaned and not self.serving.get(key):
+            self.orphaned[key] = time.monotonic() - self.orphan_s
+            self._forget_orphans(time.monotonic())
+
     def _forget_orphans(self, now: float) -> bool:
         """Forget the models orphaned for ``orphan_s`` or longer (their name, schema and
         bytes: a worker may announce them anew); whether there were any."""

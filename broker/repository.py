@@ -60,6 +60,9 @@ class RepositoryControl:
         self.lost: dict[Key, str] = {}
         #: hosts dropped as they registered again, by id, until their next report
         self._returning: dict[str, HostView] = {}
+        #: versions a host reported gone after UNLOADING, until one is hosted again: the
+        #: host's report may come before the BYE of the version's last worker
+        self._unloaded: set[Key] = set()
 
     # ------------------------------------------------------------ hosts
 
@@ -76,13 +79,23 @@ class RepositoryControl:
                 len(report.repository),
                 len(report.hosted),
             )
+        now_hosted = {(h.name, h.version) for h in report.hosted}
+        gone = {k for k in host.hosted() if host.state_name(k) == "UNLOADING"} - now_hosted
         host.heard(report)
-        for hosted in report.hosted:
-            self.lost.pop((hosted.name, hosted.version), None)
+        self._unloaded = (self._unloaded | gone) - now_hosted
+        for key in now_hosted:
+            self.lost.pop(key, None)
         self._metrics.hosts.set(len(self.hosts))
         before = self._returning.pop(worker.worker_id, None)
         if before is not None:  # what it held before it came back and holds no longer
             self._replace_all(before, lambda key: not host.holds(key))
+
+    def unloading(self, key: Key) -> bool:
+        """Whether ``key`` is being (or was just) unloaded: this broker told a host to,
+        or a host reported it UNLOADING (another broker did), or gone after that."""
+        if key in self._unloaded:
+            return True
+        return any(h.state_name(key) == "UNLOADING" for h in self.hosts.values())
 
     def worker_gone(self, worker: Worker, reason: str) -> None:
         """A worker was dropped: if it was a host that died, place again what it held."""
@@ -123,6 +136,7 @@ class RepositoryControl:
             log.error("model %r version %s is UNAVAILABLE: %s", *key, self.lost[key])
 
     def _load(self, host: HostView, key: Key, replicas: int, wanted: int, why: str) -> None:
+        self._unloaded.discard(key)
         load = wire.Load(key[0], key[1], replicas, wanted)
         if self._backlog.to_worker(host.worker.identity, load.encode()):
             host.loading[key] = load

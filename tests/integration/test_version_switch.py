@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from ipuserve.client import Client
+from ipuserve.errors import UnknownModelError
 from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model
 from tests.gateway.conftest import start_gateway
@@ -254,3 +255,18 @@ def test_the_same_switch_through_the_gateway_by_tritonclient(
 
     after = _switch(traffic, load_v1, switch)
     _check(traffic, after)
+
+
+def test_a_request_naming_an_unloaded_version_is_told_it_is_gone(fabric: BrokerProc) -> None:
+    """Once v1 is unloaded, a request that names it is refused UNKNOWN_MODEL naming the
+    versions there are, at once: not queued as for a version whose worker died (which
+    may come back), to fail UNAVAILABLE after ``--orphan-ms`` or at its timeout."""
+    inputs = {"input": np.ones((1, 16), np.float32)}
+    with Client(fabric.frontend, timeout=TIMEOUT_S) as client:
+        client.load_model("mlp", "1", workers=1, timeout=TIMEOUT_S)
+        client.load_model("mlp", "2", workers=1, timeout=TIMEOUT_S)
+        assert client.infer("mlp", inputs, version=1).version == "1"
+        client.unload_model("mlp", "1", timeout=TIMEOUT_S)
+        with pytest.raises(UnknownModelError, match=r"has no version 1 \(versions: 2\)"):
+            client.infer("mlp", inputs, version=1)
+        assert client.infer("mlp", inputs).version == "2"
