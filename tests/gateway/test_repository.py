@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from ipuserve.runtime.popef.reader import load_model
 from tests.gateway.conftest import GatewayProc, start_gateway, wait_ready
 from tests.helpers import BrokerProc, Proc, Processes, metric, scrape, start_broker, wait_until
 from tests.integration.test_curve import KeyDirs, start_curve_broker
-from tests.worker.test_repository import SMALL_MLP, write_version
+from tests.repository import SMALL_MLP, repository_worker_argv, write_version
 
 pytestmark = pytest.mark.slow
 
@@ -87,12 +86,6 @@ class RepoFabric:
         return stamp[1]
 
 
-def _repository_worker(broker: BrokerProc, repo: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "ipuserve", "--log-level", "INFO", "worker",
-            "--broker", broker.backend, "--repository", str(repo), "--ipus", "2",
-            "--worker-id", name, "--heartbeat-ms", "50"]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric]:
     """The module's broker, two repository workers and gateway (with an admin token)."""
@@ -119,7 +112,7 @@ def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric
                 "IPUSERVE_SIM_IPUS": "4",
                 "IPUSERVE_SIM_TIME_SCALE": os.environ.get("IPUSERVE_TEST_TIME_SCALE", "0"),
             }
-            argv = _repository_worker(broker, repo, f"host{n}")
+            argv = repository_worker_argv([broker.backend], repo, f"host{n}", ipus=2)
             hosts.append(procs.start(f"host{n}", argv, env=machine))
         joined = lambda: metric(scrape(broker.metrics_url), "ipuserve_broker_hosts")  # noqa: E731
         wait_until(lambda: joined() == 2, timeout=TIMEOUT_S)

@@ -10,7 +10,6 @@ the gateway by ``tritonclient`` (Triton's repository extension) over HTTP.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,11 +21,9 @@ import pytest
 
 from ipuserve.client import Client
 from ipuserve.errors import UnknownModelError
-from ipuserve.runtime.popef import examples
-from ipuserve.runtime.popef.reader import load_model
 from tests.gateway.conftest import start_gateway
 from tests.helpers import BrokerProc, Processes, metric, scrape, start_broker, wait_until
-from tests.worker.test_repository import SMALL_MLP, write_version
+from tests.repository import SMALL_MLP, MlpVersions, repository_worker_argv, write_version
 
 pytestmark = pytest.mark.slow
 
@@ -35,28 +32,11 @@ THREADS = 8
 TIMEOUT_S = 60.0
 
 
-class Versions:
-    """The repository's mlp versions and their numpy references."""
-
-    def __init__(self, repo: Path) -> None:
-        self.weights = {
-            v: examples.tensor_arrays(load_model([str(repo / "mlp" / v / "mlp.popef")]))
-            for v in ("1", "2")
-        }
-
-    def matches(self, version: str | None, inputs: dict[str, Array], got: dict[str, Any]) -> bool:
-        """Whether ``got`` is what ``version`` (as the reply names it) answers."""
-        if version not in self.weights:
-            return False
-        want = examples.reference("mlp", inputs, self.weights[version])
-        return all(np.allclose(got[k], want[k], rtol=1e-4, atol=1e-5) for k in want)
-
-
 @dataclass
 class Traffic:
     """Eight threads sending without pause until stopped; what each reply said."""
 
-    versions: Versions
+    versions: MlpVersions
     send: Any  # (inputs) -> (version, outputs)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -118,28 +98,8 @@ def fabric(processes: Processes, repo: Path, tmp_path: Path) -> Iterator[BrokerP
     broker = start_broker(processes, liveness_ms=3000)  # no host dropped on a busy machine
     for n in (1, 2):
         machine = {"IPUSERVE_SIM_LOCK_DIR": str(tmp_path / f"ipus{n}")}
-        processes.start(
-            f"host{n}",
-            [
-                sys.executable,
-                "-m",
-                "ipuserve",
-                "--log-level",
-                "INFO",
-                "worker",
-                "--broker",
-                broker.backend,
-                "--repository",
-                str(repo),
-                "--ipus",
-                "2",
-                "--worker-id",
-                f"host{n}",
-                "--heartbeat-ms",
-                "50",
-            ],
-            env=machine,
-        )
+        argv = repository_worker_argv([broker.backend], repo, f"host{n}", ipus=2)
+        processes.start(f"host{n}", argv, env=machine)
     hosts = lambda: metric(scrape(broker.metrics_url), "ipuserve_broker_hosts")  # noqa: E731
     wait_until(lambda: hosts() == 2, timeout=TIMEOUT_S)  # both reported: room on each
     yield broker
@@ -176,7 +136,7 @@ def _check(traffic: Traffic, after: int) -> None:
 def test_a_version_switch_under_load_fails_and_loses_nothing(
     fabric: BrokerProc, repo: Path
 ) -> None:
-    versions = Versions(repo)
+    versions = MlpVersions(repo)
     with Client(fabric.frontend, timeout=TIMEOUT_S) as client:
 
         def send(inputs: dict[str, Array]) -> tuple[str | None, dict[str, Any]]:
@@ -212,7 +172,7 @@ def test_the_same_switch_through_the_gateway_by_tritonclient(
 ) -> None:
     import tritonclient.http as httpclient
 
-    versions = Versions(repo)
+    versions = MlpVersions(repo)
     gateway = start_gateway(processes, fabric)
     local = threading.local()
 

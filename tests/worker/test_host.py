@@ -12,7 +12,6 @@ results tell them apart (different weights), checked against numpy.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,12 +22,10 @@ import numpy as np
 import pytest
 
 from ipuserve import protocol as wire
-from ipuserve.runtime.popef import examples
-from ipuserve.runtime.popef.reader import load_model
 from tests.helpers import Proc, Processes, RawClient, start_broker, wait_until
+from tests.repository import SMALL_MLP, MlpVersions, repository_worker_argv, write_version
 from tests.test_probes import get
 from tests.worker.fakes import FakeBroker
-from tests.worker.test_repository import SMALL_MLP, write_version
 
 pytestmark = pytest.mark.slow
 
@@ -37,24 +34,12 @@ HOST = "host1"
 TIMEOUT = 60.0
 
 
-class Versions:
-    """The repository's mlp versions and their numpy references."""
+class Versions(MlpVersions):
+    """:class:`MlpVersions`, reading which version a REPLY is from."""
 
-    def __init__(self, repo: Path) -> None:
-        self.weights = {
-            v: examples.tensor_arrays(load_model([str(repo / "mlp" / v / "mlp.popef")]))
-            for v in ("1", "2")
-        }
-
-    def which(self, inputs: dict[str, Array], reply: wire.Message) -> str:
-        """The version whose numpy reference the reply matches (fails if none)."""
+    def which(self, inputs: dict[str, Array], reply: wire.Message) -> str:  # type: ignore[override]
         assert isinstance(reply, wire.Reply), reply
-        got = reply.tensors.arrays()
-        for version, weights in self.weights.items():
-            want = examples.reference("mlp", inputs, weights)
-            if all(np.allclose(got[k], want[k], rtol=1e-4, atol=1e-5) for k in want):
-                return version
-        raise AssertionError(f"the reply matches no version's reference: {got}")
+        return super().which(inputs, reply.tensors.arrays())
 
 
 @pytest.fixture
@@ -70,25 +55,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 def host_argv(repo: Path, *brokers: str, args: tuple[str, ...] = ()) -> list[str]:
-    endpoints = [part for b in brokers for part in ("--broker", b)]
-    return [
-        sys.executable,
-        "-m",
-        "ipuserve",
-        "--log-level",
-        "INFO",
-        "worker",
-        *endpoints,
-        "--repository",
-        str(repo),
-        "--ipus",
-        "4",
-        "--worker-id",
-        HOST,
-        "--heartbeat-ms",
-        "50",
-        *args,
-    ]
+    return repository_worker_argv(brokers, repo, HOST, *args)
 
 
 def mlp_inputs(rng: np.random.Generator, rows: int) -> dict[str, Array]:

@@ -3,8 +3,6 @@ the config.toml fields, and broken entries reported with their reason."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +11,7 @@ from click.testing import CliRunner
 from ipuserve.face.cli import main
 from ipuserve.runtime.popef import examples
 from ipuserve.worker.repository import ModelConfig, Repository, read_config
-
-SMALL_MLP = ("--input-size", "16", "--hidden-size", "32", "--layers", "1")
-
-
-def write_version(repo: Path, name: str, *options: str) -> str:
-    """``ipuserve model example NAME --repository REPO OPTIONS...`` (a real process)."""
-    argv = [sys.executable, "-m", "ipuserve", "model", "example", name, "--repository", str(repo)]
-    done = subprocess.run([*argv, *options], check=True, capture_output=True, text=True)
-    return done.stdout
+from tests.repository import SMALL_MLP, write_version
 
 
 def test_model_example_writes_numbered_versions(tmp_path: Path) -> None:
