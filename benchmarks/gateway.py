@@ -11,12 +11,20 @@ through each path, the paths in a new order every run:
 * ``client``: :class:`ipuserve.client.Client` (``infer_async``, callbacks re-submit);
 * ``async``: :class:`ipuserve.client.AsyncClient` (one task per request in flight);
 * ``http``: Triton's ``tritonclient.http.aio`` with binary tensor data, through the gateway;
-* ``grpc``: Triton's ``tritonclient.grpc.aio`` (raw contents), through the gateway.
+* ``grpc``: Triton's ``tritonclient.grpc.aio`` (raw contents), through the gateway;
+* ``raw``: one pre-built binary HTTP/1.1 infer request written again and again on
+  ``level`` keep-alive connections (asyncio streams), through the gateway: what the
+  gateway costs with a client that costs almost nothing, to tell the gateway's share
+  of the ``http`` path from ``tritonclient``'s.
 
 ``noop`` runs at 1 and 64 in flight only: it measures the front door alone. Prints
 per model, level and path the medians over runs of throughput (and for ``mlp``, the
 share of the ideal: one replica x batch / device time), p50 and p99 latency, and,
-for the gateway's paths, the gateway's CPU per request. The issue's targets
+for the gateway's paths, the gateway's CPU per request. Every path also gets each
+process's CPU per request (load generator, gateway, broker, workers) and their sum:
+with the machine's cores that bounds the throughput any path can reach here
+(``cores x 1e6 / total us``), and the same bound without the gateway's share says
+whether a target is this machine's limit or the gateway's. The issue's targets
 (issue 20): at 64 in flight on the MLP, HTTP and gRPC >= 0.9 of Client's
 throughput; at 1 in flight on noop, the gateway adds <= 200 us to Client's p50;
 AsyncClient within 10 % of Client at every level. Every figure comes from this
@@ -54,8 +62,8 @@ from ipuserve.client import AsyncClient, Client
 from ipuserve.protocol import ModelSpec
 from ipuserve.runtime.simulator.cost import time_scale_for
 
-PATHS = ("client", "async", "http", "grpc")
-GATEWAY_PATHS = ("http", "grpc")
+PATHS = ("client", "async", "http", "grpc", "raw")
+GATEWAY_PATHS = ("http", "grpc", "raw")
 
 
 @dataclass
@@ -131,10 +139,15 @@ def drive_client(
 
 async def closed_loop(call: Callable[[], Awaitable[Any]], level: int, args: Any) -> Window:
     """``level`` asyncio tasks, each sending its next request when its last is answered."""
+    return await closed_loop_each([call] * level, args)
+
+
+async def closed_loop_each(calls: list[Callable[[], Awaitable[Any]]], args: Any) -> Window:
+    """As :func:`closed_loop`, with a call of its own per task (one per connection)."""
     now = time.perf_counter()
     window = Window(now + args.warmup_s, now + args.warmup_s + args.seconds)
 
-    async def worker() -> None:
+    async def worker(call: Callable[[], Awaitable[Any]]) -> None:
         while time.perf_counter() < window.end:
             sent = time.perf_counter()
             try:
@@ -144,7 +157,7 @@ async def closed_loop(call: Callable[[], Awaitable[Any]], level: int, args: Any)
             else:
                 window.record(sent, time.perf_counter(), True)
 
-    await asyncio.gather(*(worker() for _ in range(level)))
+    await asyncio.gather(*(worker(call) for call in calls))
     return window
 
 
@@ -204,6 +217,99 @@ async def drive_grpc(url: str, model: str, inputs: dict[str, Any], level: int, a
         await client.close()
 
 
+def raw_request(http: str, model: str, inputs: dict[str, Any]) -> bytes:
+    """One binary-extension infer request, every byte of it, built once."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "datatype": np_to_triton_dtype(array.dtype),
+                    "shape": list(array.shape),
+                    "parameters": {"binary_data_size": array.nbytes},
+                }
+                for name, array in inputs.items()
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    body = header + b"".join(np.ascontiguousarray(a).tobytes() for a in inputs.values())
+    return (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {http}\r\n"
+        f"Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(status_line.split()[1]), headers, body
+
+
+def raw_outputs(headers: dict[str, str], body: bytes) -> dict[str, np.ndarray[Any, Any]]:
+    """A binary-extension response's outputs (to check the first against the Client's)."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    length = int(headers["inference-header-content-length"])
+    offset, outputs = length, {}
+    for item in json.loads(body[:length])["outputs"]:
+        size = item["parameters"]["binary_data_size"]
+        dtype = triton_to_np_dtype(item["datatype"])
+        outputs[item["name"]] = np.frombuffer(body[offset : offset + size], dtype).reshape(
+            item["shape"]
+        )
+        offset += size
+    return outputs
+
+
+async def drive_raw(
+    http: str,
+    model: str,
+    inputs: dict[str, Any],
+    expected: dict[str, Any],
+    level: int,
+    args: Any,
+) -> Window:
+    """``level`` keep-alive connections, each writing the same request bytes in a loop."""
+    host, port = http.rsplit(":", 1)
+    request = raw_request(http, model, inputs)
+    streams = [await asyncio.open_connection(host, int(port)) for _ in range(level)]
+    try:
+        reader, writer = streams[0]
+        writer.write(request)
+        status, headers, body = await read_response(reader)
+        got = raw_outputs(headers, body) if status == 200 else {}
+        if status != 200 or any(
+            not np.allclose(got[name], value, rtol=1e-5) for name, value in expected.items()
+        ):
+            raise RuntimeError(f"the raw path's answer is wrong: {status} {body[:200]!r}")
+
+        def caller(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Any:
+            async def call() -> None:
+                writer.write(request)
+                status, _, body = await read_response(reader)
+                if status != 200:
+                    raise RuntimeError(f"{status}: {body[:200]!r}")
+
+            return call
+
+        calls = [caller(r, w) for r, w in streams]
+        return await closed_loop_each(calls, args)
+    finally:
+        for _, writer in streams:
+            writer.close()
+
+
 def _datatype(array: np.ndarray[Any, Any]) -> str:
     from tritonclient.utils import np_to_triton_dtype
 
@@ -240,7 +346,8 @@ def start(procs: ChildProcesses, work: Path, args: Any) -> tuple[str, str, str, 
     http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     procs.start(
         "gateway",
-        [*PYTHON, "ipuserve", "gateway", "--broker", front, "--http", http, "--grpc", grpc],
+        [*PYTHON, "ipuserve", "gateway", "--broker", front, "--http", http, "--grpc", grpc]
+        + (["--processes", str(args.gateway_processes)] if args.gateway_processes > 1 else []),
     )
     wait_ready(procs, http)
     return front, http, grpc, ideal
@@ -263,33 +370,67 @@ def wait_ready(procs: ChildProcesses, http: str, timeout_s: float = 60.0) -> Non
     raise RuntimeError(f"the gateway at {http} was not ready within {timeout_s} s")
 
 
+def tree_cpu_seconds(pids: list[int]) -> float:
+    """CPU of these processes and every process under them (a supervisor's children).
+    Not for this process: everything the bench starts is under it."""
+    total, seen, todo = 0.0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += process_cpu_seconds(pid) or 0.0
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in task.read_text().split())
+            except OSError:
+                pass
+    return total
+
+
 def measure(
     path: str,
     addresses: tuple[str, str, str],
     client: Client,
     model: str,
     inputs: dict[str, Any],
+    expected: dict[str, Any],
     level: int,
-    gateway_pid: int,
+    roles: dict[str, list[int]],
     args: Any,
 ) -> dict[str, float]:
+    """One path at one level; with each role's CPU per request (``roles``: pids)."""
     front, http, grpc = addresses
-    cpu_before = process_cpu_seconds(gateway_pid) or 0.0
+
+    def cpu(role: str) -> float:
+        if role == "loadgen":  # this process alone, its threads included
+            return process_cpu_seconds(os.getpid()) or 0.0
+        return tree_cpu_seconds(roles[role])
+
+    cpu_before = {role: cpu(role) for role in roles}
     if path == "client":
         window = drive_client(client, model, inputs, level, args)
     elif path == "async":
         window = asyncio.run(drive_async(front, model, inputs, level, args))
     elif path == "http":
         window = asyncio.run(drive_http(http, model, inputs, level, args))
+    elif path == "raw":
+        window = asyncio.run(drive_raw(http, model, inputs, expected, level, args))
     else:
         window = asyncio.run(drive_grpc(grpc, model, inputs, level, args))
     figures = window.figures()
-    if path in GATEWAY_PATHS:
-        # the whole drive's CPU (warm-up and drain too) over the requests it answered
-        answered = figures["req_per_s"] * args.seconds
-        cpu = (process_cpu_seconds(gateway_pid) or 0.0) - cpu_before
-        seconds = args.seconds + args.warmup_s
-        figures["gateway_cpu_us_per_req"] = round(cpu / seconds * args.seconds / answered * 1e6, 1)
+    # each role's CPU over the whole drive (warm-up and drain too), scaled to the
+    # window's share of it, over the requests answered in the window
+    answered = max(figures["req_per_s"] * args.seconds, 1.0)
+    share = args.seconds / (args.seconds + args.warmup_s)
+    total = 0.0
+    for role in roles:
+        if role == "gateway" and path not in GATEWAY_PATHS:
+            continue  # idle while the fabric's own clients run
+        cpu_us = (cpu(role) - cpu_before[role]) * share / answered * 1e6
+        figures[f"{role}_cpu_us_per_req"] = round(cpu_us, 1)
+        total += cpu_us
+    figures["total_cpu_us_per_req"] = round(total, 1)
     return figures
 
 
@@ -309,6 +450,12 @@ def main() -> int:
     parser.add_argument("--mlp-device-ms", type=float, default=2.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
+        "--gateway-processes",
+        type=int,
+        default=1,
+        help="the gateway's --processes (several processes on the doors' ports)",
+    )
+    parser.add_argument(
         "--paths", type=lambda s: tuple(s.split(",")), default=PATHS, help="of " + ",".join(PATHS)
     )
     args = parser.parse_args()
@@ -319,10 +466,17 @@ def main() -> int:
         ChildProcesses(Path(tmp)) as procs,
     ):
         front, http, grpc, ideal = start(procs, Path(tmp), args)
-        gateway = next(c for c in procs.children if c.name == "gateway")
+        pids = {c.name: c.popen.pid for c in procs.children}
+        roles = {
+            "loadgen": [],  # this process: see measure
+            "gateway": [pids["gateway"]],
+            "broker": [pids["broker"]],
+            "workers": [pids["worker-mlp"], pids["worker-noop"]],
+        }
         with Client(front, timeout=30.0) as client:
             specs = {m.spec.name: m.spec for m in client.models()}
             inputs = {name: one_sample(spec) for name, spec in specs.items()}
+            expected = {name: dict(client.infer(name, inputs[name])) for name in specs}
             for run in range(args.runs):
                 paths = args.paths
                 order = paths[run % len(paths) :] + paths[: run % len(paths)]
@@ -336,8 +490,9 @@ def main() -> int:
                             client,
                             model,
                             inputs[model],
+                            expected[model],
                             level,
-                            gateway.popen.pid,
+                            roles,
                             args,
                         )
                         procs.check()
@@ -353,6 +508,7 @@ def main() -> int:
         "cores": os.cpu_count(),
         "mlp_device_ms": args.mlp_device_ms,
         "mlp_ideal_samples_per_s": ideal,
+        "gateway_processes": args.gateway_processes,
         "runs": runs,
         "median": median,
     }
@@ -362,23 +518,38 @@ def main() -> int:
     return 0
 
 
+ROLES = ("loadgen", "gateway", "broker", "workers")
+
+
 def report(median: dict[str, dict[str, float]], ideal: float, args: Any) -> str:
+    cores = os.cpu_count() or 1
     lines = [
-        f"{os.cpu_count()} cores; medians of {args.runs} runs of {args.seconds:g} s; "
-        f"mlp ideal {ideal:,.0f} samples/s ({args.mlp_device_ms:g} ms per batch)",
+        f"{cores} cores; medians of {args.runs} runs of {args.seconds:g} s; "
+        f"mlp ideal {ideal:,.0f} samples/s ({args.mlp_device_ms:g} ms per batch); "
+        f"gateway processes {args.gateway_processes}",
         f"{'model':6} {'in flight':>9} {'path':7} {'req/s':>9} {'% ideal':>8} {'vs Client':>9}"
-        f" {'p50 us':>9} {'p99 us':>9} {'gw CPU us/req':>13} {'errors':>6}",
+        f" {'p50 us':>9} {'p99 us':>9} {'errors':>6} | CPU us/req: {'loadgen':>7} {'gateway':>7}"
+        f" {'broker':>6} {'workers':>7} {'total':>6} | {cores}-core bound req/s:"
+        f" {'all':>7} {'w/o gw':>7}",
     ]
     for key, figures in median.items():
         model, level, path = key.split("/")
         base = median[f"{model}/{level}/client"]
         share = f"{figures['req_per_s'] / ideal:8.0%}" if model == "mlp" else f"{'':8}"
-        cpu = figures.get("gateway_cpu_us_per_req")
+        cpu = {role: figures.get(f"{role}_cpu_us_per_req") for role in ROLES}
+        total = figures.get("total_cpu_us_per_req", 0.0)
+        bound = cores * 1e6 / max(total, 1e-9)
+        bound_without = cores * 1e6 / max(total - (cpu["gateway"] or 0.0), 1e-9)
+        cells = " ".join(
+            f"{'' if cpu[role] is None else f'{cpu[role]:,.0f}':>{width}}"
+            for role, width in zip(ROLES, (7, 7, 6, 7), strict=True)
+        )
         lines.append(
             f"{model:6} {level:>9} {path:7} {figures['req_per_s']:>9,.0f} {share}"
             f" {figures['req_per_s'] / max(base['req_per_s'], 1e-9):>9.2f}"
-            f" {figures['p50_us']:>9,.0f} {figures['p99_us']:>9,.0f}"
-            f" {'' if cpu is None else f'{cpu:,.0f}':>13} {figures['errors']:>6.0f}"
+            f" {figures['p50_us']:>9,.0f} {figures['p99_us']:>9,.0f} {figures['errors']:>6.0f}"
+            f" |             {cells} {total:>6,.0f} |"
+            f" {' ' * 19}{bound:>7,.0f} {bound_without:>7,.0f}"
         )
     noop_client = median.get("noop/1/client")
     for path in GATEWAY_PATHS:
@@ -386,8 +557,8 @@ def report(median: dict[str, dict[str, float]], ideal: float, args: Any) -> str:
         if noop_client and through:
             added = through["p50_us"] - noop_client["p50_us"]
             lines.append(
-                f"noop at 1 in flight: the {path} gateway adds {added:,.0f} us to Client's p50"
-                " (target <= 200)"
+                f"noop at 1 in flight: the {path} path through the gateway adds {added:,.0f} us"
+                " to Client's p50 (target <= 200)"
             )
     return "\n".join(lines)
 
