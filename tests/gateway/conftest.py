@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,11 +81,16 @@ def gateway_argv(broker: BrokerProc, *args: str) -> list[str]:
 
 
 def start_gateway(
-    procs: Processes, broker: BrokerProc, *args: str, name: str = "gateway"
+    procs: Processes,
+    broker: BrokerProc,
+    *args: str,
+    name: str = "gateway",
+    env: Mapping[str, str] | None = None,
 ) -> GatewayProc:
-    """``ipuserve gateway`` on a free port; ready once it printed its start-up line."""
+    """``ipuserve gateway`` on a free port; ready once it printed its start-up line.
+    ``env``: variables added to the process's environment."""
     argv = gateway_argv(broker, *args)
-    return started_gateway(procs.start(name, argv), argv)
+    return started_gateway(procs.start(name, argv, env), argv)
 
 
 def started_gateway(proc: Proc, argv: list[str]) -> GatewayProc:
