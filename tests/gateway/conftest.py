@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,16 +81,11 @@ def gateway_argv(broker: BrokerProc, *args: str) -> list[str]:
 
 
 def start_gateway(
-    procs: Processes,
-    broker: BrokerProc,
-    *args: str,
-    name: str = "gateway",
-    env: Mapping[str, str] | None = None,
+    procs: Processes, broker: BrokerProc, *args: str, name: str = "gateway"
 ) -> GatewayProc:
-    """``ipuserve gateway`` on a free port; ready once it printed its start-up line.
-    ``env``: variables added to the process's environment."""
+    """``ipuserve gateway`` on a free port; ready once it printed its start-up line."""
     argv = gateway_argv(broker, *args)
-    return started_gateway(procs.start(name, argv, env), argv)
+    return started_gateway(procs.start(name, argv), argv)
 
 
 def started_gateway(proc: Proc, argv: list[str]) -> GatewayProc:

@@ -35,6 +35,7 @@ from tests.gateway.conftest import (
     gateway_argv,
     mlp_input,
     start_gateway,
+    started_gateway,
     wait_ready,
 )
 
@@ -184,8 +185,9 @@ def test_two_gateway_processes_answer_for_each_other(fabric: Fabric, tmp_path: P
     shared = tmp_path / "prometheus"
     shared.mkdir()
     env = {MULTIPROC_ENV: str(shared)}
-    a = start_gateway(fabric.procs, fabric.broker, name="gateway-a", env=env)
-    b = start_gateway(fabric.procs, fabric.broker, name="gateway-b", env=env)
+    argv = gateway_argv(fabric.broker)
+    a = started_gateway(fabric.procs.start("gateway-a", argv, env), argv)
+    b = started_gateway(fabric.procs.start("gateway-b", argv, env), argv)
     wait_ready(a)
     wait_ready(b)
     k, through_b = 5, 3  # requests through A (HTTP, 2 samples) and B (gRPC, 3 samples)
