@@ -23,9 +23,11 @@ The library chooses between the two **when it is imported**, from the environmen
 (``prometheus_client.values.ValueClass``); the variable cannot be set later in the
 same process. The supervisor sets it, to a private directory, in each child's
 environment before starting it, so a fresh gateway process imports the library in the
-right mode. A process whose environment names a directory but which imported the
-library before the variable was set would keep its counts to itself and answer a
-share of the truth: :func:`multiprocess_dir` refuses that (ConfigError) instead.
+right mode; the directory is fresh and empty at each start, since files left from an
+earlier run would be counted too. A process whose environment names a directory but
+which imported the library before the variable was set would keep its counts to itself
+and answer a share of the truth: :func:`multiprocess_dir` refuses that (ConfigError)
+instead.
 
 **Cost.** Every recorded request updates a handful of values; the children of a model
 version (and of a door, model and status) are looked up once and kept, since a
