@@ -195,6 +195,7 @@ def test_two_gateway_processes_answer_for_each_other(fabric: Fabric, tmp_path: P
         for i in range(k):
             _http_infer(client, fabric, 2, seed=i)
     assert b.grpc is not None
+    b_began_ms = int(time.time() * 1e3)  # after A's last request
     with grpcclient.InferenceServerClient(b.grpc) as client:
         for i in range(through_b):
             _grpc_infer(client, fabric, mlp_input(3, seed=10 + i))
@@ -205,6 +206,7 @@ def test_two_gateway_processes_answer_for_each_other(fabric: Fabric, tmp_path: P
     assert _counts(_mlp_grpc_stats(a)) == want
     assert _counts(_mlp_http_stats(b)) == want
     assert _counts(_mlp_grpc_stats(b)) == want
+    assert _mlp_http_stats(a)["last_inference"] >= b_began_ms  # B's, the latest of all
     page = _page(a)  # A's page shows B's calls too
     assert _value(page, REQUESTS, door="http", model="mlp", code="200") == k
     assert _value(page, REQUESTS, door="grpc", model="mlp", code="OK") == through_b
