@@ -23,6 +23,7 @@ from ipuserve.errors import ConfigError
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
 from ipuserve.gateway.http_server import HttpServer, start_http
+from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.service import InferenceService
 
 log = logging.getLogger(__name__)
@@ -88,14 +89,22 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.tokens = Tokens.from_files(infer=config.infer_tokens, admin=config.admin_tokens)
+        # prometheus-client chose where its values live when it was imported: in a
+        # fresh gateway process, with the environment it started with (a supervisor's
+        # children get PROMETHEUS_MULTIPROC_DIR there); gateway/metrics.py says why
+        self.metrics = GatewayMetrics()
+        self.tokens = Tokens.from_files(
+            infer=config.infer_tokens,
+            admin=config.admin_tokens,
+            refusals=self.metrics.token_refusals,
+        )
         self.client = AsyncClient(
             list(config.brokers),
             timeout=config.request_timeout_s,
             curve_secret_key=config.curve_secret_key,
             broker_public_key=config.broker_public_key,
         )
-        self.service = InferenceService(self.client)
+        self.service = InferenceService(self.client, metrics=self.metrics)
         self.http: HttpServer | None = None
         self.grpc: Any = None
         self.grpc_address: str | None = None

@@ -123,7 +123,7 @@ class _Servicer:
             "ModelReady": self._rpc(self.model_ready, pb.ModelReadyRequest),
             "ServerMetadata": self._rpc(self.server_metadata, pb.ServerMetadataRequest),
             "ModelMetadata": self._rpc(self.model_metadata, pb.ModelMetadataRequest),
-            "ModelInfer": self._rpc(self.model_infer, pb.ModelInferRequest),
+            "ModelInfer": self._rpc(self.model_infer, pb.ModelInferRequest, counted=True),
             "ModelStatistics": self._rpc(self.model_statistics, pb.ModelStatisticsRequest),
             "RepositoryIndex": self._rpc(
                 self.repository_index, pb.RepositoryIndexRequest, role=ADMIN_ROLE
@@ -138,19 +138,30 @@ class _Servicer:
         return grpc.method_handlers_generic_handler(name, rpcs)
 
     def _rpc(
-        self, fn: Handler, request: type[Message], *, guarded: bool = True, role: str = ROLE
+        self,
+        fn: Handler,
+        request: type[Message],
+        *,
+        guarded: bool = True,
+        role: str = ROLE,
+        counted: bool = False,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         """One RPC: the token check of ``role`` (``guarded``), then ``fn``; an error
-        becomes the call's status. Responses are serialised by the message itself."""
+        becomes the call's status. Responses are serialised by the message itself.
+        ``counted``: an inference call, counted with its status code by model."""
 
         async def call(req: Message, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
             try:
                 if guarded:
-                    self._tokens.check(_authorization(context), role)
+                    self._tokens.check(_authorization(context), role, door="grpc")
                 response = await fn(req, context)
+                if counted:
+                    self._service.answered("grpc", _model_name(req), "OK")
                 return response
             except Exception as exc:  # CancelledError (a BaseException) passes through
                 code, details = _status(exc)
+            if counted:
+                self._service.answered("grpc", _model_name(req), code.name)
             await context.abort(code, details)
             raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
@@ -217,6 +228,12 @@ class _Servicer:
     ) -> pb.RepositoryModelUnloadResponse:
         await self._service.repository.unload(req.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+def _model_name(req: Message) -> str:
+    """The model an inference request names."""
+    name: str = getattr(req, "model_name", "")
+    return name
 
 
 def _serialize(message: Message) -> bytes:

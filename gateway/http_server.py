@@ -1,7 +1,9 @@
 """The HTTP door: the Open Inference Protocol's REST endpoints on aiohttp.
 
 Every endpoint but the health probes needs an ``infer`` token when tokens are
-configured, and the model repository's (``/v2/repository/...``) an ``admin`` one.
+configured (``/metrics`` too: Prometheus scrapes with a bearer token), and the model
+repository's (``/v2/repository/...``) an ``admin`` one. Every inference call is counted
+with its status (``ipuserve_gateway_requests_total{door="http"}``).
 Errors are ``{"error": "..."}`` with the status from :mod:`gateway.status`.
 A body over ``max_body_bytes`` is refused (413) from its ``Content-Length`` before it
 is read; the body must arrive within ``body_timeout_s`` (408). The connection guards
@@ -51,9 +53,21 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     guards = request.app[GUARDS]
     guards.request_started(request.transport)
     try:
+        response = await _answer(request, handler)
+        if getattr(request.match_info, "handler", None) is _infer:
+            model = request.match_info["name"]
+            request.app[SERVICE].answered("http", model, str(response.status))
+        return response
+    finally:
+        guards.request_done(request.transport)
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The handler's response, after the token check; errors as JSON."""
+    try:
         if not request.path.startswith("/v2/health/"):
             role = "admin" if request.path.startswith("/v2/repository/") else "infer"
-            request.app[TOKENS].check(request.headers.get("Authorization"), role)
+            request.app[TOKENS].check(request.headers.get("Authorization"), role, door="http")
         return await handler(request)
     except IpuserveError as exc:
         return _closing(error_response(http_status(exc), str(exc)))
@@ -64,8 +78,6 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return error_response(500, "internal error in the gateway (logged)")
-    finally:
-        guards.request_done(request.transport)
 
 
 def _closing(response: web.Response) -> web.Response:
@@ -142,6 +154,13 @@ async def _statistics(request: web.Request) -> web.Response:
     service, name = request.app[SERVICE], request.match_info.get("name")
     stats = await service.statistics(name, _version(request))
     return web.json_response({"model_stats": [statistics_json(s) for s in stats]})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """The gateway's metrics in the Prometheus text format (OpenMetrics to a scraper
+    that asks for it), every process's when several share them (gateway/metrics.py)."""
+    body, content_type = request.app[SERVICE].metrics.page(request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def _infer(request: web.Request) -> web.Response:
@@ -229,6 +248,7 @@ def make_app(service: InferenceService, config: GatewayConfig, tokens: Tokens) -
     r = app.router
     r.add_get("/v2/health/live", _live)
     r.add_get("/v2/health/ready", _ready)
+    r.add_get("/metrics", _metrics)
     r.add_get("/v2", _server_metadata)
     r.add_get("/v2/models/stats", _statistics)  # before /v2/models/{name}
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

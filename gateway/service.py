@@ -25,8 +25,9 @@ from ipuserve._version import __version__
 from ipuserve.client import AsyncClient
 from ipuserve.errors import InvalidInputError, UnavailableError, UnknownModelError
 from ipuserve.gateway.catalog import Catalog
+from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.repository import ModelRepository
-from ipuserve.gateway.stats import Duration, ModelStatistics, Statistics
+from ipuserve.gateway.stats import Duration, ModelStatistics, Snapshot, Statistics
 from ipuserve.gateway.tensors import Tensor, to_datatype
 
 __all__ = [
@@ -160,11 +161,18 @@ class InferenceService:
     :meth:`stop` before closing the client.
     """
 
-    def __init__(self, client: AsyncClient, *, refresh_interval_s: float = 1.5) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        refresh_interval_s: float = 1.5,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.client = client
         self.catalog = Catalog(client, interval_s=refresh_interval_s)
         self.repository = ModelRepository(client, self.catalog)
-        self.stats = Statistics()
+        self.stats = Statistics(metrics)
+        self.metrics = self.stats.metrics
         self._refresher: asyncio.Task[None] | None = None
         self._metadata: dict[tuple[str, str], tuple[wire.ModelSpec, ModelMetadata]] = {}
 
@@ -231,8 +239,12 @@ class InferenceService:
         statistics. Raises ipuserve errors."""
         spec = (await self._lookup(request.model, request.version)).spec
         meta = self._metadata_of(spec)
-        check_request(meta, request)
         start = time.perf_counter()
+        try:
+            check_request(meta, request)
+        except InvalidInputError:  # counted as Triton counts a request it rejects
+            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
+            raise
         try:
             outputs, timing = await self.client.infer_timed(
                 request.model,
@@ -284,19 +296,29 @@ class InferenceService:
         gateway never served it). A model the gateway has not looked up yet is asked of
         the fabric first, for HTTP and gRPC alike: a gateway just started must not call
         a served model unknown."""
+        counted = self.stats.snapshot()  # every gateway process's counts
         if name:
-            served = self.stats.versions(name)
+            served = counted.versions(name)
             if version not in served and not (served and version is None):
                 await self._lookup(name, version)
-            versions = [version] if version else self._versions_counted(name)
-            return [self.stats.of(name, v) for v in versions]
-        names = sorted({*self.catalog.names(), *self.stats.names()})
-        return [self.stats.of(n, v) for n in names for v in self._versions_counted(n)]
+            versions = [version] if version else self._versions_counted(name, counted)
+            return [counted.of_version(name, v) for v in versions]
+        names = sorted({*self.catalog.names(), *counted.names()})
+        return [counted.of_version(n, v) for n in names for v in self._versions_counted(n, counted)]
 
-    def _versions_counted(self, name: str) -> list[str]:
-        """The versions of ``name`` listed or served through the gateway, oldest first."""
-        versions = {*self.catalog.versions(name), *self.stats.versions(name)}
+    def _versions_counted(self, name: str, counted: Snapshot) -> list[str]:
+        """The versions of ``name`` listed or served through the gateway (any of its
+        processes), oldest first."""
+        versions = {*self.catalog.versions(name), *counted.versions(name)}
         return sorted(versions, key=int)
+
+    def answered(self, door: str, model: str, code: str) -> None:
+        """Count an inference call ``door`` answered with status ``code`` (the model
+        under "" unless the fabric lists it: a made-up name adds no series)."""
+        self.metrics.answered(door, model, code, self._listed)
+
+    def _listed(self, name: str) -> bool:
+        return bool(self.catalog.versions(name))
 
 
 def _samples(meta: ModelMetadata, inputs: tuple[Tensor, ...]) -> int:

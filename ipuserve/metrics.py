@@ -37,6 +37,7 @@ import http.server
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -47,6 +48,13 @@ from ipuserve import probes as health
 from ipuserve.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+#: how prometheus-client's multiprocess mode merges a gauge's values of several
+#: processes (it ignores it in one process)
+GaugeMode = Literal[
+    "all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent",
+    "livemostrecent",
+]  # fmt: skip
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -96,8 +104,19 @@ class Metrics:
         """``name`` ends in ``_total``, as exposed (the library appends it if not)."""
         return Counter(name, help_, labels, registry=self.registry)
 
-    def gauge(self, name: str, help_: str, labels: Sequence[str] = ()) -> Gauge:
-        return Gauge(name, help_, labels, registry=self.registry)
+    def gauge(
+        self,
+        name: str,
+        help_: str,
+        labels: Sequence[str] = (),
+        *,
+        multiprocess_mode: GaugeMode = "all",
+    ) -> Gauge:
+        """``multiprocess_mode``: how the processes' values merge where they share a
+        ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode)."""
+        return Gauge(
+            name, help_, labels, registry=self.registry, multiprocess_mode=multiprocess_mode
+        )
 
     def histogram(
         self,

@@ -12,6 +12,7 @@ import pytest
 from ipuserve import errors
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.http_codec import parse_infer, render_infer
+from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.service import InferResponse
 from ipuserve.gateway.status import grpc_status_name, http_status
 from ipuserve.gateway.tensors import (
@@ -164,11 +165,12 @@ def test_tokens_say_what_is_wrong_and_count_refusals(tmp_path: Path) -> None:
     infer, admin = tmp_path / "infer", tmp_path / "admin"
     infer.write_text("# comment\n\n  tok-1  \ntok-2\n")
     admin.write_text("boss\n")
-    tokens = Tokens.from_files(infer=infer, admin=admin)
-    tokens.check("Bearer tok-1", "infer")
-    tokens.check("bearer tok-2", "infer")
-    tokens.check("Bearer boss", "infer")  # an admin may infer
-    tokens.check("Bearer boss", "admin")
+    metrics = GatewayMetrics()
+    tokens = Tokens.from_files(infer=infer, admin=admin, refusals=metrics.token_refusals)
+    tokens.check("Bearer tok-1", "infer", door="http")
+    tokens.check("bearer tok-2", "infer", door="http")
+    tokens.check("Bearer boss", "infer", door="http")  # an admin may infer
+    tokens.check("Bearer boss", "admin", door="http")
     for header, role, message in [
         (None, "infer", "missing Authorization header"),
         ("Basic abc", "infer", "not a bearer token"),
@@ -177,9 +179,12 @@ def test_tokens_say_what_is_wrong_and_count_refusals(tmp_path: Path) -> None:
         ("Bearer tok-1", "admin", "unknown bearer token for the admin role"),
     ]:
         with pytest.raises(errors.UnauthenticatedError, match=message):
-            tokens.check(header, role)
+            tokens.check(header, role, door="grpc")
     assert tokens.refused == 5
-    Tokens.none().check(None, "infer")  # no tokens: open
+    refusals = "ipuserve_gateway_token_refusals_total"
+    assert metrics.value(refusals, door="grpc") == 5
+    assert metrics.value(refusals, door="http") == 0
+    Tokens.none().check(None, "infer", door="http")  # no tokens: open
 
 
 def test_a_token_file_without_tokens_is_a_config_error(tmp_path: Path) -> None:
