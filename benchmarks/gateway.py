@@ -534,7 +534,9 @@ def report(median: dict[str, dict[str, float]], ideal: float, args: Any) -> str:
     ]
     for key, figures in median.items():
         model, level, path = key.split("/")
-        base = median[f"{model}/{level}/client"]
+        base = median.get(f"{model}/{level}/client")
+        ratio = None if base is None else figures["req_per_s"] / max(base["req_per_s"], 1e-9)
+        versus = "" if ratio is None else f"{ratio:.2f}"
         share = f"{figures['req_per_s'] / ideal:8.0%}" if model == "mlp" else f"{'':8}"
         cpu = {role: figures.get(f"{role}_cpu_us_per_req") for role in ROLES}
         total = figures.get("total_cpu_us_per_req", 0.0)
@@ -546,7 +548,7 @@ def report(median: dict[str, dict[str, float]], ideal: float, args: Any) -> str:
         )
         lines.append(
             f"{model:6} {level:>9} {path:7} {figures['req_per_s']:>9,.0f} {share}"
-            f" {figures['req_per_s'] / max(base['req_per_s'], 1e-9):>9.2f}"
+            f" {versus:>9}"
             f" {figures['p50_us']:>9,.0f} {figures['p99_us']:>9,.0f} {figures['errors']:>6.0f}"
             f" |             {cells} {total:>6,.0f} |"
             f" {' ' * 19}{bound:>7,.0f} {bound_without:>7,.0f}"
