@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -182,7 +184,10 @@ def _to_stderr(line: str) -> None:
 
 def _serve_supervised(config: GatewayConfig) -> NoReturn:
     """Serve as one of a supervisor's children: the start line, or the one line that
-    says why there is none, goes to the supervisor on stdout; exit 1 after the latter."""
+    says why there is none, goes to the supervisor on stdout; exit 1 after the latter.
+    Its log records name it by its pid (the supervisor's log says which process that
+    is), not all "MainProcess"."""
+    multiprocessing.current_process().name = f"gateway-{os.getpid()}"
     try:
         asyncio.run(serve(config, _to_stdout, parent_pipe=sys.stdin.fileno()))
     except ConfigError as exc:

@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -266,7 +267,31 @@ def test_sigterm_stops_every_process_and_removes_the_directory(
     assert supervisor.proc.wait(timeout=START_S) == 0, supervisor.proc.output()
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert not Path(directory).exists()
-    assert supervisor.proc.output().count("stopping: closing the doors") == 2
+    for pid in pids:  # each drained, and its records name it
+        assert f"gateway-{pid} ipuserve.gateway.app: stopping: closing" in supervisor.proc.output()
+
+
+def test_a_supervisor_killed_takes_its_processes_with_it(
+    fabric: Fabric, processes: Processes
+) -> None:
+    """SIGKILL cannot be forwarded: the children stop at the end of their stdin."""
+    argv = gateway_argv(fabric.broker, "--processes", "2", "--grpc", "off")
+    supervisor = started_gateway(processes.start("gateway-n", argv), argv, timeout=START_S)
+    pids = wait_children(supervisor, 2)
+    [directory] = {_environ(pid)["PROMETHEUS_MULTIPROC_DIR"] for pid in pids}
+    os.kill(supervisor.proc.pid, signal.SIGKILL)
+    try:
+        wait_until(lambda: all(_gone(pid) for pid in pids), timeout=START_S)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # a killed supervisor cannot
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _environ(pid: int) -> dict[str, str]:
