@@ -78,14 +78,28 @@ def _socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
+def _tcp() -> Iterator[tuple[int, int, int]]:
+    """(local port, remote port, inode) of this host's TCP sockets, IPv4 and IPv6 (grpcio
+    serves an IPv4 address on an IPv6 socket)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+            yield local, remote, int(fields[9])
+
+
 def _server_inode(server_port: int, client_port: int) -> int:
     """The inode of the server's side of the loopback connection from ``client_port``."""
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+    for local, remote, inode in _tcp():
         if (local, remote) == (server_port, client_port):
-            return int(fields[9])
+            return inode
     raise AssertionError(f"no connection from :{client_port} to :{server_port}")
+
+
+def connections_held(pid: int, port: int) -> int:
+    """How many connections to ``port`` (their server side) process ``pid`` holds."""
+    mine = _socket_inodes(pid)
+    return sum(1 for local, remote, inode in _tcp() if local == port and remote and inode in mine)
 
 
 def owner(connection: http.client.HTTPConnection, port: int, pids: set[int]) -> int:
@@ -223,18 +237,38 @@ def test_a_killed_process_is_restarted_while_the_other_serves(
     infer_on_new_connections(fabric, pair, 10)
 
 
-def test_grpc_through_the_processes(fabric: Fabric, pair: GatewayProc) -> None:
+#: a channel of its own per client: grpcio shares one connection among channels to the
+#: same target with the same options (tritonclient's clients too) unless told not to
+OWN_CONNECTION = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+def test_grpc_channels_spread_over_the_processes(fabric: Fabric, pair: GatewayProc) -> None:
+    """One gRPC channel is one connection, so one process; 32 channels of their own
+    reach both (all 32 on one process: a 2**-31 chance)."""
     assert pair.grpc is not None
+    pids = wait_children(pair, 2)
     mlp = fabric.models["mlp"]
-    with grpcclient.InferenceServerClient(pair.grpc) as triton:
-        wait_until(lambda: bool(triton.is_model_ready("mlp")), timeout=START_S)
-        for samples in (1, 5, 16):
-            x = mlp_input(samples, seed=samples)
+    clients = [
+        grpcclient.InferenceServerClient(pair.grpc, channel_args=OWN_CONNECTION) for _ in range(32)
+    ]
+    try:
+        for seed, triton in enumerate(clients):
+            wait_until(lambda t=triton: bool(t.is_model_ready("mlp")), timeout=START_S)
+            x = mlp_input(1 + seed % 4, seed=seed)
             tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
             tensor.set_data_from_numpy(x)
             result = triton.infer("mlp", [tensor])
             for name, want in mlp.reference({"input": x}).items():
                 np.testing.assert_allclose(result.as_numpy(name), want, **CLOSE)
+        port = int(pair.grpc.rsplit(":", 1)[1])
+        held = {pid: connections_held(pid, port) for pid in pids}
+        assert all(held.values()) and sum(held.values()) >= 32, held
+    finally:
+        for triton in clients:
+            triton.close()
 
 
 def test_a_plain_gateway_cannot_take_the_shared_port(fabric: Fabric, pair: GatewayProc) -> None:
