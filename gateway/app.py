@@ -120,6 +120,7 @@ class Gateway:
     def start_line(self) -> str:
         assert self.http is not None
         host, _ = split_address(self.config.http)
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL has it
         scheme = "https" if self.config.tls else "http"
         grpc = self.grpc_address or "off"
         return (
