@@ -128,7 +128,6 @@ class Supervisor:
         # SimpleQueue: its put is safe in a signal handler (it takes no lock a
         # handler could interrupt), and the reader threads post to it as well
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
-        self._children: dict[int, Child] = {}
         self._alive: set[Child] = set()
         self._backoff = dict.fromkeys(range(1, processes + 1), FIRST_BACKOFF_S)
         self._due: dict[int, float] = {}  # slot -> when it is to be started again
@@ -182,7 +181,6 @@ class Supervisor:
             bufsize=1,
         )
         child = Child(slot, popen)
-        self._children[slot] = child
         self._alive.add(child)
         threading.Thread(
             target=self._watch, args=(child,), name=f"gateway-{slot}", daemon=True
@@ -202,7 +200,10 @@ class Supervisor:
                 print(text, file=sys.stderr, flush=True)
             first = False
         child.popen.stdout.close()
-        self._events.put(_Exited(child, child.popen.wait()))
+        returncode = child.popen.wait()
+        if child.popen.stdin is not None:  # our end of its stdin: no use any more
+            child.popen.stdin.close()
+        self._events.put(_Exited(child, returncode))
 
     # ------------------------------------------------------------ running
 
@@ -210,9 +211,11 @@ class Supervisor:
         """Restart children that die, each slot after its backoff, until a signal."""
         while True:
             try:
-                event = self._events.get(timeout=self._until_due())
+                event: _Event | None = self._events.get(timeout=self._until_due())
             except queue.Empty:
-                self._restart_due(argv, env)
+                event = None
+            self._restart_due(argv, env)
+            if event is None:
                 continue
             if isinstance(event, _Signalled):
                 log.info("%s: stopping the gateway processes", signal.Signals(event.signum).name)
