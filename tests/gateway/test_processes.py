@@ -289,15 +289,16 @@ def test_one_process_still_binds_exclusively(fabric: Fabric, processes: Processe
     assert refused.returncode == 1 and "address already in use" in refused.stderr
 
 
-def test_sigterm_stops_every_process_and_removes_the_directory(
-    fabric: Fabric, processes: Processes
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_every_process_and_removes_the_directory(
+    fabric: Fabric, processes: Processes, signum: signal.Signals
 ) -> None:
     argv = gateway_argv(fabric.broker, "--processes", "2")
     supervisor = started_gateway(processes.start("gateway-n", argv), argv, timeout=START_S)
     pids = wait_children(supervisor, 2)
     [directory] = {_environ(pid)["PROMETHEUS_MULTIPROC_DIR"] for pid in pids}
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-    supervisor.proc.terminate()
+    supervisor.proc.popen.send_signal(signum)  # to the supervisor alone: it passes it on
     assert supervisor.proc.wait(timeout=START_S) == 0, supervisor.proc.output()
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert not Path(directory).exists()

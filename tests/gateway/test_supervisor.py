@@ -5,6 +5,8 @@ can bind it and no other can, until the supervisor lets it go."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -47,3 +49,17 @@ def test_a_given_port_is_left_to_the_children() -> None:
 
 def test_exits_are_worded_by_signal_or_code() -> None:
     assert (describe_exit(-9), describe_exit(1)) == ("signal 9", "code 1")
+
+
+def test_the_supervisor_is_a_plain_process_manager() -> None:
+    """No client, no event loop, no server library: it only starts and watches."""
+    probe = (
+        "import sys, ipuserve.gateway.supervisor; print(sorted({m.split('.')[0] if "
+        "not m.startswith('ipuserve.') else '.'.join(m.split('.')[:2]) for m in sys.modules}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    for name in ("ipuserve.client", "asyncio", "aiohttp", "grpc", "zmq"):
+        assert f"'{name}'" not in loaded
+    assert "'ipuserve.gateway'" in loaded  # the probe saw the imports
