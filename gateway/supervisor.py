@@ -106,6 +106,22 @@ class _Signalled:
 _Event = _Started | _Exited | _Signalled
 
 
+@dataclass
+class Backoff:
+    """How long a slot waits before its next start: 0.5 s doubling to 10 s, so a child
+    that cannot stay up is not restarted in a busy loop, and back to 0.5 s once one
+    lived ``STEADY_S`` (a crash now and then is met at once)."""
+
+    delay: float = FIRST_BACKOFF_S
+
+    def after(self, lived_s: float) -> float:
+        """The wait after a child that lived ``lived_s`` seconds exited."""
+        if lived_s >= STEADY_S:
+            self.delay = FIRST_BACKOFF_S
+        delay, self.delay = self.delay, min(self.delay * 2, MAX_BACKOFF_S)
+        return delay
+
+
 def describe_exit(returncode: int) -> str:
     """``signal 9`` or ``code 1``, as the restart message words it."""
     return f"signal {-returncode}" if returncode < 0 else f"code {returncode}"
@@ -129,7 +145,7 @@ class Supervisor:
         # handler could interrupt), and the reader threads post to it as well
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
         self._alive: set[Child] = set()
-        self._backoff = dict.fromkeys(range(1, processes + 1), FIRST_BACKOFF_S)
+        self._backoff = {slot: Backoff() for slot in range(1, processes + 1)}
         self._due: dict[int, float] = {}  # slot -> when it is to be started again
 
     def run(self) -> None:
@@ -230,10 +246,7 @@ class Supervisor:
         self._alive.discard(child)
         _forget_process(child.pid, metrics_dir)
         slot = child.slot
-        if time.monotonic() - child.born >= STEADY_S:
-            self._backoff[slot] = FIRST_BACKOFF_S
-        delay = self._backoff[slot]
-        self._backoff[slot] = min(delay * 2, MAX_BACKOFF_S)
+        delay = self._backoff[slot].after(time.monotonic() - child.born)
         self._due[slot] = time.monotonic() + delay
         why = describe_exit(event.returncode) + (f": {child.reason}" if child.reason else "")
         log.warning(

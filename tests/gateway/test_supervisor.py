@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ipuserve.gateway.config import GatewayConfig, split_address
-from ipuserve.gateway.supervisor import describe_exit, reserved_ports
+from ipuserve.gateway.supervisor import STEADY_S, Backoff, describe_exit, reserved_ports
 
 
 def _bind(port: int, *, reuse_port: bool) -> socket.socket:
@@ -63,3 +63,9 @@ def test_the_supervisor_is_a_plain_process_manager() -> None:
     for name in ("ipuserve.client", "asyncio", "aiohttp", "grpc", "zmq"):
         assert f"'{name}'" not in loaded
     assert "'ipuserve.gateway'" in loaded  # the probe saw the imports
+
+
+def test_the_backoff_doubles_to_ten_seconds_and_starts_over_after_a_steady_run() -> None:
+    backoff = Backoff()
+    assert [backoff.after(1.0) for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert [backoff.after(STEADY_S), backoff.after(1.0)] == [0.5, 1.0]
