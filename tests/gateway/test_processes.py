@@ -196,10 +196,14 @@ def one_connection_each(gateway: GatewayProc, pids: set[int]) -> Iterator[dict[i
 
 
 @pytest.fixture(scope="module")
-def pair(fabric: Fabric) -> GatewayProc:
-    """A supervisor of two gateway processes in front of the module's fabric."""
+def pair(fabric: Fabric) -> Iterator[GatewayProc]:
+    """A supervisor of two gateway processes in front of the module's fabric, stopped
+    with SIGTERM at the end (the fabric's SIGKILL would leave its directory behind)."""
     argv = gateway_argv(fabric.broker, "--processes", "2")
-    return started_gateway(fabric.procs.start("gateway-pair", argv), argv, timeout=START_S)
+    supervisor = started_gateway(fabric.procs.start("gateway-pair", argv), argv, timeout=START_S)
+    yield supervisor
+    supervisor.proc.terminate()
+    supervisor.proc.wait(timeout=START_S)
 
 
 def test_the_start_line_names_the_processes_and_the_ports(pair: GatewayProc) -> None:
