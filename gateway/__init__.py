@@ -16,6 +16,8 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
     http_guard.py   header deadline and connection cap per connection
     grpc_*.py       the gRPC door (grpcio's asyncio server)
     app.py / cli.py one asyncio loop running both; ``ipuserve gateway``
+    supervisor.py   ``--processes N``: N such processes on the same ports, restarted
+                    when they die (a plain process manager: no asyncio, no client)
 
 It imports the client and the common ground only (tests/test_layout.py). docs/gateway.md
 lists the endpoints, the error and datatype tables and what is not supported.

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 from collections.abc import Callable
@@ -21,20 +22,12 @@ from typing import Any
 from ipuserve.client import AsyncClient
 from ipuserve.errors import ConfigError
 from ipuserve.gateway.auth import Tokens
-from ipuserve.gateway.config import GatewayConfig
+from ipuserve.gateway.config import GatewayConfig, split_address
 from ipuserve.gateway.http_server import HttpServer, start_http
 from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.service import InferenceService
 
 log = logging.getLogger(__name__)
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8000`` for IPv6) as (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"address {address!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
-    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def is_loopback(host: str) -> bool:
@@ -61,6 +54,16 @@ def check_binding(config: GatewayConfig) -> None:
                 "--tls-key), bind a loopback address, or pass --insecure for a network you "
                 "trust completely (protected mode, as the broker's; docs/security.md)"
             )
+
+
+def validate(config: GatewayConfig) -> Tokens:
+    """Everything about ``config`` that can be wrong before a socket is bound: the bind
+    rule, the TLS files, the token files (:class:`ConfigError`, with the message the
+    gateway fails with). The supervisor of several processes calls it once, so a bad
+    option fails once rather than in every process."""
+    check_binding(config)
+    ssl_context(config)
+    return Tokens.from_files(infer=config.infer_tokens, admin=config.admin_tokens)
 
 
 def ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
@@ -126,6 +129,7 @@ class Gateway:
     def start_line(self) -> str:
         assert self.http is not None
         host, _ = split_address(self.config.http)
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL has it
         scheme = "https" if self.config.tls else "http"
         grpc = self.grpc_address or "off"
         return (
@@ -146,14 +150,39 @@ class Gateway:
         await self.client.aclose()
 
 
-async def serve(config: GatewayConfig, announce: Callable[[str], None]) -> None:
-    """Run a gateway until SIGTERM or SIGINT; ``announce`` gets the start-up line."""
+def _stop_at_eof(loop: asyncio.AbstractEventLoop, fd: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` once ``fd`` (a pipe) reaches its end: its writer is gone."""
+
+    def readable() -> None:
+        try:
+            more = os.read(fd, 4096)
+        except OSError:
+            more = b""
+        if not more:
+            loop.remove_reader(fd)
+            log.info("the supervisor is gone: stopping")
+            stop.set()
+
+    loop.add_reader(fd, readable)
+
+
+async def serve(
+    config: GatewayConfig, announce: Callable[[str], None], *, parent_pipe: int | None = None
+) -> None:
+    """Run a gateway until SIGTERM or SIGINT; ``announce`` gets the start-up line.
+
+    ``parent_pipe``, a supervisor's child's: a pipe whose other end the supervisor holds
+    and never writes; its end of file (the supervisor died, even by SIGKILL, which it
+    cannot forward) stops this process as SIGTERM would, so no gateway outlives it.
+    """
     check_binding(config)
     gateway = Gateway(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if parent_pipe is not None:
+        _stop_at_eof(loop, parent_pipe, stop)
     try:
         await gateway.start()
         announce(gateway.start_line())
@@ -163,4 +192,6 @@ async def serve(config: GatewayConfig, announce: Callable[[str], None]) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
+        if parent_pipe is not None:
+            loop.remove_reader(parent_pipe)
         await gateway.stop()

@@ -4,19 +4,26 @@ ipuserve.face.cli). Every option has its ``IPUSERVE_GATEWAY_*`` variable."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import multiprocessing
+import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from ipuserve.clikit import Endpoint, TimeoutSeconds, fail, option
 from ipuserve.errors import ConfigError
-from ipuserve.gateway.app import serve, split_address
+from ipuserve.gateway.app import serve, validate
 from ipuserve.gateway.config import (
     DEFAULT_GRPC,
     DEFAULT_HTTP,
     DEFAULT_MAX_BODY_BYTES,
     GatewayConfig,
+    split_address,
 )
+from ipuserve.gateway.supervisor import Supervisor
 from ipuserve.security.cli import curve_client_options, keys_from_options
 
 _FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
@@ -97,6 +104,21 @@ def _address(_ctx: object, _param: object, value: str | None) -> str | None:
     default=30.0,
     help="A request's timeout when it gives none (parameters.timeout / gRPC deadline).",
 )
+@option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Gateway processes sharing the doors' ports (SO_REUSEPORT; the kernel spreads "
+    "connections, not requests, over them); above 1, this process supervises them and "
+    'restarts one that dies (docs/gateway.md, "Several processes").',
+)
+@option(
+    "--supervised",
+    is_flag=True,
+    hidden=True,
+    help="Set by --processes for its children only: bind with SO_REUSEPORT, print the "
+    "start line (or why it could not start) on stdout, stop at the end of stdin.",
+)
 @curve_client_options
 def gateway(
     broker: tuple[str, ...],
@@ -112,6 +134,8 @@ def gateway(
     body_timeout_s: float,
     max_connections: int,
     timeout_s: float,
+    processes: int,
+    supervised: bool,
     curve_secret_key: Path | None,
     broker_public_key: Path | None,
 ) -> None:
@@ -138,13 +162,80 @@ def gateway(
         request_timeout_s=timeout_s,
         curve_secret_key=curve_secret_key,
         broker_public_key=broker_public_key,
+        reuse_port=supervised,
     )
+    if supervised:
+        _serve_supervised(config)
     try:
-        asyncio.run(serve(config, lambda line: click.echo(line, err=True)))
+        if processes > 1:
+            validate(config)
+            Supervisor(config, processes, child_argv, _to_stderr).run()
+        else:
+            asyncio.run(serve(config, _to_stderr))
     except ConfigError as exc:
         fail(str(exc))
     except OSError as exc:  # the address is taken, or not this host's
         fail(f"cannot serve: {exc}")
+
+
+def _to_stderr(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _serve_supervised(config: GatewayConfig) -> NoReturn:
+    """Serve as one of a supervisor's children: the start line, or the one line that
+    says why there is none, goes to the supervisor on stdout; exit 1 after the latter.
+    Its log records name it by its pid (the supervisor's log says which process that
+    is), not all "MainProcess"."""
+    multiprocessing.current_process().name = f"gateway-{os.getpid()}"
+    try:
+        asyncio.run(serve(config, _to_stdout, parent_pipe=sys.stdin.fileno()))
+    except ConfigError as exc:
+        _to_stdout(str(exc))
+        sys.exit(1)
+    except OSError as exc:
+        _to_stdout(f"cannot serve: {exc}")
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _to_stdout(line: str) -> None:
+    click.echo(line)
+    sys.stdout.flush()
+
+
+def child_argv(config: GatewayConfig) -> list[str]:
+    """The command line of a supervisor's child serving ``config`` (its ports concrete):
+    every option spelled out, so the variables the supervisor read cannot differ in the
+    child (which inherits them) from what it was told."""
+    level = logging.getLevelName(logging.getLogger("ipuserve").getEffectiveLevel())
+    argv = [sys.executable, "-m", "ipuserve", "--log-level", level, "gateway"]
+    for endpoint in config.brokers:
+        argv += ["--broker", endpoint]
+    argv += ["--http", config.http, "--grpc", config.grpc or "off"]
+    paths = {
+        "--tls-cert": config.tls_cert,
+        "--tls-key": config.tls_key,
+        "--infer-tokens": config.infer_tokens,
+        "--admin-tokens": config.admin_tokens,
+        "--curve-secret-key": config.curve_secret_key,
+        "--broker-public-key": config.broker_public_key,
+    }
+    for flag, path in paths.items():
+        if path is not None:
+            argv += [flag, str(path)]
+    if config.insecure:
+        argv.append("--insecure")
+    return [
+        *argv,
+        "--max-body-bytes", str(config.max_body_bytes),
+        "--header-timeout-s", repr(config.header_timeout_s),
+        "--body-timeout-s", repr(config.body_timeout_s),
+        "--max-connections", str(config.max_connections),
+        "--timeout-s", repr(config.request_timeout_s),
+        "--processes", "1",
+        "--supervised",
+    ]  # fmt: skip
 
 
 commands: list[click.Command] = [gateway]

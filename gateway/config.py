@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ipuserve.errors import ConfigError
+
 DEFAULT_HTTP = "127.0.0.1:8000"
 DEFAULT_GRPC = "127.0.0.1:8001"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -39,7 +41,18 @@ class GatewayConfig:
     request_timeout_s: float = 30.0
     curve_secret_key: Path | None = None
     broker_public_key: Path | None = None
+    #: bind both doors with SO_REUSEPORT, sharing their ports with the other processes
+    #: of a supervisor (gateway/supervisor.py); off, a taken port fails to bind
+    reuse_port: bool = False
 
     @property
     def tls(self) -> bool:
         return self.tls_cert is not None and self.tls_key is not None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) as (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"address {address!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
+    return host.removeprefix("[").removesuffix("]"), int(port)

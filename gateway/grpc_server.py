@@ -81,11 +81,12 @@ async def start_grpc_bound(
 def server_options(config: GatewayConfig) -> list[tuple[str, Any]]:
     """The channel arguments of the server: the body limit for received messages (the
     sent ones are bounded by what the fabric returns); no SO_REUSEPORT, so a second
-    process binding the same port fails instead of silently sharing it."""
+    process binding the same port fails instead of silently sharing it -- unless the
+    process is one of a supervisor's several (``config.reuse_port``)."""
     return [
         ("grpc.max_receive_message_length", config.max_body_bytes),
         ("grpc.max_send_message_length", -1),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(config.reuse_port)),
     ]
 
 

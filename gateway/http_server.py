@@ -312,6 +312,11 @@ async def start_http(
     factory = app[GUARDS].factory(runner.server)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        factory, host, port, ssl=ssl_context, backlog=min(config.max_connections, 4096)
+        factory,
+        host,
+        port,
+        ssl=ssl_context,
+        backlog=min(config.max_connections, 4096),
+        reuse_port=config.reuse_port,
     )
     return HttpServer(app, runner, server)

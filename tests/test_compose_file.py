@@ -9,6 +9,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
 
 from ipuserve.face.cli import main
@@ -32,8 +33,10 @@ FIXED = {
 def test_compose_passes_every_option_through_under_its_cli_name(command: str) -> None:
     text = (ROOT / "compose.yaml").read_text()
     passed = set(re.findall(r"^\s+(IPUSERVE_\w+):", text, re.MULTILINE))
-    options = {
-        p.name for p in main.commands[command].params if p.name and p.param_type_name == "option"
+    options = {  # a hidden option is no setting (gateway --supervised: its supervisor's)
+        p.name
+        for p in main.commands[command].params
+        if p.name and isinstance(p, click.Option) and not p.hidden
     }
     passed_through = options - FIXED[command]
     expected = {f"IPUSERVE_{command.upper()}_{name.upper()}" for name in passed_through}

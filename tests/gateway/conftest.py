@@ -21,6 +21,7 @@ import pytest
 
 from ipuserve.runtime.popef import examples, load_model
 from tests.helpers import (
+    START_TIMEOUT,
     BrokerProc,
     Proc,
     Processes,
@@ -30,7 +31,8 @@ from tests.helpers import (
     wait_until,
 )
 
-_STARTED = r"ipuserve gateway: http (https?)://(\S+):(\d+), grpc (\S+),"
+#: one gateway's start line, or a supervisor's (``--processes N``: "N processes, " first)
+_STARTED = r"ipuserve gateway: (?:\d+ processes, )?http (https?)://(\S+):(\d+), grpc (\S+),"
 
 
 @dataclass
@@ -88,9 +90,9 @@ def start_gateway(
     return started_gateway(procs.start(name, argv), argv)
 
 
-def started_gateway(proc: Proc, argv: list[str]) -> GatewayProc:
+def started_gateway(proc: Proc, argv: list[str], timeout: float = START_TIMEOUT) -> GatewayProc:
     """The gateway ``proc`` runs, once it printed its start-up line."""
-    found = proc.wait_for(_STARTED)
+    found = proc.wait_for(_STARTED, timeout)
     host_port = f"{found[2]}:{found[3]}"
     grpc = None if found[4] == "off" else found[4]
     return GatewayProc(proc, f"{found[1]}://{host_port}", host_port, grpc, argv)
