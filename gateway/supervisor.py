@@ -64,6 +64,10 @@ STEADY_S = 30.0
 #: after SIGTERM, how long the children may take (each drains for up to 5 s) before
 #: they are killed
 STOP_GRACE_S = 15.0
+#: a child that has neither announced itself nor exited by then is taken for hung: the
+#: start fails (naming it) rather than waiting for ever; a start binds and reads its
+#: token files, seconds at most even on a loaded machine
+START_TIMEOUT_S = 60.0
 #: tries at one port free on every address of a host (a later address may hold it)
 _RESERVE_TRIES = 20
 
@@ -136,8 +140,10 @@ class Supervisor:
         processes: int,
         child_argv: ChildArgv,
         announce: Callable[[str], None],
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.config = config
+        self.start_timeout_s = start_timeout_s
         self.processes = processes
         self._child_argv = child_argv
         self._announce = announce
@@ -169,12 +175,22 @@ class Supervisor:
 
     def _start_all(self, argv: list[str], env: dict[str, str]) -> bool:
         """Start every slot and wait for every start line; False if a signal came
-        first. A child that exits before its start line fails the whole start."""
+        first. A child that exits before its start line, or has not written it within
+        ``start_timeout_s``, fails the whole start."""
         for slot in range(1, self.processes + 1):
             self._spawn(slot, argv, env)
         lines: dict[int, str] = {}
+        deadline = time.monotonic() + self.start_timeout_s
         while len(lines) < self.processes:
-            event = self._events.get()
+            try:
+                event = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                late = sorted(c.slot for c in self._alive if c.slot not in lines)
+                raise ConfigError(
+                    f"gateway process {', '.join(map(str, late))} did not start within "
+                    f"{self.start_timeout_s:g} s (no start line, still running): stopped; "
+                    "its log above may say why"
+                ) from None
             if isinstance(event, _Signalled):
                 return False
             if isinstance(event, _Exited):

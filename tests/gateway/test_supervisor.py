@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,36 @@ def test_the_backoff_doubles_to_ten_seconds_and_starts_over_after_a_steady_run()
     backoff = Backoff()
     assert [backoff.after(1.0) for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
     assert [backoff.after(STEADY_S), backoff.after(1.0)] == [0.5, 1.0]
+
+
+def test_a_child_that_never_announces_itself_fails_the_start_and_is_stopped() -> None:
+    """A child that runs but writes no start line (here: one that reads its stdin for
+    ever) is not waited for without end: the start fails naming it, and it is stopped."""
+    from ipuserve.errors import ConfigError
+    from ipuserve.gateway.supervisor import Supervisor
+
+    started: list[int] = []
+    config = GatewayConfig(brokers=("tcp://127.0.0.1:5555",), http="127.0.0.1:0", grpc=None)
+    hung = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+
+    def argv(_config: GatewayConfig) -> list[str]:
+        return hung
+
+    supervisor = Supervisor(config, 2, argv, started.append, start_timeout_s=1.0)
+    with pytest.raises(ConfigError, match=r"gateway process 1, 2 did not start within 1 s"):
+        supervisor.run()
+    assert started == []
+    # every child stopped and reaped: none of this process's children runs the hung line
+    children = [
+        int(pid)
+        for task in Path("/proc/self/task").glob("*/children")
+        for pid in task.read_text().split()
+    ]
+    assert not [pid for pid in children if "sys.stdin.read()" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
