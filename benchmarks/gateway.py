@@ -194,10 +194,15 @@ async def drive_http(url: str, model: str, inputs: dict[str, Any], level: int, a
 
 
 async def drive_grpc(url: str, model: str, inputs: dict[str, Any], level: int, args: Any) -> Window:
+    """One channel, or with several gateway processes two channels a process (each its
+    own connection: grpcio shares one per target unless told not to), tasks spread over
+    them: the kernel spreads connections, not calls, over the processes."""
     import tritonclient.grpc as grpc
     import tritonclient.grpc.aio as grpc_aio
 
-    client = grpc_aio.InferenceServerClient(url=url)
+    channels = 1 if args.gateway_processes == 1 else min(level, 2 * args.gateway_processes)
+    own = [("grpc.use_local_subchannel_pool", 1)] if channels > 1 else None
+    clients = [grpc_aio.InferenceServerClient(url=url, channel_args=own) for _ in range(channels)]
     try:
 
         def request() -> list[Any]:
@@ -208,13 +213,19 @@ async def drive_grpc(url: str, model: str, inputs: dict[str, Any], level: int, a
                 tensors.append(tensor)
             return tensors
 
-        async def call() -> Any:
-            return await client.infer(model, request())
+        def caller(client: Any) -> Callable[[], Awaitable[Any]]:
+            async def call() -> Any:
+                return await client.infer(model, request())
 
-        await call()
-        return await closed_loop(call, level, args)
+            return call
+
+        calls = [caller(clients[task % channels]) for task in range(level)]
+        for call in calls[:channels]:
+            await call()
+        return await closed_loop_each(calls, args)
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
 
 
 def raw_request(http: str, model: str, inputs: dict[str, Any]) -> bytes:
