@@ -169,7 +169,11 @@ async def drive_async(
         return await closed_loop(lambda: client.infer(model, inputs, copy=False), level, args)
 
 
-async def drive_http(url: str, model: str, inputs: dict[str, Any], level: int, args: Any) -> Window:
+async def drive_http(
+    url: str, model: str, inputs: dict[str, Any], outputs: list[str], level: int, args: Any
+) -> Window:
+    """Binary tensor data both ways: inputs, and ``outputs`` asked for binary (without
+    ``outputs`` tritonclient asks for none, and the gateway answers in JSON)."""
     import tritonclient.http as http
     import tritonclient.http.aio as http_aio
 
@@ -184,8 +188,11 @@ async def drive_http(url: str, model: str, inputs: dict[str, Any], level: int, a
                 tensors.append(tensor)
             return tensors
 
+        def wanted() -> list[Any]:
+            return [http.InferRequestedOutput(name, binary_data=True) for name in outputs]
+
         async def call() -> Any:
-            return await client.infer(model, request())
+            return await client.infer(model, request(), outputs=wanted())
 
         await call()
         return await closed_loop(call, level, args)
@@ -424,7 +431,7 @@ def measure(
     elif path == "async":
         window = asyncio.run(drive_async(front, model, inputs, level, args))
     elif path == "http":
-        window = asyncio.run(drive_http(http, model, inputs, level, args))
+        window = asyncio.run(drive_http(http, model, inputs, list(expected), level, args))
     elif path == "raw":
         window = asyncio.run(drive_raw(http, model, inputs, expected, level, args))
     else:
