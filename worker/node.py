@@ -1,15 +1,17 @@
 """A worker node: the socket loop between the broker and a :class:`Backend`.
 
 Life of a connection: fresh DEALER -> HELLO -> WELCOME (:mod:`ipuserve.worker.joining`)
--> serve JOBS, heartbeat both ways. The jobs themselves -- admission, waiting, expiry,
-outcomes -- are the :class:`~ipuserve.worker.jobbook.JobBook`'s. Outcomes collect
-during a turn of the loop and leave at its end as one RESULTS message. The loop leaves
-a connection when the broker is silent past its liveness window, asks us to RECONNECT
-(it restarted and does not know us) or shows a new epoch; it then reconnects with
-exponential backoff on a fresh socket. Results of jobs received under an older epoch
-are dropped: that broker is gone and its successor never heard of those jobs. On
-:meth:`request_stop` (SIGTERM) it drains: credit 0, finish what runs within the drain
-timeout, send the results, hand the rest back in BYE, exit.
+-> serve JOBS, heartbeat both ways (the connection's clock and non-blocking sends are
+its :class:`~ipuserve.worker.connection.Connection`'s). The jobs themselves --
+admission, waiting, expiry, outcomes -- are the :class:`~ipuserve.worker.jobbook.
+JobBook`'s. Outcomes collect during a turn of the loop and leave at its end as one
+RESULTS message. The loop leaves a connection when the broker is silent past its
+liveness window, asks us to RECONNECT (it restarted and does not know us) or shows a
+new epoch; it then reconnects with exponential backoff on a fresh socket. Results of
+jobs received under an older epoch are dropped: that broker is gone and its successor
+never heard of those jobs. On :meth:`request_stop` (SIGTERM) it drains: credit 0,
+finish what runs within the drain timeout, send the results, hand the rest back in
+BYE, exit.
 
 A worker serving several brokers runs one node per broker, each on its own thread,
 over one backend (:mod:`ipuserve.worker.brokers`); each node's credit is its
@@ -29,12 +31,10 @@ polls beside the socket, the same hand-off as the client's).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -44,34 +44,13 @@ from ipuserve import transport
 from ipuserve.errors import IpuserveError
 from ipuserve.worker.backend import Backend, Mailbox, Outcome, WorkItem, WorkResult
 from ipuserve.worker.config import WorkerConfig
+from ipuserve.worker.connection import Connection, Exit
 from ipuserve.worker.control import Control
 from ipuserve.worker.credit import CreditPool, Share
 from ipuserve.worker.jobbook import JobBook
 from ipuserve.worker.joining import Joined, Joiner
 
 log = logging.getLogger(__name__)
-
-
-class Exit(enum.Enum):
-    """Why the loop left a connection."""
-
-    STOP = "stop requested"
-    SILENT = "broker silent past its liveness window"
-    RECONNECT = "broker asked us to reconnect (it does not know us)"
-    NEW_EPOCH = "broker restarted (new epoch)"
-
-
-@dataclass(slots=True)
-class Connection:
-    """One joined socket to the broker, from WELCOME until the loop leaves it; a
-    reconnect makes a new one (named apart from the runtime's ``Session``)."""
-
-    socket: zmq.Socket[Any]
-    epoch: str
-    heartbeat_s: float
-    liveness_s: float
-    last_heard: float
-    next_heartbeat: float = 0.0
 
 
 class WorkerNode:
@@ -249,10 +228,7 @@ class WorkerNode:
             self._book.forget_epoch(self._book.epoch, self._unsent)
         self._book.epoch = welcome.epoch
         self._book.max_payload_bytes = welcome.max_payload_bytes
-        heartbeat_s = min(self._config.heartbeat_ms, welcome.heartbeat_ms) / 1000
-        self._connection = Connection(
-            joined.socket, welcome.epoch, heartbeat_s, welcome.liveness_ms / 1000, time.monotonic()
-        )
+        self._connection = Connection.welcomed(joined, self._config.heartbeat_ms)
         log.info(
             "worker %s registered with %s (epoch %s, credit %d)",
             self._config.worker_id,
@@ -278,7 +254,7 @@ class WorkerNode:
 
     def _close_connection(self, linger: int) -> None:
         if self._connection is not None:
-            self._connection.socket.close(linger=linger)
+            self._connection.close(linger)
             self._connection = None
             self._book.max_payload_bytes = None
 
@@ -305,7 +281,8 @@ class WorkerNode:
                 while not self._stopping:
                     woken = False
                     if not self._mailbox.ready and not transport.readable(sock):
-                        woken = self._wait_unlocked(poller, self._timeout_ms(connection))
+                        wait_ms = connection.timeout_ms(self._book.next_expiry)
+                        woken = self._wait_unlocked(poller, wait_ms)
                     if (why := self._read(connection)) is not None:
                         return why
                     if woken or self._mailbox.ready:
@@ -351,18 +328,9 @@ class WorkerNode:
         finally:
             self._lock.release()
 
-    def _timeout_ms(self, connection: Connection) -> int:
-        wake = min(
-            connection.next_heartbeat,
-            connection.last_heard + connection.liveness_s,
-            self._book.next_expiry,
-        )
-        return max(0, int((wake - time.monotonic()) * 1000) + 1)
-
     def _read(self, connection: Connection) -> Exit | None:
         """Handle every message waiting on the socket."""
-        while (frames := transport.try_recv(connection.socket)) is not None:
-            connection.last_heard = time.monotonic()
+        while (frames := connection.receive()) is not None:
             why = self._on_message(connection, frames)
             if why is not None:
                 return why
@@ -421,8 +389,11 @@ class WorkerNode:
         message = self._book.take_results()
         if message is None:
             return
+        connection = self._connection
+        if connection is None:
+            return
         for frames in wire.encode_batch(message, self._limits):
-            self._send_frames(frames, "RESULTS")
+            connection.send_frames(frames, "RESULTS")
 
     def _report(self) -> None:
         """Tell the pool what this connection holds; send a credit it changed."""
@@ -436,11 +407,10 @@ class WorkerNode:
 
     def _tick(self, connection: Connection) -> Exit | None:
         now = time.monotonic()
-        if now - connection.last_heard > connection.liveness_s:
+        if connection.silent(now):
             return Exit.SILENT
-        if now >= connection.next_heartbeat:
+        if connection.heartbeat_due(now):
             self._send(wire.Heartbeat(in_flight=self._held()))
-            connection.next_heartbeat = now + connection.heartbeat_s
         return None
 
     def _send_control(self) -> None:
@@ -456,16 +426,9 @@ class WorkerNode:
         return len(self._book.jobs) + len(self._draining or ())
 
     def _send(self, message: wire.Message) -> None:
-        self._send_frames(message.encode(), message.COMMAND.name)
-
-    def _send_frames(self, frames: list[wire.Frame], what: str) -> None:
-        """Send without ever blocking the loop; a message the broker cannot take is dropped."""
-        if self._connection is None:
-            return
-        try:
-            transport.send(self._connection.socket, frames, nonblock=True)
-        except zmq.Again:
-            log.warning("broker not accepting messages; dropped %s", what)
+        """Send to the broker joined now; nothing while none is (a thread's late result)."""
+        if self._connection is not None:
+            self._connection.send(message)
 
     # ------------------------------------------------------------ draining
 
@@ -506,6 +469,5 @@ class WorkerNode:
             if self._mailbox.fd in events:
                 self._deliver()
             self._flush()
-            if time.monotonic() >= connection.next_heartbeat:
+            if connection.heartbeat_due(time.monotonic()):
                 self._send(wire.Heartbeat(in_flight=self._held(), credit=0))
-                connection.next_heartbeat = time.monotonic() + connection.heartbeat_s

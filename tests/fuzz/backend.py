@@ -14,13 +14,15 @@ or DEADLINE_EXCEEDED. A misbehaving worker can lose its own jobs, not make the
 broker lie: a REPLY always carries outputs that fit the model and that a worker
 really sent for that request. Meanwhile ``add`` requests to the real worker
 (the probe) are answered correctly within a second after every 500 messages.
+
+This module is the fake worker and the sockets; what each request may be answered
+with, and the judgement of each answer, is the :class:`~tests.fuzz.ledger.Ledger`'s.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,16 +43,12 @@ from tests.fuzz.engine import (
     spec_json,
 )
 from tests.fuzz.frontend import probe
-from tests.fuzz.worker_frames import model_spec, named_jobs, results_frames, worker_timing
+from tests.fuzz.ledger import TIMEOUT_MS, Ledger
+from tests.fuzz.worker_frames import model_spec, results_frames, worker_timing
 
 MODEL = "fz"
 CREDIT = 8
 IN_FLIGHT = 6
-TIMEOUT_MS = 1500.0
-ANSWER_GRACE_S = 1.0
-# a job named by undecodable RESULTS sent this soon after its request must fail at once,
-# not at its deadline: the broker has TIMEOUT_MS - DEADLINE_SURE_S to read the frames
-DEADLINE_SURE_S = TIMEOUT_MS / 1000 / 2
 BEHAVIOURS = [
     "ok",
     "ok",
@@ -79,30 +77,6 @@ BEHAVIOURS = [
 ]
 
 
-@dataclass
-class Pending:
-    """A client request: the answers it may get, and the finding each wrong one shows."""
-
-    x: np.ndarray[Any, Any]
-    y: np.ndarray[Any, Any]
-    replies: list[np.ndarray[Any, Any]] = field(default_factory=list)
-    # the codes something the fake did allows; a job may fail WORKER_FAILED without
-    # reaching the fake: each HELLO or BYE of the fake drops it, and a job its JOBS were
-    # still travelling to is re-queued, an attempt counted (max_attempts of them fail it)
-    codes: set[str] = field(default_factory=lambda: {"WORKER_FAILED"})
-    # whether the broker may answer DEADLINE_EXCEEDED of its own: kept apart from
-    # ``codes``, so that ruling the deadline out never rules out a DEADLINE_EXCEEDED the
-    # fake itself reported for the job (a fail-valid may pick that code)
-    deadline_may_pass: bool = True
-    symptoms: dict[str, str] = field(default_factory=dict)
-    sent_at: float = field(default_factory=time.monotonic)
-    history: list[str] = field(default_factory=list)  # what the fake did with its job
-
-    def allowed(self) -> set[str]:
-        """The error codes this request may be answered with now."""
-        return self.codes | ({"DEADLINE_EXCEEDED"} if self.deadline_may_pass else set())
-
-
 class BackendFuzzer:
     """Runs the fake worker for ``messages`` messages against a broker with a real
     ``add`` worker (the probe's)."""
@@ -110,17 +84,15 @@ class BackendFuzzer:
     def __init__(self, frontend: str, backend: str, broker_pid: int, seed: int) -> None:
         self.rng = random.Random(seed)
         self.report = Report("backend", seed)
+        self.ledger = Ledger(self.report)
         self.pid = broker_pid
         context: zmq.Context[Any] = zmq.Context.instance()
         self.client = self._dealer(context, frontend)
         self.prober = self._dealer(context, frontend)
         self.backend = backend
         self.worker = self._dealer(context, backend)
-        self.pending: dict[bytes, Pending] = {}
-        self.jobs: dict[bytes, bytes] = {}  # job id -> request id
         self.late: list[tuple[float, list[bytes]]] = []
         self.serial = 0
-        self.given_up: set[bytes] = set()
         self.junk = 0
 
     @staticmethod
@@ -167,10 +139,8 @@ class BackendFuzzer:
     def fill(self) -> None:
         """Keep IN_FLIGHT requests for ``fz`` pending (one not answered a second after its
         deadline is given up, and reported, so that it does not hold its slot)."""
-        given_up = time.monotonic() - TIMEOUT_MS / 1000 - ANSWER_GRACE_S
-        for rid in [rid for rid, p in self.pending.items() if p.sent_at < given_up]:
-            self.unanswered(rid)
-        while len(self.pending) < IN_FLIGHT:
+        self.ledger.give_up_overdue()
+        while len(self.ledger.pending) < IN_FLIGHT:
             self.serial += 1
             rid = b"b%07d" % self.serial
             rows = self.rng.randrange(1, 4)
@@ -183,7 +153,7 @@ class BackendFuzzer:
             self.client.send_multipart(
                 frames_of(Command.REQUEST, rid, header, x.tobytes(), y.tobytes())
             )
-            self.pending[rid] = Pending(x, y)
+            self.ledger.expect(rid, x, y)
 
     def turn(self, misbehave: bool, wait_ms: int = 5) -> None:
         poller = zmq.Poller()
@@ -191,7 +161,7 @@ class BackendFuzzer:
         poller.register(self.worker, zmq.POLLIN)
         ready = dict(poller.poll(wait_ms))
         if self.client in ready:
-            self.on_client(self.client.recv_multipart())
+            self.ledger.received(self.client.recv_multipart())
         if self.worker in ready:
             self.on_worker(self.worker.recv_multipart(), misbehave)
         now = time.monotonic()
@@ -205,21 +175,12 @@ class BackendFuzzer:
     def drain(self) -> None:
         """Behave until every request is answered (or long past its deadline)."""
         deadline = time.monotonic() + 2 * TIMEOUT_MS / 1000 + 2
-        while self.pending and time.monotonic() < deadline:
+        while self.ledger.pending and time.monotonic() < deadline:
             self.turn(misbehave=False, wait_ms=50)
             if self.rng.random() < 0.2:
                 self.send(frames_of(Command.HEARTBEAT, b"", {"in_flight": 0, "credit": CREDIT}))
-        for rid in list(self.pending):
-            self.unanswered(rid)
-
-    def unanswered(self, rid: bytes) -> None:
-        pending = self.pending.pop(rid)
-        self.given_up.add(rid)
-        self.report.violate(
-            "every request is answered",
-            f"{rid!r} unanswered {ANSWER_GRACE_S} s after its deadline, after {pending.history}",
-            "timing-32" if "timing-32" in pending.history else None,  # its REPLY undecodable
-        )
+        for rid in list(self.ledger.pending):
+            self.ledger.unanswered(rid)
 
     def check_models(self) -> None:
         """`ipuserve models` (MODELS) must still work after the fake's HELLOs."""
@@ -236,52 +197,6 @@ class BackendFuzzer:
                 self.report.violate("MODELS answered", f"{message}", "models-reply-size")
                 return
         self.report.violate("MODELS answered", "no MODELS_REPLY within 5 s")
-
-    # ------------------------------------------------------------ the client's side
-
-    def on_client(self, raw: list[bytes]) -> None:
-        message, why = decodes(raw)
-        if message is None:
-            finding = "timing-32" if "timing" in why else None
-            self.report.violate("broker sends only well-formed messages", why, finding)
-            return
-        if isinstance(message, wire.ErrorReply):
-            self.answer(message.request_id, message.code)
-        elif isinstance(message, wire.Reply):
-            self.answer(message.request_id, message.tensors.arrays().get("z"))
-        else:
-            self.report.violate("client gets only its answers", f"{type(message).__name__}")
-
-    def answer(self, rid: bytes, answer: Any) -> None:
-        pending = self.pending.pop(rid, None)
-        self.report.answers[answer if isinstance(answer, str) else "REPLY"] += 1
-        if pending is None and rid in self.given_up:
-            return  # already reported as unanswered
-        if pending is None:
-            self.report.violate("exactly one answer per request", f"{rid!r}: {answer!r:.80}")
-            return
-        if isinstance(answer, str):
-            if answer not in pending.allowed():
-                waited_ms = (time.monotonic() - pending.sent_at) * 1e3
-                self.report.violate(
-                    "a misbehaving worker's answer reaches the client as the protocol says",
-                    f"{rid!r} got {answer} {waited_ms:.0f} ms after its request; allowed "
-                    f"{sorted(pending.allowed())} after {pending.history}",
-                    pending.symptoms.get(answer),
-                )
-            return
-        if not any(
-            answer is not None
-            and answer.shape == r.shape
-            and np.array_equal(answer, r, equal_nan=True)
-            for r in pending.replies
-        ):
-            self.report.violate(
-                "no well-formed request gets a wrong answer",
-                f"{rid!r} got z of shape {getattr(answer, 'shape', None)} for x {pending.x.shape}"
-                f" after {pending.history}",
-                pending.symptoms.get("REPLY"),
-            )
 
     # ------------------------------------------------------------ the fake worker
 
@@ -308,44 +223,18 @@ class BackendFuzzer:
         rows = []
         for job in message.jobs:
             arrays = job.tensors.arrays()
-            rid = self._rid(arrays["x"])
-            self.jobs[job.job_id] = rid
+            rid = self.ledger.job(job.job_id, arrays["x"])
             rows.append((job.job_id, rid, arrays["x"] + 2 * arrays["y"]))
         behaviour = self.rng.choice(BEHAVIOURS) if misbehave else "ok"
         self.report.mutations[behaviour] += 1
         for _job, rid, _z in rows:
-            if rid in self.pending:
-                self.pending[rid].history.append(behaviour)
+            self.ledger.note(rid, behaviour)
         self.behave(behaviour, rows)
-
-    def _rid(self, x: np.ndarray[Any, Any]) -> bytes:
-        for rid, pending in self.pending.items():
-            if pending.x.shape == x.shape and np.array_equal(pending.x, x):
-                return rid
-        return b"?"
-
-    def allow(
-        self,
-        rid: bytes,
-        *,
-        reply: Any = None,
-        code: str | None = None,
-        symptom: tuple[str, str] | None = None,
-    ) -> None:
-        pending = self.pending.get(rid)
-        if pending is None:
-            return
-        if reply is not None:
-            pending.replies.append(reply)
-        if code is not None:
-            pending.codes.add(code)
-        if symptom is not None:
-            pending.symptoms[symptom[0]] = symptom[1]
 
     def behave(self, behaviour: str, rows: list[tuple[bytes, bytes, Any]]) -> None:
         results = [(job, z, worker_timing()) for job, _rid, z in rows]
         for _job, rid, z in rows:
-            self.allow(rid, reply=z, code="WORKER_FAILED")  # a re-queued job may fail so
+            self.ledger.allow(rid, reply=z, code="WORKER_FAILED")  # a re-queued job may fail so
         if behaviour in ("ok", "strangers", "duplicate-message", "late", "huge-frames"):
             frames = results_frames(results)
             if behaviour == "strangers":
@@ -374,7 +263,7 @@ class BackendFuzzer:
                     )
                     if self.rng.random() < 0.5:
                         timing.update({f"t{i}": 1.0 for i in range(33)})
-            self.send_checked(results_frames(results), rows)
+            self.send_checked(results_frames(results))
         elif behaviour in (
             "wrong-shape",
             "wrong-dtype",
@@ -395,52 +284,35 @@ class BackendFuzzer:
                 "fail-shutdown": "broker-shutdown-from-worker",
             }.get(behaviour)
             for _job, rid, _z in rows:
-                if rid in self.pending:  # which code: DEADLINE_EXCEEDED is one of them
-                    self.pending[rid].history[-1] += f"({code})"
-                self.allow(
+                self.ledger.amend(rid, f"({code})")  # which: DEADLINE_EXCEEDED is one of them
+                self.ledger.allow(
                     rid,
                     code=code if behaviour == "fail-valid" else None,
                     symptom=(code, finding) if finding else None,
                 )
                 if finding == "unknown-failure-code":  # the bare IpuserveError's code
-                    self.allow(rid, symptom=("INTERNAL", finding))
+                    self.ledger.allow(rid, symptom=("INTERNAL", finding))
             failures = [[job.hex(), code, "fuzz"] for job, _rid, _z in rows]
             self.send(
                 frames_of(Command.RESULTS, b"", {"specs": [], "results": [], "failures": failures})
             )
         elif behaviour == "duplicate-row":
-            self.send_checked(results_frames(results + results[:1]), rows)
+            self.send_checked(results_frames(results + results[:1]))
         elif behaviour == "mutated":
             op, frames = mutate(self.rng, results_frames(results))
             self.report.mutations[f"mutated/{op}"] += 1
             for _job, rid, _z in rows:
-                self.pending[rid].history.append(op) if rid in self.pending else None
-            self.send_checked(frames, rows)
+                self.ledger.note(rid, op)
+            self.send_checked(frames)
         elif behaviour == "bye":
             self.send(frames_of(Command.BYE, b"", {"handed_back": [j.hex() for j, _r, _z in rows]}))
             self.hello()
         elif behaviour == "hello-again":
             self.hello(extra_models=self.rng.choice([0, 0, 400]))
 
-    def send_checked(self, frames: list[bytes], rows: list[tuple[bytes, bytes, Any]]) -> None:
-        """Send RESULTS that may not decode: what decodes is what a REPLY may carry."""
-        message, _why = decodes(frames)
-        if isinstance(message, wire.Results):
-            for result in message.results:
-                rid = self.jobs.get(result.job_id, b"?")
-                z = result.tensors.arrays().get("z") if result.tensors.members == 1 else None
-                if z is not None and z.shape == self.pending.get(rid, Pending(z, z)).x.shape:
-                    self.allow(rid, reply=np.array(z))
-            for fail in message.failures:
-                self.allow(self.jobs.get(fail.job_id, b"?"), code=fail.code)
-        elif message is None:  # the jobs it names fail at once (docs/protocol.md §4)
-            for job_id in named_jobs(frames):
-                pending = self.pending.get(self.jobs.get(job_id, b"?"))
-                # ...unless their deadline may pass before the broker reads these frames:
-                # a loaded machine can delay it by a few hundred ms (CI saw it at 1.5 s)
-                if pending is not None and time.monotonic() < pending.sent_at + DEADLINE_SURE_S:
-                    pending.deadline_may_pass = False
-                    pending.history.append("deadline ruled out")
+    def send_checked(self, frames: list[bytes]) -> None:
+        """Send RESULTS that may not decode, once the ledger knows what they allow."""
+        self.ledger.results_sent(frames)
         self.send(frames)
 
     def wrong_outputs(self, behaviour: str, results: list[Any], rows: list[Any]) -> list[bytes]:
@@ -459,10 +331,10 @@ class BackendFuzzer:
                 spec, data = [spec_json("z", b), spec_json("w", b)], data + data
             elif behaviour == "wrong-batch":
                 spec, data = [spec_json("z", b + 1)], np.vstack([z, z[:1]]).tobytes()
-                self.allow(rid, symptom=("REPLY", "wrong-batch-size"))
+                self.ledger.allow(rid, symptom=("REPLY", "wrong-batch-size"))
             elif behaviour == "wrong-bytes":
                 data = data[: -self.rng.choice([1, 4, len(data)])]
-                self.allow(rid, symptom=("INVALID_INPUT", "wrong-bytes-blamed-on-client"))
+                self.ledger.allow(rid, symptom=("INVALID_INPUT", "wrong-bytes-blamed-on-client"))
             specs.append(spec)
             out_rows.append([job.hex(), len(specs) - 1, timing])
             frames += [data[: len(data) // 2], data[len(data) // 2 :]] if len(spec) == 2 else [data]

@@ -1,10 +1,11 @@
 """The shared part of the protocol fuzzer: findings, mutations, probes and the broker's RSS.
 
-The fuzzer (tests/fuzz/frontend.py, tests/fuzz/backend.py) drives a real broker
-process with raw DEALER sockets. It is used by tests/fuzz/test_fuzz.py (a CI-sized
-run with a fixed seed) and by ``python benchmarks/fuzz.py`` (longer runs). Every
-random choice comes from one seeded ``random.Random``, so a run is reproducible from
-its seed (up to the broker's own timing: which messages share a turn of its loop).
+The fuzzer (tests/fuzz/frontend.py, tests/fuzz/backend.py with its oracle
+tests/fuzz/ledger.py) drives a real broker process with raw DEALER sockets. It is used
+by tests/fuzz/test_fuzz.py (a CI-sized run with a fixed seed) and by ``python
+benchmarks/fuzz.py`` (longer runs). Every random choice comes from one seeded
+``random.Random``, so a run is reproducible from its seed (up to the broker's own
+timing: which messages share a turn of its loop).
 
 The invariants (issue 16), checked on every run:
 

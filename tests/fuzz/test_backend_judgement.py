@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import random
 
-from tests.fuzz.backend import BackendFuzzer, Pending
+from tests.fuzz.backend import BackendFuzzer
 from tests.fuzz.engine import add_arrays, decodes
+from tests.fuzz.ledger import Pending
 from tests.fuzz.worker_frames import results_frames, worker_timing
 from tests.helpers import Processes, start_broker
 
@@ -35,26 +36,26 @@ def _fuzzer(processes: Processes) -> BackendFuzzer:
 
 def _undecodable_results(fuzzer: BackendFuzzer) -> None:
     """What "timing-abuse" sends for the job: RESULTS with 33 timing entries."""
-    x, y = fuzzer.pending[RID].x, fuzzer.pending[RID].y
+    x, y = fuzzer.ledger.pending[RID].x, fuzzer.ledger.pending[RID].y
     timing = worker_timing() | {f"t{i}": 1.0 for i in range(33)}
     frames = results_frames([(JOB, x + 2 * y, timing)])
     assert decodes(frames)[0] is None  # the premise: the broker cannot read it
-    fuzzer.send_checked(frames, [(JOB, RID, x + 2 * y)])
+    fuzzer.send_checked(frames)
 
 
 def _pending(fuzzer: BackendFuzzer, history: list[str]) -> None:
     x, y = add_arrays(random.Random(21), 2)
-    fuzzer.pending[RID] = Pending(x, y, history=history)
-    fuzzer.jobs[JOB] = RID
+    fuzzer.ledger.pending[RID] = Pending(x, y, history=history)
+    fuzzer.ledger.jobs[JOB] = RID
 
 
 def test_a_deadline_exceeded_the_fake_reported_stays_allowed(processes: Processes) -> None:
     fuzzer = _fuzzer(processes)
     try:
         _pending(fuzzer, ["fail-valid(DEADLINE_EXCEEDED)", "timing-abuse"])
-        fuzzer.allow(RID, code="DEADLINE_EXCEEDED")  # what fail-valid does with that code
+        fuzzer.ledger.allow(RID, code="DEADLINE_EXCEEDED")  # what fail-valid does with that code
         _undecodable_results(fuzzer)
-        fuzzer.answer(RID, "DEADLINE_EXCEEDED")  # the broker forwards the fake's failure
+        fuzzer.ledger.answer(RID, "DEADLINE_EXCEEDED")  # the broker forwards the fake's failure
         assert fuzzer.report.violations == []
     finally:
         fuzzer.close()
@@ -69,7 +70,7 @@ def test_the_broker_may_not_time_out_a_job_named_by_undecodable_results(
     try:
         _pending(fuzzer, ["timing-abuse"])
         _undecodable_results(fuzzer)
-        fuzzer.answer(RID, "DEADLINE_EXCEEDED")
+        fuzzer.ledger.answer(RID, "DEADLINE_EXCEEDED")
         (violation,) = fuzzer.report.violations
         assert "got DEADLINE_EXCEEDED" in violation.detail
         assert "allowed ['WORKER_FAILED']" in violation.detail

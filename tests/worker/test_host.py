@@ -1,19 +1,18 @@
 """A repository worker (``ipuserve worker --repository``), as real processes: it serves
-the versions it loads through a real broker, and takes LOAD/UNLOAD from a broker-side
-socket, reporting every change in HOST.
+the versions it loads through a real broker, and takes LOAD/UNLOAD from a broker,
+reporting every change in HOST.
 
-Until the broker learns the control plane (issue 22's broker piece), LOAD and UNLOAD
-come from the test playing a second broker (a bare ROUTER speaking the wire, which
-lets in the host node only), while a real ``ipuserve broker`` serves the versions:
-the worker registers with both, as a worker given two brokers does. The broker of
-main routes by name, so while two versions are loaded either may answer; the
-results tell them apart (different weights), checked against numpy.
+The LOAD and UNLOAD come from a second real ``ipuserve broker``, told by an admin's
+Client, while the first serves the requests: the worker registers with both, as a
+worker given two brokers does. Results tell the versions apart (different weights),
+checked against numpy. A LOAD that the host itself must refuse (a broker sends none:
+it refuses the command from the host's report) is tested in-process, in
+tests/worker/test_model_host.py.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,19 @@ import numpy as np
 import pytest
 
 from ipuserve import protocol as wire
-from tests.helpers import Proc, Processes, RawClient, start_broker, wait_until
+from ipuserve.client import Client
+from ipuserve.errors import NoRoomError, UnknownModelError
+from tests.helpers import (
+    Proc,
+    Processes,
+    RawClient,
+    metric,
+    scrape,
+    start_broker,
+    wait_until,
+)
 from tests.repository import SMALL_MLP, MlpVersions, repository_worker_argv, write_version
 from tests.test_probes import get
-from tests.worker.fakes import FakeBroker
 
 pytestmark = pytest.mark.slow
 
@@ -89,57 +97,6 @@ def test_a_repository_worker_serves_the_version_it_loads_at_start(
     host.wait_for(rf"worker {HOST}/mlp/1 drained")
 
 
-class Control:
-    """The test's broker-side socket: lets the host node in, sends it LOAD and UNLOAD,
-    reads its HOST reports. The hosted versions' HELLOs to it go unanswered."""
-
-    def __init__(self) -> None:
-        self.fake = FakeBroker()
-        self.endpoint = self.fake.endpoint
-        self.host: bytes | None = None
-        self.last = wire.Host(ipus=0, free_ipus=0)
-        self.byes = 0
-
-    def welcome(self) -> None:
-        """Wait for the host node's HELLO (no models, credit 0) and let it in."""
-        hello = self._next(lambda m: isinstance(m, wire.Hello) and m.worker_id == HOST)
-        assert hello.models == () and hello.credit == 0, hello
-
-    def report(self, until: Callable[[wire.Host], bool]) -> wire.Host:
-        """The first HOST report (from now) that ``until`` accepts."""
-        self.last = self._next(lambda m: isinstance(m, wire.Host) and until(m))
-        return self.last
-
-    def state(self, until: Callable[[wire.Host], bool]) -> wire.Host:
-        """The last report if ``until`` accepts it, else the next one it accepts: for a
-        state the host may have reached before its last report (a fast load's READY)."""
-        return self.last if until(self.last) else self.report(until)
-
-    def send(self, message: wire.Message) -> None:
-        assert self.host is not None
-        self.fake.send(self.host, message)
-
-    def _next(self, wanted: Callable[[Any], bool]) -> Any:
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            try:
-                identity, message = self.fake.recv(timeout=1.0)
-            except TimeoutError:
-                continue
-            if isinstance(message, wire.Hello) and message.worker_id == HOST:
-                self.host = identity
-                self.fake.send(identity, wire.Welcome("control", 50, 600_000))
-            if isinstance(message, wire.Bye) and identity == self.host:
-                self.byes += 1
-            if wanted(message):
-                return message
-        raise AssertionError("the host never sent what the test waited for")
-
-
-def hosted(report: wire.Host) -> dict[tuple[str, str], wire.Hosted]:
-    return {(h.name, h.version): h for h in report.hosted}
-
-
 class Traffic:
     """A client thread sending mlp requests without pause (8 in flight) until stopped,
     keeping each request's inputs and reply."""
@@ -177,55 +134,78 @@ class Traffic:
 def test_load_and_unload_from_a_broker_drain_and_free_the_ipus(
     processes: Processes, repo: Path
 ) -> None:
-    broker = start_broker(processes)
-    control = Control()
-    try:
-        argv = host_argv(repo, broker.backend, control.endpoint, args=("--load", "mlp:1"))
-        host = processes.start("host", argv)
-        control.welcome()
-        first = control.report(lambda r: ("mlp", "1") in hosted(r))
-        assert (first.ipus, first.free_ipus) == (4, 3)
-        problems = {(e.name, e.version): e.problem for e in first.repository}
-        assert problems[("mlp", "1")] == problems[("mlp", "2")] == ""
-        assert "replicas" in problems[("simple", "1")]
-        assert problems[("empty", "1")].startswith("no .popef file")
-        ready = control.state(lambda r: hosted(r)[("mlp", "1")].state == "READY")
-        assert hosted(ready)[("mlp", "1")].worker_id == f"{HOST}/mlp/1"
-        _switch_under_traffic(processes, broker.frontend, control, host, repo)
-        _refusals_are_reported_with_their_reason(control)
-        host.terminate()
-        assert host.wait() == 0
-        host.wait_for(rf"worker {HOST}/mlp/2 drained")
-        control.report(lambda r: not r.hosted and r.free_ipus == 4)  # drained, then BYE
-    finally:
-        control.fake.close()
+    """LOAD and UNLOAD come from one broker (``control``, an admin's Client's commands),
+    requests through another (``serving``): the host joins both, as a worker given two
+    brokers does, so what one broker loads serves the other's clients. What the host
+    reports (HOST) is read where a broker shows it: its index (states, reasons, the
+    worker serving a version) and its NO_ROOM message (IPUs free of how many); the IPUs
+    it holds from its metrics page."""
+    serving = start_broker(processes, liveness_ms=3000)  # no host dropped on a busy machine
+    control = start_broker(processes, liveness_ms=3000)
+    args = ("--load", "mlp:1", "--metrics-port", "0")
+    host = processes.start("host", host_argv(repo, serving.backend, control.backend, args=args))
+    page = host.wait_for(r"metrics on (http://127\.0\.0\.1:\d+)/metrics")[1] + "/metrics"
+    free = lambda: metric(scrape(page), "ipuserve_worker_free_ipus")  # noqa: E731
+    with Client(control.frontend, timeout=TIMEOUT) as admin:
+        wait_until(lambda: state(admin, "mlp", "1") == "READY", TIMEOUT)
+        assert metric(scrape(control.metrics_url), "ipuserve_broker_hosts") == 1
+        assert free() == 3
+        index = {(v.name, v.version): v for v in admin.repository_index()}
+        assert index[("mlp", "1")].workers == (f"{HOST}/mlp/1",)
+        assert (index[("mlp", "2")].state, index[("mlp", "2")].reason) == (
+            "UNAVAILABLE",
+            "not loaded",
+        )
+        assert "replicas" in index[("simple", "1")].reason
+        assert index[("empty", "1")].reason.startswith("no .popef file")
+        _switch_under_traffic(serving.frontend, admin, free, host, repo)
+        _refusals_are_said_with_their_reason(admin, free)
+    mark = host.mark()
+    host.terminate()
+    assert host.wait() == 0
+    # v2 drained and its IPUs freed before the host node's last report, and its BYE
+    host.wait_for(rf"worker {HOST}/mlp/2 drained", since=mark)
+    freed = host.wait_for(r"mlp version 2 unloaded", since=mark)
+    host.wait_for(rf"worker {HOST} drained", since=host.lines.index(freed.string, mark))
+    for broker in (serving, control):  # each dropped the host node and v2
+        _dropped_everything(broker.metrics_url)
+
+
+def _dropped_everything(metrics_url: str) -> None:
+    wait_until(lambda: metric(scrape(metrics_url), "ipuserve_broker_workers") == 0, TIMEOUT)
+    assert metric(scrape(metrics_url), "ipuserve_broker_hosts") == 0
+
+
+def state(client: Client, name: str, version: str) -> str | None:
+    """The broker's state of ``name`` ``version``; None while it lists no such version."""
+    found = client.repository_index().find(name, version)
+    return None if found is None else found.state
 
 
 def _switch_under_traffic(
-    processes: Processes, frontend: str, control: Control, host: Proc, repo: Path
+    frontend: str, admin: Client, free: Callable[[], float], host: Proc, repo: Path
 ) -> None:
     """Unload v1 under traffic, then load v2: v1 drains (what it runs finishes, what it
     has not started goes back to the broker, which holds it and what arrives meanwhile
-    for the model's next worker), its IPU is freed, v2 answers the rest. The broker of
-    main keeps one schema per name, version included, so the two cannot serve at once
-    there: that switch (load v2, then unload v1) is the broker piece's to test."""
+    for the model's next worker), its IPU is freed, v2 answers the rest."""
     traffic = Traffic(frontend)
     wait_for_replies(traffic, 20)
-    control.send(wire.Unload("mlp", "1"))  # UNLOADING (a report may say so), then gone
-    freed = control.report(lambda r: ("mlp", "1") not in hosted(r))
-    assert freed.free_ipus == 4
+    after_unload = admin.unload_model("mlp", "1", timeout=TIMEOUT)  # waits until gone
+    assert after_unload.find("mlp", "1") == wire.VersionState(
+        "mlp", "1", "UNAVAILABLE", "not loaded"
+    )
+    wait_until(lambda: free() == 4, TIMEOUT)
     host.wait_for(rf"worker {HOST}/mlp/1 drained: finished \d+ job\(s\), handed back \d+")
     after = traffic.mark()  # sent once v1 was gone: only v2 can answer them
-    control.send(wire.Load("mlp", "2", replicas=1, wanted_workers=1))
-    loading = control.report(lambda r: ("mlp", "2") in hosted(r))
-    assert hosted(loading)[("mlp", "2")].state in ("LOADING", "READY")
-    assert hosted(loading)[("mlp", "2")].worker_id == f"{HOST}/mlp/2"
-    assert loading.free_ipus == 3
-    control.state(lambda r: hosted(r)[("mlp", "2")].state == "READY")
+    loaded = admin.load_model("mlp", "2", replicas=1, workers=1, timeout=TIMEOUT)
+    assert loaded.find("mlp", "2") == wire.VersionState(
+        "mlp", "2", "READY", workers=(f"{HOST}/mlp/2",), default=True
+    )
+    assert free() == 3
     host.wait_for(rf"worker {HOST}/mlp/2 registered with")
-    control.send(wire.Load("mlp", "2"))  # again: a no-op, answered by a report
-    again = control.report(lambda r: True)
-    assert hosted(again)[("mlp", "2")].state == "READY" and again.free_ipus == 3
+    again = admin.load_model("mlp", "2", timeout=TIMEOUT)  # a no-op, said so
+    assert again.message == f"model 'mlp' version 2 is loaded (or loading) on {HOST} already"
+    assert state(admin, "mlp", "2") == "READY" and free() == 3
     wait_for_replies(traffic, after + 40)
     traffic.finish()
     assert len(traffic.replies) == len(traffic.sent)
@@ -242,24 +222,17 @@ def wait_for_replies(traffic: Traffic, count: int) -> None:
     wait_until(lambda: len(traffic.replies) >= count, timeout=TIMEOUT)
 
 
-def _refusals_are_reported_with_their_reason(control: Control) -> None:
-    cases = {
-        ("nope", "1"): "not in this worker's repository",
-        ("empty", "1"): "no .popef file",
-        ("simple", "1"): "replicas",
-    }
-    for name, version in cases:
-        control.send(wire.Load(name, version))
-    report = control.report(lambda r: all(key in hosted(r) for key in cases))
-    for key, said in cases.items():
-        assert hosted(report)[key].state == "UNAVAILABLE" and said in hosted(report)[key].reason
-    control.send(wire.Load("mlp", "1", replicas=4))  # 3 free
-    full = control.report(lambda r: ("mlp", "1") in hosted(r))
-    assert (
-        "no room: it needs 4 IPU(s), this worker has 3 of 4 free"
-        in hosted(full)[("mlp", "1")].reason
-    )
-    assert full.free_ipus == 3
-    for name, version in [*cases, ("mlp", "1")]:
-        control.send(wire.Unload(name, version))
-    control.report(lambda r: set(hosted(r)) == {("mlp", "2")})
+def _refusals_are_said_with_their_reason(admin: Client, free: Callable[[], float]) -> None:
+    """A broker refuses a load the host's report says cannot be done, saying why, and
+    sends it no LOAD (the host's own refusals: tests/worker/test_model_host.py)."""
+    cases: list[tuple[str, str, int | None, type[Exception], str]] = [
+        ("nope", "1", None, UnknownModelError, "no worker's repository holds model 'nope'"),
+        ("empty", "1", None, NoRoomError, r"its entry is broken \(no \.popef file"),
+        ("simple", "1", None, NoRoomError, r"its entry is broken \(.*replicas"),
+        ("mlp", "1", 4, NoRoomError, rf"{HOST}: 3 of 4 IPU\(s\) free, 4 needed"),
+    ]
+    for name, version, replicas, error, said in cases:
+        with pytest.raises(error, match=said):
+            admin.load_model(name, version, replicas=replicas, timeout=TIMEOUT)
+    hosted = [(v.name, v.version) for v in admin.repository_index() if v.state != "UNAVAILABLE"]
+    assert hosted == [("mlp", "2")] and free() == 3

@@ -171,6 +171,19 @@ def test_a_failed_load_is_unavailable_with_why_and_holds_no_ipu(
     assert ("nope", "3") not in hosted(model_host)
 
 
+def test_a_load_of_a_broken_entry_is_unavailable_with_its_problem(
+    host: tuple[ModelHost, Builds], tmp_path: Path
+) -> None:
+    """A LOAD no broker sends (it refuses the command from the host's report) but a
+    host must still answer: an entry broken since (here: added without a model file)."""
+    model_host, builds = host
+    (tmp_path / "empty" / "1").mkdir(parents=True)
+    model_host.handle(wire.Load("empty", "1"))
+    broken = hosted(model_host)[("empty", "1")]
+    assert broken.state == "UNAVAILABLE" and broken.reason.startswith("no .popef file"), broken
+    assert model_host.report().free_ipus == 4 and builds.built == []
+
+
 def test_host_nodes_report_after_every_welcome_and_pass_on_load_and_unload(
     host: tuple[ModelHost, Builds], fake: FakeBroker
 ) -> None:
