@@ -95,9 +95,10 @@ def test_the_swarm_view_drops_what_stack_deploy_cannot_read() -> None:
     for key in ("depends_on:", "profiles:", "build:", "restart:", "ports:", "keys:/keys"):
         assert key not in swarm, key
     # the one volume under Swarm: the model repository, mounted by the repository workers
-    assert re.findall(r"^  (\w+):$", swarm[: swarm.index("\nservices:\n")], re.M).count(
-        "repository"
-    ) == 1
+    assert (
+        re.findall(r"^  (\w+):$", swarm[: swarm.index("\nservices:\n")], re.M).count("repository")
+        == 1
+    )
     assert re.findall(r"volumes: \[(.*)\]", swarm) == ['"repository:/repository:ro"']
     assert re.search(r"^ *#swarm ", swarm, re.MULTILINE) is None
     # Every secret a service mounts is declared, and each at a path of the Compose volume.

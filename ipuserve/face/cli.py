@@ -123,6 +123,7 @@ def _mount() -> None:
         main.add_command(command)
 
     from ipuserve.security.cli import keys_group  # `ipuserve keys` (issue 16)
+
     main.add_command(keys_group)
 
 

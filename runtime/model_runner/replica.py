@@ -102,9 +102,7 @@ class Replica:
         self._conditional = ordered is None
         self._look_ahead_depth = look_ahead_value(config.max_look_ahead)
         usable = (
-            self._look_ahead_depth == 0
-            and config.flush_on_waiting_outputs
-            and plan.batch_dim == 0
+            self._look_ahead_depth == 0 and config.flush_on_waiting_outputs and plan.batch_dim == 0
         )
         self._direct = direct_path(self.queues.inputs, ordered) if usable else None
         first = ordered[0].name() if ordered else None
@@ -296,9 +294,7 @@ class Replica:
         if not self.lock.acquire(timeout=_LOCK_PATIENCE_S):
             return
         try:
-            waited = next(
-                (n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None
-            )
+            waited = next((n for n, q in self.queues.inputs.items() if q.holdsPartialBatch()), None)
             if waited is not None and not self._stopping:
                 self._flush(waited)
         finally:

@@ -51,9 +51,7 @@ def test_a_repository_worker_reports_its_load_and_labels_its_requests_with_the_v
     for histogram in ("queue", "device", "job"):
         assert page[f"ipuserve_worker_{histogram}_seconds_count{v2}"] == len(ROWS)
     assert page[f"ipuserve_worker_batch_samples_sum{v2}"] == sum(ROWS)
-    assert page['ipuserve_runtime_requests_total{model="mlp",replica="0",version="2"}'] == len(
-        ROWS
-    )
+    assert page['ipuserve_runtime_requests_total{model="mlp",replica="0",version="2"}'] == len(ROWS)
 
     def broker_requests() -> float:
         return scrape(broker.metrics_url).get(f"ipuserve_broker_request_seconds_count{v2}", 0)

@@ -54,15 +54,19 @@ def test_latency_summary_matches_numpy_in_microseconds() -> None:
 
 
 def test_empty_summary_is_all_zeros_not_an_error() -> None:
-    assert LatencyRecorder().summary_us() == latency_us(array("q")) == {
-        "count": 0,
-        "mean": 0.0,
-        "p50": 0.0,
-        "p90": 0.0,
-        "p99": 0.0,
-        "p99.9": 0.0,
-        "max": 0.0,
-    }
+    assert (
+        LatencyRecorder().summary_us()
+        == latency_us(array("q"))
+        == {
+            "count": 0,
+            "mean": 0.0,
+            "p50": 0.0,
+            "p90": 0.0,
+            "p99": 0.0,
+            "p99.9": 0.0,
+            "max": 0.0,
+        }
+    )
 
 
 def test_rates_of_an_empty_window_are_zero() -> None:
