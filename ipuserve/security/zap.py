@@ -23,6 +23,7 @@ an open connection too (:meth:`ZapHandler.refuse_message` says why and counts it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import signal
 import threading
@@ -40,6 +41,9 @@ from ipuserve.security.policy import LOOPBACK_NETWORKS, Mode, Verdict, decide
 from ipuserve.security.roles import Roles
 
 log = logging.getLogger(__name__)
+
+#: numbers the handlers' inproc control endpoints, unique in the process
+_HANDLER_NUMBERS = itertools.count()
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_VERSION = b"1.0"
@@ -87,7 +91,10 @@ class ZapHandler:
         self._logged: set[str] = set()
         self._unnamed = False  # MAX_LOGGED_PEERS reached: refusals only counted
         self._thread: threading.Thread | None = None
-        self._control_endpoint = f"inproc://ipuserve.zap-control.{id(self)}"
+        # a number of its own, not id(self): a handler collected while its thread's
+        # control socket still held the endpoint (freed later on ZeroMQ's reaper thread)
+        # could pass its id to the next one, whose bind then failed "address in use"
+        self._control_endpoint = f"inproc://ipuserve.zap-control.{next(_HANDLER_NUMBERS)}"
         self._control: zmq.Socket[bytes] | None = None
         self._watched = 0  # monitor endpoints handed out by watch()
 
@@ -127,7 +134,14 @@ class ZapHandler:
             zap.close()
             raise ConfigError(f"this context already has a ZAP handler: {exc}") from exc
         control = self.context.socket(zmq.PAIR)
-        control.bind(self._control_endpoint)
+        control.linger = 0
+        try:
+            control.bind(self._control_endpoint)
+        except zmq.ZMQError:  # not left holding the ZAP endpoint for the next try
+            zap.unbind(ZAP_ENDPOINT)
+            zap.close()
+            control.close()
+            raise
         self._control = self.context.socket(zmq.PAIR)
         self._control.linger = 0
         self._control.connect(self._control_endpoint)
@@ -279,6 +293,8 @@ class ZapHandler:
             # same process) must be able to bind it as soon as stop() returns
             with contextlib.suppress(zmq.ZMQError):
                 zap.unbind(ZAP_ENDPOINT)
+            with contextlib.suppress(zmq.ZMQError):
+                control.unbind(self._control_endpoint)
             for sock in (zap, control, *monitors):
                 sock.close(linger=0)
 
