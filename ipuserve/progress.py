@@ -52,6 +52,9 @@ class ProgressLine:
         self._interval_s = interval_s
         self._next_draw = 0.0
         self._drawn = False
+        #: the last snapshot the interval kept off the line: the line must end on it
+        #: (a wait that ended within the interval would otherwise show a stale state)
+        self._skipped: Progress | None = None
 
     @property
     def enabled(self) -> bool:
@@ -63,8 +66,12 @@ class ProgressLine:
             return
         now = time.monotonic()
         if now < self._next_draw:
+            self._skipped = progress  # drawn by finish() if nothing newer is
             return
         self._next_draw = now + self._interval_s
+        self._draw(progress)
+
+    def _draw(self, progress: Progress) -> None:
         speed = progress.done / progress.elapsed_s if progress.elapsed_s > 0 else 0.0
         detail = f"  {progress.detail}" if progress.detail else ""
         rate = f"  ~{speed:10.0f} {progress.unit}/s" if progress.rate else ""
@@ -74,6 +81,7 @@ class ProgressLine:
         )
         self._stream.flush()
         self._drawn = True
+        self._skipped = None
 
     def note(self, text: str) -> None:
         """Write ``text`` on a line of its own, even where no line is drawn; a line
@@ -83,7 +91,10 @@ class ProgressLine:
         self._stream.flush()
 
     def finish(self) -> None:
-        """End the line, if one was drawn, so what follows starts on a fresh line."""
+        """Draw the last snapshot if the interval held it back, then end the line, if
+        one was drawn, so what follows starts on a fresh line."""
+        if self._skipped is not None:
+            self._draw(self._skipped)
         if self._drawn:
             self._stream.write("\n")
             self._stream.flush()

@@ -35,6 +35,19 @@ def test_progress_line_redraws_at_most_once_per_interval() -> None:
     assert stream.getvalue().count("\r") == 1
 
 
+def test_the_line_ends_on_the_last_snapshot_even_one_the_interval_held_back() -> None:
+    """A wait that ends within the interval (a load READY 0.1 s after its last drawing)
+    must not leave the line saying LOADING above a table that says READY."""
+    stream = io.StringIO()
+    line = ProgressLine(stream, enabled=True, interval_s=3600.0)
+    line(Progress("loading", 0.1, 0, "ready", "v2 LOADING", rate=False))
+    line(Progress("loading", 0.3, 1, "ready", "v2 READY", rate=False))
+    line.finish()
+    drawings = stream.getvalue().split("\r")[1:]
+    assert len(drawings) == 2 and drawings[-1].rstrip("\n").endswith("v2 READY")
+    assert stream.getvalue().endswith("\n")
+
+
 def test_progress_line_shows_the_detail_after_the_rate() -> None:
     stream = io.StringIO()
     line = ProgressLine(stream, enabled=True, interval_s=0.0)

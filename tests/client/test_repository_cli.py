@@ -164,9 +164,11 @@ def test_load_without_a_version_loads_the_latest_and_draws_its_progress_on_a_ter
     assert ran.rows[-1] == ["mlp", "2", "*", "READY", "1", f"{HOST}/mlp/2"]
     # one line drawn over itself (\r), the wait's states, then ended for what follows
     drawn, message = ran.err.replace("\r\n", "\n").lstrip("\r").split("\n", 1)
-    # at most every 0.2 s: the last drawing may be of the wait's last LOADING
-    for drawing in drawn.split("\r"):
+    # drawn at most every 0.2 s, but the line ends on the state the wait ended on
+    drawings = drawn.split("\r")
+    for drawing in drawings:
         assert re.fullmatch(DRAWING, drawing), drawing
+    assert drawings[-1].endswith("1 ready  v1 UNAVAILABLE v2 READY"), drawings[-1]
     assert message == f"loading model 'mlp' version 2 on {HOST} (1 replica(s))\n"
     assert_answers_as(fabric, "2", named=None)
 
