@@ -66,8 +66,8 @@ def _address(_ctx: object, _param: object, value: str | None) -> str | None:
 @option(
     "--infer-tokens",
     type=_FILE,
-    help="File of bearer tokens (one a line, # comments) that may call metadata, infer and "
-    "statistics [default: no token needed].",
+    help="File of bearer tokens (one a line, # comments) that may call metadata, infer, "
+    "statistics and /metrics [default: no token needed].",
 )
 @option(
     "--admin-tokens",
