@@ -55,7 +55,7 @@ from tests.helpers import (
     start_worker,
     wait_until,
 )
-from tests.integration.test_curve import KeyDirs, start_curve_broker
+from tests.integration.test_curve import admin_only_broker
 from tests.repository import SMALL_MLP, MlpVersions, repository_worker_argv, write_version
 
 FAST = ClientConfig(ping_interval_s=0.05, liveness_s=0.3)
@@ -376,14 +376,7 @@ def test_a_client_whose_key_is_no_admins_is_refused_permission_denied(
 ) -> None:
     """A CURVE broker answers the repository's calls to admin keys only: a client key
     is refused PERMISSION_DENIED with the reason, at once (nothing polled)."""
-    root = tmp_path / "keys"
-    for folder in ("clients", "workers", "admins"):
-        (root / folder).mkdir(parents=True)
-    keys = KeyDirs(root)
-    keys.generate("broker")
-    keys.generate("client", into="clients")
-    keys.generate("admin", into="admins")
-    broker = start_curve_broker(processes, keys, counts="1 client key, 0 worker keys")
+    keys, broker = admin_only_broker(processes, tmp_path, "client")
     public = str(keys.broker_public)
     as_client = {"curve_secret_key": str(keys.secret("client")), "broker_public_key": public}
     with (

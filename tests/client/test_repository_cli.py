@@ -30,7 +30,7 @@ import pytest
 from ipuserve.client import Client
 from tests.client.test_repository import HOST, TIMEOUT_S, Fabric, counted, mlp_inputs
 from tests.helpers import Processes, wait_until
-from tests.integration.test_curve import KeyDirs, start_curve_broker
+from tests.integration.test_curve import admin_only_broker
 
 #: one command's limit: a Python start on a busy two-core machine, and its wait
 RUN_TIMEOUT_S = 120.0
@@ -280,14 +280,7 @@ def test_a_client_key_is_refused_permission_denied_and_an_admin_key_answered(
 ) -> None:
     """A CURVE broker answers the repository's commands to admin keys only (its admin
     allow-list, from the environment as a deployment gives it)."""
-    root = tmp_path / "keys"
-    for folder in ("clients", "workers", "admins"):
-        (root / folder).mkdir(parents=True)
-    keys = KeyDirs(root)
-    keys.generate("broker")
-    keys.generate("client", into="clients")
-    keys.generate("admin", into="admins")
-    broker = start_curve_broker(processes, keys, counts="1 client key, 0 worker keys")
+    keys, broker = admin_only_broker(processes, tmp_path, "client")
     where = ("--broker", broker.frontend)
 
     ran = ipuserve("models", "load", "mlp", *where, *keys.peer_options("client"))

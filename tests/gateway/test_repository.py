@@ -37,7 +37,7 @@ from ipuserve.runtime.popef import examples
 from ipuserve.runtime.popef.reader import load_model
 from tests.gateway.conftest import GatewayProc, start_gateway, wait_ready
 from tests.helpers import BrokerProc, Proc, Processes, metric, scrape, start_broker, wait_until
-from tests.integration.test_curve import KeyDirs, start_curve_broker
+from tests.integration.test_curve import admin_only_broker
 from tests.repository import SMALL_MLP, repository_worker_argv, write_version
 
 pytestmark = pytest.mark.slow
@@ -295,14 +295,7 @@ def test_the_brokers_refusals_keep_their_reason_and_map_to_status(
 def test_a_gateway_whose_key_is_not_an_admins_is_refused_by_the_broker(
     processes: Processes, tmp_path: Path
 ) -> None:
-    root = tmp_path / "keys"
-    for folder in ("clients", "workers", "admins"):
-        (root / folder).mkdir(parents=True)
-    keys = KeyDirs(root)
-    keys.generate("broker")
-    keys.generate("gateway", into="clients")
-    keys.generate("admin", into="admins")
-    broker = start_curve_broker(processes, keys, counts="1 client key, 0 worker keys")
+    keys, broker = admin_only_broker(processes, tmp_path, "gateway")
     gateway = start_gateway(processes, broker, *keys.peer_options("gateway"))
     wait_ready(gateway)
     reason = "needs the admin role"

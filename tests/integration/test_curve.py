@@ -109,6 +109,19 @@ def start_curve_broker(
     return broker
 
 
+def admin_only_broker(procs: Processes, tmp_path: Path, peer: str) -> tuple[KeyDirs, BrokerProc]:
+    """A CURVE broker, a key ``peer`` in its client list (no admin) and a key ``admin`` in
+    its admin list: what the repository's permission tests start from."""
+    root = tmp_path / "keys"
+    for folder in ("clients", "workers", "admins"):
+        (root / folder).mkdir(parents=True)
+    keys = KeyDirs(root)
+    keys.generate("broker")
+    keys.generate(peer, into="clients")
+    keys.generate("admin", into="admins")
+    return keys, start_curve_broker(procs, keys, counts="1 client key, 0 worker keys")
+
+
 def client(broker: BrokerProc, keys: KeyDirs, name: str, timeout: float = 20.0) -> Client:
     return Client(
         broker.frontend,
