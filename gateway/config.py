@@ -10,6 +10,10 @@ from ipuserve.errors import ConfigError
 DEFAULT_HTTP = "127.0.0.1:8000"
 DEFAULT_GRPC = "127.0.0.1:8001"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+#: the variable of prometheus-client's multiprocess mode (the library's name, not ours):
+#: the supervisor sets it for its children, gateway/metrics.py reads it; here because
+#: the supervisor must not import prometheus-client, which decides its mode on import
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True, kw_only=True)

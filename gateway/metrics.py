@@ -47,12 +47,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ipuserve.errors import ConfigError
+from ipuserve.gateway.config import MULTIPROC_ENV
 from ipuserve.metrics import Metrics, render_page
 
 __all__ = ["DOORS", "MULTIPROC_ENV", "GatewayMetrics", "multiprocess_dir"]
 
-#: the variable prometheus-client reads (its name, not ours: the library reads it)
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: the doors, as the ``door`` label names them
 DOORS = ("http", "grpc")
 PREFIX = "ipuserve_gateway_"

@@ -48,15 +48,13 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 
 from ipuserve.errors import ConfigError
-from ipuserve.gateway.config import GatewayConfig, split_address
+from ipuserve.gateway.config import MULTIPROC_ENV, GatewayConfig, split_address
 
 log = logging.getLogger(__name__)
 
 #: how a gateway's start line begins (gateway/app.py); a child's first line of stdout
 #: that does not is the reason it could not start
 START_PREFIX = "ipuserve gateway: "
-#: the environment variable of prometheus-client's multiprocess mode
-METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 #: a child that lived this long is healthy: its slot's backoff starts over
@@ -163,7 +161,7 @@ class Supervisor:
             private_directory() as metrics_dir,
             self._signals_handled(),
         ):
-            env = {**os.environ, METRICS_DIR_ENV: metrics_dir}
+            env = {**os.environ, MULTIPROC_ENV: metrics_dir}
             argv = self._child_argv(config)
             try:
                 if self._start_all(argv, env):
