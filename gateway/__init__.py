@@ -7,9 +7,10 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
     service.py      InferenceService: checks against the model, infer, metadata
     catalog.py      the fabric's model versions as last heard, refreshed; the default
     repository.py   Triton's model repository extension: index, load, unload
+    model_config.py Triton's model configuration of a version; grpc.health.v1's answer
     stats.py        per-model-version counters (Triton's statistics extension)
     status.py       the one table: ipuserve error -> HTTP status, gRPC code
-    auth.py         bearer tokens by role, refusals counted
+    auth.py         bearer tokens by role, closed by default, refusals counted
     config.py       GatewayConfig
     http_server.py  the HTTP door (aiohttp): routes, tokens, errors as JSON
     http_codec.py   its infer body, JSON and binary tensor data, both ways

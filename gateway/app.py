@@ -83,8 +83,7 @@ def security_line(config: GatewayConfig, tokens: Tokens) -> str:
         if config.tls
         else ("INSECURE plaintext" if config.insecure else "plaintext, loopback only")
     )
-    auth = "bearer tokens" if tokens.required("infer") else "no tokens"
-    return f"security {transport}, {auth}"
+    return f"security {transport}, {tokens.describe()}"
 
 
 class Gateway:

@@ -27,10 +27,11 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from ipuserve.errors import ConfigError, IpuserveError
+from ipuserve.errors import ConfigError, IpuserveError, UnknownModelError
 from ipuserve.gateway import grpc_convert as convert
-from ipuserve.gateway.auth import Tokens
+from ipuserve.gateway.auth import Tokens, grpc_peer_host
 from ipuserve.gateway.config import GatewayConfig
+from ipuserve.gateway.model_config import health, to_proto, triton_config
 from ipuserve.gateway.proto import inference_pb2 as pb
 from ipuserve.gateway.service import InferenceService
 from ipuserve.gateway.status import grpc_status_name
@@ -42,6 +43,10 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 #: the same service under our .proto's own name, for a client generated from
 #: gateway/proto/inference.proto rather than from the specification's file
 ALIAS_NAME = "ipuserve.oip.GRPCInferenceService"
+#: gRPC's health checking protocol (what Kubernetes' gRPC probe calls)
+HEALTH_NAME = "grpc.health.v1.Health"
+#: the services whose health Check answers: "" (the server's) and the inference one
+HEALTH_SERVICES = ("", SERVICE_NAME, ALIAS_NAME)
 #: the role whose tokens may call the guarded RPCs (see gateway/auth.py)
 ROLE = "infer"
 #: ... and the model repository's
@@ -69,7 +74,8 @@ async def start_grpc_bound(
     this is the race-free way to serve on a free port. Logs the bound address."""
     server = grpc.aio.server(options=server_options(config))
     servicer = _Servicer(service, tokens)
-    server.add_generic_rpc_handlers(tuple(servicer.handler(n) for n in (SERVICE_NAME, ALIAS_NAME)))
+    handlers = [servicer.handler(n) for n in (SERVICE_NAME, ALIAS_NAME)]
+    server.add_generic_rpc_handlers((*handlers, servicer.health_handler()))
     tls = _tls_credentials(config)
     port = _bind(server, address, tls)
     await server.start()
@@ -136,7 +142,13 @@ class _Servicer:
                 self.repository_unload, pb.RepositoryModelUnloadRequest, role=ADMIN_ROLE
             ),
         }
+        rpcs["ModelConfig"] = self._rpc(self.model_config, pb.ModelConfigRequest)
         return grpc.method_handlers_generic_handler(name, rpcs)
+
+    def health_handler(self) -> grpc.GenericRpcHandler:
+        """grpc.health.v1.Health/Check, open as ServerLive is (probes carry no token)."""
+        check = self._rpc(self.health_check, pb.HealthCheckRequest, guarded=False)
+        return grpc.method_handlers_generic_handler(HEALTH_NAME, {"Check": check})
 
     def _rpc(
         self,
@@ -154,7 +166,8 @@ class _Servicer:
         async def call(req: Message, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
             try:
                 if guarded:
-                    self._tokens.check(_authorization(context), role, door="grpc")
+                    peer = grpc_peer_host(context.peer())
+                    self._tokens.check(_authorization(context), role, door="grpc", peer=peer)
                 response = await fn(req, context)
                 if counted:
                     self._service.answered("grpc", _model_name(req), "OK")
@@ -192,6 +205,15 @@ class _Servicer:
     ) -> pb.ModelMetadataResponse:
         meta = await self._service.model_metadata(req.name, req.version or None)
         return convert.model_metadata(meta)
+
+    async def model_config(self, req: pb.ModelConfigRequest, _ctx: Any) -> pb.ModelConfigResponse:
+        info, versions = await self._service.model_listing(req.name, req.version or None)
+        return to_proto(triton_config(info, versions))
+
+    async def health_check(self, req: pb.HealthCheckRequest, _ctx: Any) -> pb.HealthCheckResponse:
+        if req.service not in HEALTH_SERVICES:  # the protocol's answer for an unknown one
+            raise UnknownModelError(f"no service {req.service[:100]!r} here")
+        return health(self._service.ready())
 
     async def model_infer(
         self, req: pb.ModelInferRequest, ctx: grpc.aio.ServicerContext[Any, Any]

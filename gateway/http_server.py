@@ -28,6 +28,7 @@ from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
 from ipuserve.gateway.http_codec import HEADER_LENGTH, parse_infer, render_infer
 from ipuserve.gateway.http_guard import ConnectionGuards
+from ipuserve.gateway.model_config import triton_config
 from ipuserve.gateway.service import InferenceService, ModelMetadata
 from ipuserve.gateway.stats import ModelStatistics
 from ipuserve.gateway.status import http_status
@@ -67,7 +68,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         if not request.path.startswith("/v2/health/"):
             role = "admin" if request.path.startswith("/v2/repository/") else "infer"
-            request.app[TOKENS].check(request.headers.get("Authorization"), role, door="http")
+            authorization = request.headers.get("Authorization")
+            request.app[TOKENS].check(authorization, role, door="http", peer=request.remote)
         return await handler(request)
     except IpuserveError as exc:
         return _closing(error_response(http_status(exc), str(exc)))
@@ -127,6 +129,14 @@ async def _model_metadata(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     meta = await service.model_metadata(request.match_info["name"], _version(request))
     return web.json_response(metadata_json(meta))
+
+
+async def _model_config(request: web.Request) -> web.Response:
+    """Triton's model configuration (gateway/model_config.py)."""
+    info, versions = await request.app[SERVICE].model_listing(
+        request.match_info["name"], _version(request)
+    )
+    return web.json_response(triton_config(info, versions))
 
 
 async def _model_ready(request: web.Request) -> web.Response:
@@ -254,6 +264,7 @@ def make_app(service: InferenceService, config: GatewayConfig, tokens: Tokens) -
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         r.add_get(base, _model_metadata)
         r.add_get(base + "/ready", _model_ready)
+        r.add_get(base + "/config", _model_config)
         r.add_get(base + "/stats", _statistics)
         r.add_post(base + "/infer", _infer)
     r.add_post("/v2/repository/index", _repository_index)

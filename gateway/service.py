@@ -200,6 +200,13 @@ class InferenceService:
         """Raises :class:`UnknownModelError` for a model (or version) nobody serves."""
         return self._metadata_of((await self._lookup(name, version)).spec)
 
+    async def model_listing(
+        self, name: str, version: str | None = None
+    ) -> tuple[wire.ModelInfo, tuple[str, ...]]:
+        """``name`` ``version`` as the fabric lists it, and the versions workers serve
+        (Triton's model configuration is built from both: gateway/model_config.py)."""
+        return await self._lookup(name, version), self._served_versions(name)
+
     async def _lookup(self, name: str, version: str | None) -> wire.ModelInfo:
         """``name`` ``version`` (None: the default) as the catalog lists it, else
         :class:`UnknownModelError` naming what is served."""

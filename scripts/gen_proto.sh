@@ -3,6 +3,9 @@
 #
 # The output is checked in, so `pip install .` needs no protobuf compiler; only a
 # change to the .proto calls for this script (grpcio-tools is in the `dev` extra).
+# Its version decides the gencode's protobuf version, which is the floor of the protobuf
+# runtimes the modules load under: grpcio-tools 1.72 emits 6.30.0, which protobuf 6.30+
+# and 7.x both accept (pyproject.toml's bound says why that floor).
 # tests/gateway/test_proto.py runs it into a temporary folder and fails when the
 # checked-in output differs.
 #

@@ -24,8 +24,9 @@ FIXED = {
     # the repository workers' --repository is the volume's mount point
     "worker": {"models", "worker_id", "metrics_port", "metrics_host", "repository"},
     # the doors' addresses and --insecure (the published ports decide exposure); TLS
-    # and tokens need files mounted: an override's (docs/deploy.md)
-    "gateway": {"http", "grpc", "insecure", "tls_cert", "tls_key", "infer_tokens", "admin_tokens"},
+    # needs files mounted: an override's (docs/deploy.md). Tokens are passed through:
+    # the `keys` job makes their files (compose.yaml's header)
+    "gateway": {"http", "grpc", "insecure", "tls_cert", "tls_key"},
 }
 
 

@@ -81,6 +81,9 @@ def stack(
             "IPUSERVE_HTTP_PORT": f"127.0.0.1:{http_port}",
             "IPUSERVE_GRPC_PORT": f"127.0.0.1:{free_port()}",
             "IPUSERVE_MODEL": "mlp",
+            # the opt-in compose.yaml's header shows: the tokens the `keys` job made
+            "IPUSERVE_GATEWAY_INFER_TOKENS": "/keys/gateway/infer.tokens",
+            "IPUSERVE_GATEWAY_ADMIN_TOKENS": "/keys/gateway/admin.tokens",
         },
     )
     try:
@@ -124,6 +127,14 @@ def frontend(stack: ComposeProject) -> str:
 def gateway_url(stack: ComposeProject) -> str:
     """The gateway's HTTP door as seen from the host."""
     return f"http://{stack.settings['IPUSERVE_HTTP_PORT']}"
+
+
+@pytest.fixture(scope="module")
+def gateway_token(stack: ComposeProject, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The gateway's admin token (an admin may also infer), copied out of the `keys`
+    volume as compose.yaml's header says."""
+    folder = tmp_path_factory.mktemp("gateway-tokens")
+    return stack.copy_out("broker", "/keys/gateway/admin.tokens", folder).read_text().strip()
 
 
 @pytest.fixture(scope="module")

@@ -209,22 +209,23 @@ def test_ipuserve_infer_on_the_host(
         np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def http_json(url: str, body: Any = None) -> Any:
+def http_json(url: str, body: Any = None, *, token: str) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data, headers)
     with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
         return json.loads(response.read())
 
 
 def test_requests_through_the_gateway_match_numpy(
-    client: Client, gateway_url: str, weights: dict[str, Array]
+    client: Client, gateway_url: str, gateway_token: str, weights: dict[str, Array]
 ) -> None:
     """The gateway service, from the host, in the Open Inference Protocol's JSON (no
     ipuserve client): ready, the model described, every answer equal to numpy's."""
     info = served_by(client, WORKERS)
     with urllib.request.urlopen(f"{gateway_url}/v2/health/ready", timeout=10) as response:
         assert response.status == 200
-    metadata = http_json(f"{gateway_url}/v2/models/{MODEL}")
+    metadata = http_json(f"{gateway_url}/v2/models/{MODEL}", token=gateway_token)
     assert [i["name"] for i in metadata["inputs"]] == [t.name for t in info.spec.inputs]
     requests = request_batches(info.spec, 8, seed=5)
     for index, inputs in enumerate(requests):
@@ -233,7 +234,9 @@ def test_requests_through_the_gateway_match_numpy(
             for n, a in inputs.items()
         ]
         answer = http_json(
-            f"{gateway_url}/v2/models/{MODEL}/infer", {"id": f"r{index}", "inputs": tensors}
+            f"{gateway_url}/v2/models/{MODEL}/infer",
+            {"id": f"r{index}", "inputs": tensors},
+            token=gateway_token,
         )
         assert answer["id"] == f"r{index}"
         expected = examples.reference(MODEL, inputs, weights)
@@ -245,30 +248,38 @@ def test_requests_through_the_gateway_match_numpy(
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def post(url: str, body: Any = None) -> bytes:
+def post(url: str, body: Any = None, *, token: str) -> bytes:
     """POST ``body`` as JSON; the response's body (the repository calls answer none)."""
     data = json.dumps(body or {}).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data, headers)
     with urllib.request.urlopen(request, timeout=READY_TIMEOUT_S) as response:
         assert response.status == 200
         return bytes(response.read())
 
 
-def repository_states(gateway_url: str, name: str) -> dict[str, str]:
+def repository_states(gateway_url: str, name: str, token: str) -> dict[str, str]:
     """Version -> state of ``name`` in the gateway's repository index (Triton's)."""
-    index = json.loads(post(f"{gateway_url}/v2/repository/index"))
+    index = json.loads(post(f"{gateway_url}/v2/repository/index", token=token))
     return {e["version"]: e["state"] for e in index if e["name"] == name}
 
 
-def test_a_model_loaded_at_run_time_through_the_gateway_serves_traffic(gateway_url: str) -> None:
+def test_a_model_loaded_at_run_time_through_the_gateway_serves_traffic(
+    gateway_url: str, gateway_token: str
+) -> None:
     """The repository worker starts with nothing loaded; through the gateway (Triton's
     repository extension, the gateway's key an admin's) `simple` is loaded from the
     shared volume the image filled (latest: version 2, weights of seed 2), answers as
     numpy says naming version 2, and is unloaded again."""
     name = "simple"
-    assert repository_states(gateway_url, name) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
-    post(f"{gateway_url}/v2/repository/models/{name}/load")  # returns once READY
-    assert repository_states(gateway_url, name) == {"1": "UNAVAILABLE", "2": "READY"}
+    assert repository_states(gateway_url, name, gateway_token) == {
+        "1": "UNAVAILABLE",
+        "2": "UNAVAILABLE",
+    }
+    post(
+        f"{gateway_url}/v2/repository/models/{name}/load", token=gateway_token
+    )  # returns once READY
+    assert repository_states(gateway_url, name, gateway_token) == {"1": "UNAVAILABLE", "2": "READY"}
     weights = examples.tensor_arrays(examples.build(name, seed=2))
     rng = np.random.default_rng(7)
     for index in range(16):
@@ -279,7 +290,9 @@ def test_a_model_loaded_at_run_time_through_the_gateway_serves_traffic(gateway_u
             {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
             for n, a in inputs.items()
         ]
-        answer = http_json(f"{gateway_url}/v2/models/{name}/infer", {"inputs": tensors})
+        answer = http_json(
+            f"{gateway_url}/v2/models/{name}/infer", {"inputs": tensors}, token=gateway_token
+        )
         assert answer["model_version"] == "2"
         expected = examples.reference(name, inputs, weights)
         outputs = {o["name"]: o for o in answer["outputs"]}
@@ -287,8 +300,13 @@ def test_a_model_loaded_at_run_time_through_the_gateway_serves_traffic(gateway_u
         for output, want in expected.items():
             got = np.array(outputs[output]["data"], np.float32).reshape(outputs[output]["shape"])
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=output)
-    post(f"{gateway_url}/v2/repository/models/{name}/unload")  # returns once drained
-    assert repository_states(gateway_url, name) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+    post(
+        f"{gateway_url}/v2/repository/models/{name}/unload", token=gateway_token
+    )  # returns once drained
+    assert repository_states(gateway_url, name, gateway_token) == {
+        "1": "UNAVAILABLE",
+        "2": "UNAVAILABLE",
+    }
 
 
 def test_one_shot_client_job(stack: ComposeProject) -> None:

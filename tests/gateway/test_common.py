@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ipuserve import errors
-from ipuserve.gateway.auth import Tokens
+from ipuserve.gateway.auth import Tokens, grpc_peer_host
 from ipuserve.gateway.http_codec import parse_infer, render_infer
 from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.service import InferResponse
@@ -176,15 +176,48 @@ def test_tokens_say_what_is_wrong_and_count_refusals(tmp_path: Path) -> None:
         ("Basic abc", "infer", "not a bearer token"),
         ("Bearer ", "infer", "not a bearer token"),
         ("Bearer tok-3", "infer", "unknown bearer token for the infer role"),
-        ("Bearer tok-1", "admin", "unknown bearer token for the admin role"),
+        ("Bearer \udcff\udcfe", "infer", "unknown bearer token"),  # undecodable bytes
+        ("Bearer \xff\xfe", "admin", "unknown bearer token for the admin role"),
     ]:
         with pytest.raises(errors.UnauthenticatedError, match=message):
             tokens.check(header, role, door="grpc")
-    assert tokens.refused == 5
+    with pytest.raises(errors.PermissionDeniedError, match="this infer token may not make admin"):
+        tokens.check("Bearer tok-1", "admin", door="grpc")  # known, but not an admin's
+    assert tokens.refused == 7
     refusals = "ipuserve_gateway_token_refusals_total"
-    assert metrics.value(refusals, door="grpc") == 5
+    assert metrics.value(refusals, door="grpc") == 7
     assert metrics.value(refusals, door="http") == 0
-    Tokens.none().check(None, "infer", door="http")  # no tokens: open
+
+
+def test_roles_close_by_default(tmp_path: Path) -> None:
+    """No tokens: infer open, admin on loopback only; some tokens: a role no token
+    passes is closed, naming the option that would open it."""
+    none = Tokens.none()
+    none.check(None, "infer", door="http", peer="192.0.2.7")
+    for loopback in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        none.check(None, "admin", door="http", peer=loopback)
+    for remote in ("192.0.2.7", "::ffff:192.0.2.7", None, "not-an-address"):
+        with pytest.raises(errors.PermissionDeniedError, match="loopback peers only"):
+            none.check(None, "admin", door="http", peer=remote)
+    infer = tmp_path / "infer"
+    infer.write_text("tok\n")
+    infer_only = Tokens.from_files(infer=infer)
+    for header in (None, "Bearer tok", "Bearer nope"):
+        with pytest.raises(errors.PermissionDeniedError, match=r"no admin tokens .*--admin-tokens"):
+            infer_only.check(header, "admin", door="http", peer="127.0.0.1")
+    admin_only = Tokens.from_files(admin=infer)
+    admin_only.check("Bearer tok", "infer", door="http")  # an admin may infer
+    with pytest.raises(errors.UnauthenticatedError):
+        admin_only.check(None, "infer", door="http", peer="127.0.0.1")
+    assert "admin closed" in infer_only.describe()
+    assert none.describe().startswith("no tokens")
+
+
+def test_grpc_peer_strings() -> None:
+    assert grpc_peer_host("ipv4:127.0.0.1:5000") == "127.0.0.1"
+    assert grpc_peer_host("ipv6:[::1]:5000") == "::1"
+    assert grpc_peer_host("unix:/tmp/x") is None
+    assert grpc_peer_host(None) is None
 
 
 def test_a_token_file_without_tokens_is_a_config_error(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_model_metadata(client: Any) -> None:
 
 
 def test_what_is_not_served_is_unimplemented(client: Any) -> None:
-    error = refused(lambda: client.get_model_config("mlp"))
+    error = refused(lambda: client.get_system_shared_memory_status())
     assert error.status() == "StatusCode.UNIMPLEMENTED"
 
 

@@ -71,17 +71,47 @@ def _walk(message: Descriptor, prefix: str = "") -> dict[str, Descriptor]:
     return found
 
 
+#: ours, from gRPC's health checking protocol rather than the inference specification
+HEALTH = ("HealthCheckRequest", "HealthCheckResponse")
+
+
 def test_every_message_has_the_specifications_fields(triton_pb: object) -> None:
+    """Each of our fields is the specification's (number, name, type): a message may
+    leave out fields the gateway never fills (Triton's ModelConfig has dozens; the
+    newest ModelStatistics has response_stats), never change one."""
+    config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
     theirs: dict[str, Descriptor] = {}
-    for message in triton_pb.DESCRIPTOR.message_types_by_name.values():  # type: ignore[attr-defined]
-        theirs.update(_walk(message))
+    for module in (triton_pb, config_pb2):
+        for message in module.DESCRIPTOR.message_types_by_name.values():  # type: ignore[attr-defined]
+            theirs.update(_walk(message))
     ours: dict[str, Descriptor] = {}
     for message in pb.DESCRIPTOR.message_types_by_name.values():
-        ours.update(_walk(message))
+        if message.name not in HEALTH:
+            ours.update(_walk(message))
     assert len(ours) > 20
     for name, message in ours.items():
         assert name in theirs, f"{name} is not a message of the specification"
-        assert _fields(message) == _fields(theirs[name]), name
+        mine, spec = _fields(message), _fields(theirs[name])
+        assert {n: spec.get(n) for n in mine} == mine, name
+    enums = (
+        (pb.DataType.DESCRIPTOR, config_pb2.DataType.DESCRIPTOR),
+        (pb.ModelInstanceGroup.Kind.DESCRIPTOR, config_pb2.ModelInstanceGroup.Kind.DESCRIPTOR),
+    )
+    for mine_enum, spec_enum in enums:
+        values = {v.name: v.number for v in spec_enum.values}
+        assert {v.name: v.number for v in mine_enum.values}.items() <= values.items()
+
+
+def test_health_messages_are_grpc_health_v1s() -> None:
+    """grpc/health/v1/health.proto: HealthCheckRequest.service = 1 (string),
+    HealthCheckResponse.status = 1 (enum UNKNOWN 0, SERVING 1, NOT_SERVING 2,
+    SERVICE_UNKNOWN 3)."""
+    assert _fields(pb.HealthCheckRequest.DESCRIPTOR) == {1: ("service", 9, False, None)}
+    assert _fields(pb.HealthCheckResponse.DESCRIPTOR) == {1: ("status", 14, False, None)}
+    statuses = pb.HealthCheckResponse.ServingStatus.DESCRIPTOR.values
+    assert [(v.name, v.number) for v in statuses] == [
+        ("UNKNOWN", 0), ("SERVING", 1), ("NOT_SERVING", 2), ("SERVICE_UNKNOWN", 3)
+    ]  # fmt: skip
 
 
 def test_service_paths_are_the_specifications(triton_pb: object) -> None:
