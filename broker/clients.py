@@ -17,10 +17,10 @@ from ipuserve.broker.jobs import JobTable
 from ipuserve.broker.lifecycle import GRACE_DEFAULT, Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
-from ipuserve.broker.versions import Key, version_order
 from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError, ProtocolError
 from ipuserve.grouping import GroupSizer, group_problem
 from ipuserve.security import Role
+from ipuserve.versions import Key, version_order
 
 log = logging.getLogger(__name__)
 

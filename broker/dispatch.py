@@ -12,8 +12,8 @@ from collections import deque
 
 from ipuserve.broker.jobs import JobEntry, State
 from ipuserve.broker.registry import Registry, Worker
-from ipuserve.broker.versions import Key
 from ipuserve.errors import OverloadedError
+from ipuserve.versions import Key
 
 
 class ModelQueue:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ipuserve import protocol as wire
 from ipuserve.broker.registry import Worker
-from ipuserve.broker.versions import Key
+from ipuserve.versions import Key
 
 #: A host's states in which a version counts as placed there (a holder).
 HOLDING = ("READY", "LOADING")

@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ipuserve.broker.versions import Key
 from ipuserve.protocol import Tensors
+from ipuserve.versions import Key
 
 if TYPE_CHECKING:
     from ipuserve.broker.registry import Worker

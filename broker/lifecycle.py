@@ -32,7 +32,6 @@ from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.placement import Placement
 from ipuserve.broker.registry import Registry, Worker
 from ipuserve.broker.timers import Timers
-from ipuserve.broker.versions import Key
 from ipuserve.errors import (
     DeadlineExceeded,
     InvalidInputError,
@@ -41,6 +40,7 @@ from ipuserve.errors import (
     WorkerFailedError,
 )
 from ipuserve.grouping import group_problem
+from ipuserve.versions import Key
 
 log = logging.getLogger(__name__)
 

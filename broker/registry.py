@@ -2,7 +2,7 @@
 
 Everything is keyed by a model's (name, version) (:attr:`ModelSpec.key`): each version
 has its own workers, schema, queue and orphan timer. A request naming no version goes
-to its model's default (:attr:`Registry.defaults`, kept by :mod:`ipuserve.broker.versions`
+to its model's default (:attr:`Registry.defaults`, kept by :mod:`ipuserve.versions`
 whenever a worker joins or leaves, so admission reads one dict).
 
 What the broker knows is bounded, since every worker's HELLO adds to it and every
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ipuserve.broker.jobs import JobEntry
-from ipuserve.broker.versions import Key, default_key, version_order
 from ipuserve.errors import UnknownModelError
 from ipuserve.protocol import DEFAULT_LIMITS, Hello, ModelSpec, Refusals
+from ipuserve.versions import Key, default_key, version_order
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.hosts import HostView, fitting
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry, Worker
-from ipuserve.broker.versions import Key, latest, version_order
 from ipuserve.errors import (
     IpuserveError,
     NoRoomError,
@@ -32,6 +31,7 @@ from ipuserve.errors import (
     UnknownModelError,
 )
 from ipuserve.protocol.control import State
+from ipuserve.versions import Key, latest, version_order
 
 log = logging.getLogger(__name__)
 

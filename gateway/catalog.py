@@ -8,10 +8,11 @@ question to the fabric, and on-demand ones are spaced by ``min_gap_s`` so a floo
 requests for a model nobody serves cannot turn into a flood of listings.
 
 One entry per model version (the fabric lists each version as its own model, told
-apart by ``spec.version``). A request or a lookup that names no version gets the
-model's default, as the broker picks it (docs/repository.md): the version pinned by
-``default_version`` if a worker serves it, else the largest version a worker serves
-(else the largest listed, not ready).
+apart by ``spec.version``). A lookup that names no version gets the model's default by
+the broker's own rule (:func:`ipuserve.versions.default_key`, applied to the listing:
+its workers carry their credit, so a draining version counts as the broker counts it).
+Only metadata, readiness and the statistics read it: an inference request that names no
+version goes to the broker without one, and the broker picks and checks.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from ipuserve import protocol as wire
 from ipuserve.client import AsyncClient
 from ipuserve.errors import IpuserveError
+from ipuserve.versions import default_key, version_order
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +69,16 @@ class Catalog:
 
     def versions(self, name: str) -> list[str]:
         """The versions of ``name`` listed, oldest first."""
-        return sorted((v for n, v in self._models if n == name), key=int)
+        return sorted((v for n, v in self._models if n == name), key=version_order)
 
     def default_version(self, name: str) -> str | None:
-        """The version a request naming none goes to (module docstring); None: no
-        version of ``name`` is listed."""
-        versions = self.versions(name)
-        served = [v for v in versions if self._models[name, v].workers]
-        pins = {self._models[name, v].spec.default_version for v in versions}
-        pinned = [v for v in served if v in pins]
-        if pinned:
-            return pinned[-1]
-        listed = served or versions
-        return listed[-1] if listed else None
+        """The version a request naming none goes to, by the broker's rule (module
+        docstring); None: no version of ``name`` is listed."""
+        mine = {key: info for key, info in self._models.items() if key[0] == name}
+        specs = {key: info.spec for key, info in mine.items()}
+        serving = {key: info.workers for key, info in mine.items()}
+        key = default_key(name, specs, serving)
+        return None if key is None else key[1]
 
     async def lookup(self, name: str, version: str | None = None) -> wire.ModelInfo | None:
         """``name`` ``version``'s entry (None: the default), asking the fabric first on

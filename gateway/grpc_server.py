@@ -18,6 +18,7 @@ over the configured body limit is refused by gRPC itself with RESOURCE_EXHAUSTED
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -172,7 +173,11 @@ class _Servicer:
                 if counted:
                     self._service.answered("grpc", _model_name(req), "OK")
                 return response
-            except Exception as exc:  # CancelledError (a BaseException) passes through
+            except asyncio.CancelledError:  # the client cancelled, or its deadline passed
+                if counted:
+                    self._service.answered("grpc", _model_name(req), _cancelled(context))
+                raise
+            except Exception as exc:
                 code, details = _status(exc)
             if counted:
                 self._service.answered("grpc", _model_name(req), code.name)
@@ -257,6 +262,13 @@ def _model_name(req: Message) -> str:
     """The model an inference request names."""
     name: str = getattr(req, "model_name", "")
     return name
+
+
+def _cancelled(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The code a call grpcio cancelled under us is counted with: its deadline's, or
+    the client's own cancel (a hang-up, as HTTP's 499), never a failure of ours."""
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
 def _serialize(message: Message) -> bytes:

@@ -3,8 +3,13 @@
 Every endpoint but the health probes needs an ``infer`` token when tokens are
 configured (``/metrics`` too: Prometheus scrapes with a bearer token), and the model
 repository's (``/v2/repository/...``) an ``admin`` one. Every inference call is counted
-with its status (``ipuserve_gateway_requests_total{door="http"}``).
-Errors are ``{"error": "..."}`` with the status from :mod:`gateway.status`.
+with its status (``ipuserve_gateway_requests_total{door="http"}``); a client that hangs
+up before its answer (mid-body) is counted as ``499``, nginx's and Triton's "client
+closed request", not as a failure of ours, and answered nothing.
+Errors are ``{"error": "..."}`` with the status from :mod:`gateway.status`; an
+exception no handler expected is a 500, logged with its traceback (a bug of ours),
+and never a client's mistake. Every response names the server ``ipuserve`` only
+(``Server``: no Python or aiohttp version for a scanner to match).
 A body over ``max_body_bytes`` is refused (413) from its ``Content-Length`` before it
 is read; the body must arrive within ``body_timeout_s`` (408). The connection guards
 (:mod:`gateway.http_guard`) bound how long a client may take to send its headers and
@@ -21,7 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError
 from ipuserve.gateway.auth import Tokens
@@ -42,6 +48,13 @@ TOKENS = web.AppKey("tokens", Tokens)
 CONFIG = web.AppKey("config", GatewayConfig)
 GUARDS = web.AppKey("guards", ConnectionGuards)
 
+#: what every response's ``Server`` header says
+SERVER = "ipuserve"
+#: the status counted for a client that hung up before its answer (nginx's, Triton's)
+HUNG_UP = 499
+#: what reading from, or writing to, a client that left raises
+_GONE = (ConnectionResetError, ClientConnectionResetError)
+
 
 def error_response(status: int, message: str) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -55,12 +68,20 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     guards.request_started(request.transport)
     try:
         response = await _answer(request, handler)
-        if getattr(request.match_info, "handler", None) is _infer:
-            model = request.match_info["name"]
-            request.app[SERVICE].answered("http", model, str(response.status))
+        _count(request, response.status)
         return response
+    except asyncio.CancelledError:  # its task cancelled: the connection is gone
+        _count(request, HUNG_UP)
+        raise
     finally:
         guards.request_done(request.transport)
+
+
+def _count(request: web.Request, status: int) -> None:
+    """Count an inference call's answer (the other endpoints are not counted)."""
+    if getattr(request.match_info, "handler", None) is _infer:
+        model = request.match_info["name"]
+        request.app[SERVICE].answered("http", model, str(status))
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -77,6 +98,9 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return _closing(error_response(exc.status, exc.text or exc.reason))
+    except _GONE:  # the client left mid-body: nobody to answer, nothing of ours failed
+        log.debug("%s %s: the client hung up", request.method, request.path)
+        return web.Response(status=HUNG_UP)  # aiohttp's write fails quietly: counted
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return error_response(500, "internal error in the gateway (logged)")
@@ -247,8 +271,28 @@ def _too_large(size: int | None, limit: int) -> str:
     )
 
 
+class _ConnectionLog(logging.LoggerAdapter[logging.Logger]):
+    """The logger of aiohttp's connection handler. A request its HTTP parser refuses
+    (a bad request line, header or length: aiohttp answers 400 itself, before any
+    route) is a client's mistake: one INFO line, no traceback. Anything else it logs
+    is ours to see in full."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
+            first = (exc.message.splitlines() or [""])[0]  # aiohttp adds a caret drawing
+            self.logger.info("refused a malformed request (%d): %s", exc.code, first[:200])
+        else:
+            super().exception(msg, *args, **kwargs)
+
+
+async def _name_the_server(_request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER
+
+
 def make_app(service: InferenceService, config: GatewayConfig, tokens: Tokens) -> web.Application:
     app = web.Application(middlewares=[_guarded], client_max_size=config.max_body_bytes)
+    app.on_response_prepare.append(_name_the_server)
     app[SERVICE] = service
     app[TOKENS] = tokens
     app[CONFIG] = config
@@ -310,6 +354,7 @@ async def start_http(
     runner = web.AppRunner(
         app,
         access_log=None,
+        logger=_ConnectionLog(log),
         keepalive_timeout=config.header_timeout_s,
         handle_signals=False,
         shutdown_timeout=5.0,

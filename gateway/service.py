@@ -3,22 +3,31 @@
 The doors parse their wire into an :class:`InferRequest` of :class:`Tensor` (numpy
 arrays, views of the received bytes where the wire allows) and render what comes back;
 everything else is here: model metadata (from the :class:`~gateway.catalog.Catalog`),
-checking a request against the model before anything reaches a broker, the call through
-one :class:`~ipuserve.client.AsyncClient`, and the statistics. Errors are ipuserve's
-(:mod:`ipuserve.errors`); :mod:`gateway.status` maps them to each door's status.
+the call through one :class:`~ipuserve.client.AsyncClient`, and the statistics. Errors
+are ipuserve's (:mod:`ipuserve.errors`); :mod:`gateway.status` maps them to each door's
+status.
 
-Every model version the fabric lists is its own catalog entry: a request naming a
-version goes to it, one naming none to the model's default
-(:meth:`~gateway.catalog.Catalog.default_version`), and every response says which
-version answered (the fabric's reply says; ``model_version``). The model repository
-extension (load, unload, index) is :mod:`gateway.repository`'s.
+The gateway asks the fabric rather than deciding again what the fabric decides: a
+request naming a version goes to it, one naming none goes to the broker without one,
+and the broker picks the model's default and checks the inputs against that version's
+schema (its refusals, UNKNOWN_MODEL and INVALID_INPUT, are 404 and 400); every response
+says which version answered (the fabric's reply says; ``model_version``). The gateway
+checks only what its own wire can get wrong -- the encoding, the datatypes, each
+tensor's bytes against its declared shape (the doors' codecs), an input named twice
+(:func:`fabric_inputs`) -- so a request is checked and run against one version.
+Metadata names the default by the broker's own rule (:mod:`ipuserve.versions`). The
+model repository extension (load, unload, index) is :mod:`gateway.repository`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from ipuserve import protocol as wire
 from ipuserve._version import __version__
@@ -29,6 +38,8 @@ from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.repository import ModelRepository
 from ipuserve.gateway.stats import Duration, ModelStatistics, Snapshot, Statistics
 from ipuserve.gateway.tensors import Tensor, to_datatype
+
+Array = np.ndarray[Any, Any]
 
 __all__ = [
     "EXTENSIONS",
@@ -109,49 +120,20 @@ def model_metadata_of(spec: wire.ModelSpec, versions: tuple[str, ...] = ()) -> M
     )
 
 
-def check_request(meta: ModelMetadata, request: InferRequest) -> None:
-    """Raise :class:`InvalidInputError` unless the request's inputs are the model's
-    (names, datatypes, shapes; -1 any size >= 1, the same across inputs) and its
-    requested outputs exist."""
-    where = f"model {meta.name!r}"
-    want = {t.name: t for t in meta.inputs}
-    given = [t.name for t in request.inputs]
-    unknown = [n for n in given if n not in want]
-    if unknown:
+def fabric_inputs(request: InferRequest) -> dict[str, Array]:
+    """The request's inputs as the fabric takes them, ``{name: array}``; raises
+    :class:`InvalidInputError` for the one mistake the gateway's wire allows and the
+    fabric's cannot carry: an input named twice. The schema -- names, datatypes,
+    shapes, the batch size -- is the broker's to check, against the version it runs."""
+    inputs = {t.name: t.array for t in request.inputs}
+    if len(inputs) != len(request.inputs):
+        names = [t.name for t in request.inputs]
+        twice = sorted({n for n in names if names.count(n) > 1})
         raise InvalidInputError(
-            f"{where} has no input {', '.join(map(repr, unknown))} (inputs: {', '.join(want)})"
+            f"input {', '.join(map(repr, twice))} of model {request.model!r} given twice: "
+            "name each input once"
         )
-    missing = [n for n in want if n not in given]
-    if missing or len(set(given)) != len(given):
-        what = f"missing: {', '.join(missing)}" if missing else "an input given twice"
-        raise InvalidInputError(f"{where} needs inputs {', '.join(want)} ({what})")
-    batch: set[int] = set()
-    for tensor in request.inputs:
-        batch |= _check_tensor(where, want[tensor.name], tensor)
-    if len(batch) > 1:
-        raise InvalidInputError(f"inputs of {where} disagree on the batch size: {sorted(batch)}")
-    if request.outputs is not None:
-        outputs = [t.name for t in meta.outputs]
-        bad = [n for n in request.outputs if n not in outputs]
-        if bad:
-            raise InvalidInputError(
-                f"{where} has no output {', '.join(map(repr, bad))} (outputs: {', '.join(outputs)})"
-            )
-
-
-def _check_tensor(where: str, want: TensorMetadata, got: Tensor) -> set[int]:
-    """The batch size ``got`` carries (empty set: no batching dimension)."""
-    name = f"input {got.name!r} of {where}"
-    if got.datatype != want.datatype:
-        raise InvalidInputError(f"{name} must be {want.datatype}, got {got.datatype}")
-    fits = len(got.shape) == len(want.shape) and all(
-        g == w or (w == -1 and g >= 1) for g, w in zip(got.shape, want.shape, strict=True)
-    )
-    if not fits:
-        raise InvalidInputError(
-            f"{name} must have shape {list(want.shape)} (-1: any size >= 1), got {list(got.shape)}"
-        )
-    return {g for g, w in zip(got.shape, want.shape, strict=True) if w == -1}
+    return inputs
 
 
 class InferenceService:
@@ -242,52 +224,75 @@ class InferenceService:
         return info is not None and bool(info.workers) and self.ready()
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Check ``request`` against the model, run it on the fabric, keep the
-        statistics. Raises ipuserve errors."""
-        spec = (await self._lookup(request.model, request.version)).spec
-        meta = self._metadata_of(spec)
+        """Run ``request`` on the fabric and keep the statistics. A request that names
+        no version goes without one: the broker picks the default and checks the
+        inputs against that version's schema, and its reply says which version
+        answered. Raises ipuserve errors (the broker's refusals as it worded them)."""
         start = time.perf_counter()
         try:
-            check_request(meta, request)
-        except InvalidInputError:  # counted as Triton counts a request it rejects
-            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
-            raise
-        try:
+            inputs = fabric_inputs(request)
             outputs, timing = await self.client.infer_timed(
                 request.model,
-                {t.name: t.array for t in request.inputs},
+                inputs,
                 copy=False,
                 version=request.version or None,
                 **({} if request.timeout_s is None else {"timeout": request.timeout_s}),
             )
-        except UnknownModelError as exc:
-            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
-            await self._refresh_quietly()  # the fabric knows better: our picture is stale
-            if self.catalog.get(request.model) is not None:  # served now or lately
-                raise UnavailableError(
-                    f"{exc}; it was served moments ago (a broker restarting, or its "
-                    "workers coming back): try again"
-                ) from exc
-            raise
-        except InvalidInputError:
-            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
-            await self._refresh_quietly()  # the fabric knows better: our picture is stale
-            raise
+        except UnknownModelError as exc:  # not counted: no version of it to count under
+            raise await self._unknown(request, exc) from exc
         except Exception:
-            self.stats.failed(request.model, spec.version, time.perf_counter() - start)
+            self._failed(request, time.perf_counter() - start)
             raise
         # the version that answered, as the fabric says (a broker that does not: the
-        # one the gateway took for it)
-        answered = outputs.version or spec.version
-        samples = _samples(meta, request.inputs)
-        self.stats.succeeded(request.model, answered, samples, time.perf_counter() - start, timing)
-        names = list(outputs) if request.outputs is None else request.outputs
-        return InferResponse(
-            model=request.model,
-            version=answered,
-            id=request.id,
-            outputs=tuple(Tensor.of(n, outputs[n]) for n in names if n in outputs),  # as asked
-        )
+        # one asked for, else the default by the listing)
+        version = outputs.version or request.version or self.catalog.default_version(request.model)
+        version = version or ""
+        elapsed = time.perf_counter() - start
+        try:
+            chosen = _chosen(request, outputs, version)
+        except InvalidInputError:
+            self.stats.failed(request.model, version, elapsed)
+            raise
+        samples = await self._samples(request.model, version, request.inputs)
+        self.stats.succeeded(request.model, version, samples, elapsed, timing)
+        return InferResponse(request.model, version, request.id, chosen)
+
+    def _failed(self, request: InferRequest, elapsed: float) -> None:
+        """Count a failed request of a listed model under the version it named, else
+        its model's default as last listed (the fabric's refusals do not say which
+        version refused; the rule is the broker's, so this is the version it picked).
+        A made-up name adds no series."""
+        if not self._listed(request.model):
+            return
+        version = request.version or self.catalog.default_version(request.model)
+        if version is not None:
+            self.stats.failed(request.model, version, elapsed)
+
+    async def _unknown(self, request: InferRequest, exc: UnknownModelError) -> Exception:
+        """What to answer for the fabric's UNKNOWN_MODEL: the fabric's own refusal,
+        unless the gateway heard of that model version moments ago -- a broker that
+        restarted lists nothing until its workers are back -- when it is a 503 to come
+        back to, not a 404. Only then is the fabric asked again (a flood of requests
+        for a name nobody serves costs it no listings)."""
+        key = (request.model, request.version or None)
+        if self.catalog.get(*key) is None:
+            return exc
+        await self._refresh_quietly()
+        if self.catalog.get(*key) is not None:
+            return UnavailableError(
+                f"{exc}; it was served moments ago (a broker restarting, or its "
+                "workers coming back): try again"
+            )
+        return exc
+
+    async def _samples(self, name: str, version: str, inputs: tuple[Tensor, ...]) -> int:
+        """Samples a request carries: its size along the version's batching dimension,
+        else 1 (Triton's inference_count). The listing says which dimension that is;
+        a version not listed yet (loaded moments ago) is asked for."""
+        info = self.catalog.get(name, version) or await self.catalog.lookup(name, version)
+        if info is None or info.spec.batching_dim is None:
+            return 1
+        return info.spec.samples(t.shape for t in inputs)
 
     async def _refresh_quietly(self) -> None:
         try:
@@ -328,10 +333,17 @@ class InferenceService:
         return bool(self.catalog.versions(name))
 
 
-def _samples(meta: ModelMetadata, inputs: tuple[Tensor, ...]) -> int:
-    """Samples a request carries: its size on the batching dimension, else 1."""
-    shapes = {t.name: t.shape for t in meta.inputs}
-    for tensor in inputs:
-        if -1 in shapes[tensor.name]:
-            return tensor.shape[shapes[tensor.name].index(-1)]
-    return 1
+def _chosen(
+    request: InferRequest, outputs: Mapping[str, Array], version: str
+) -> tuple[Tensor, ...]:
+    """The outputs the request asked for (all, unless it named some), in its order;
+    :class:`InvalidInputError` if it named one the version that answered has not."""
+    if request.outputs is None:
+        return tuple(Tensor.of(n, a) for n, a in outputs.items())
+    missing = [n for n in request.outputs if n not in outputs]
+    if missing:
+        raise InvalidInputError(
+            f"model {request.model!r} version {version} has no output "
+            f"{', '.join(map(repr, missing))} (outputs: {', '.join(outputs)})"
+        )
+    return tuple(Tensor.of(n, outputs[n]) for n in request.outputs)

@@ -6,8 +6,10 @@ the fabric ran (``execution_count`` counts requests, ``inference_count`` samples
 ``queue`` is the time in the broker's and the worker's queues, ``compute_infer`` the
 device time, ``compute_input`` the rest of the worker's time (validation, packing,
 copies); ``compute_output`` is folded into that and stays 0. ``fail`` counts the
-requests of a listed model version that failed, refused by the gateway's check against
-the model or by the fabric (Triton counts the requests it rejects too).
+requests of a listed model that failed, refused by the gateway's or the broker's checks
+or failed in the fabric (Triton counts the requests it rejects too): under the version
+the request named, else the model's default as the gateway last listed it (a refusal
+does not say which version refused). A success counts under the version that answered.
 
 The counters are prometheus-client's (:class:`~gateway.metrics.GatewayMetrics`), so
 that with several gateway processes a statistics call in any of them answers for all

@@ -253,8 +253,7 @@ class ModelHost:
             why = f"its worker id {hosted.worker_id[:40]!r}... {problem}: a shorter --worker-id"
         elif entry is None:
             held = ", ".join(f"{e.name}:{e.version}" for e in self.repository.entries)
-            root = self.repository.root
-            why = f"not in this worker's repository {root} (it holds: {held or 'nothing'})"
+            why = f"not in this worker's repository (it holds: {held or 'nothing'})"
         elif entry.problem:
             why = entry.problem
         elif need > free:
@@ -273,6 +272,7 @@ class ModelHost:
             backend = self._make_backend(entry, hosted.replicas)
         except Exception as exc:  # the runtime's refusal, or a file gone since the scan
             why = str(exc) if isinstance(exc, IpuserveError) else f"{type(exc).__name__}: {exc}"
+            why = self.repository.relative(why)  # reported to the brokers: no local paths
             log.error("loading %s version %s failed: %s", hosted.name, hosted.version, why)
             if self._metrics is not None:
                 self._metrics.load_failed(hosted.name, hosted.version)

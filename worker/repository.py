@@ -5,7 +5,10 @@ docs/repository_layout.md says. :func:`scan` reads the directory into one
 :class:`RepoEntry` per version; a version that cannot be served -- no model file, a
 file that does not read, a ``config.toml`` that does not parse or holds an unknown
 field -- is still an entry, with its ``problem``: it is reported (HOST's
-``Entry.problem``) and never stops the others from loading.
+``Entry.problem``) and never stops the others from loading. A problem names files
+relative to the repository's root (:meth:`Repository.relative`): it travels to every
+broker and, through the gateway's index, to its clients, and where the repository sits
+on this machine is none of theirs.
 
 A scan checks each version's model files the way a load would (they read, the model
 has no conditional execution, its batching dimension exists) and remembers the
@@ -15,7 +18,9 @@ outcome by the files' size and modification time, so scanning again -- on every 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import re
 import threading
 import tomllib
@@ -139,9 +144,19 @@ class Repository:
                     found[entry.key] = entry
             except OSError as exc:  # a scan never fails: the directory is skipped
                 log.warning("repository: cannot read %s: %s", model_dir, exc)
+        for key, entry in found.items():
+            if entry.problem:
+                found[key] = dataclasses.replace(entry, problem=self.relative(entry.problem))
         with self._lock:
             self._entries = found
         return self.entries
+
+    def relative(self, text: str) -> str:
+        """``text`` with every path under the root written relative to it (the root
+        itself as "."), as the absolute or the given spelling of the root has it."""
+        for root in sorted({str(self.root), str(self.root.resolve())}, key=len, reverse=True):
+            text = text.replace(root + os.sep, "").replace(root, ".")
+        return text
 
     def _model(self, model_dir: Path) -> list[RepoEntry]:
         name = model_dir.name

@@ -16,9 +16,9 @@ from ipuserve.broker.jobs import JobEntry, JobTable, State
 from ipuserve.broker.metrics import BrokerMetrics
 from ipuserve.broker.registry import Registry
 from ipuserve.broker.timers import Timers
-from ipuserve.broker.versions import default_key
 from ipuserve.errors import OverloadedError
 from ipuserve.protocol import Hello, Tensors
+from ipuserve.versions import default_key
 from tests.broker.fakes import ADD
 
 TABLE = JobTable()

@@ -1,16 +1,21 @@
 """The gateway's protocol-neutral pieces on their own: datatypes, tensors from JSON and
-from bytes, the request codec, the status table and the tokens."""
+from bytes, the request codec, the status table, the tokens, and the default version
+its metadata names."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from ipuserve import errors
+from ipuserve import protocol as wire
 from ipuserve.gateway.auth import Tokens, grpc_peer_host
+from ipuserve.gateway.catalog import Catalog
 from ipuserve.gateway.http_codec import parse_infer, render_infer
 from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.service import InferResponse
@@ -23,6 +28,7 @@ from ipuserve.gateway.tensors import (
     to_datatype,
     to_dtype,
 )
+from ipuserve.versions import default_key
 
 
 def test_every_datatype_maps_both_ways() -> None:
@@ -227,3 +233,48 @@ def test_a_token_file_without_tokens_is_a_config_error(tmp_path: Path) -> None:
         Tokens.from_files(infer=empty)
     with pytest.raises(errors.ConfigError, match="cannot read token file"):
         Tokens.from_files(infer=tmp_path / "missing")
+
+
+class _Listing:
+    """What the catalog asks of its client: the fabric's MODELS listing."""
+
+    def __init__(self, models: list[wire.ModelInfo]) -> None:
+        self.listed = models
+
+    async def models(self, *, timeout: float | None = None) -> list[wire.ModelInfo]:
+        return self.listed
+
+
+def _info(version: str, *credits: int, pin: str | None = None) -> wire.ModelInfo:
+    tensor = wire.TensorSpec("x", "float32", (4,))
+    spec = wire.ModelSpec("m", (tensor,), (tensor,), version=version, default_version=pin)
+    workers = tuple(wire.WorkerLoad(f"w{version}-{i}", c, 0, 0) for i, c in enumerate(credits))
+    return wire.ModelInfo(spec, 0, workers)
+
+
+@pytest.mark.parametrize(
+    ("listing", "default"),
+    [
+        # version 3 drains (credit 0): requests stop going to it, its pin with it
+        ([_info("1", 2), _info("2", 2), _info("3", 0, pin="3")], "2"),
+        # the newest served version's pin counts, not an older one's
+        ([_info("1", 2, pin="1"), _info("2", 2)], "2"),
+        ([_info("1", 2), _info("2", 2, pin="1")], "1"),
+        # every version draining: they count; none served: the latest known
+        ([_info("1", 0), _info("2", 0)], "2"),
+        ([_info("1"), _info("2"), _info("10")], "10"),
+    ],
+)
+def test_the_metadata_names_the_default_the_broker_routes_to(
+    listing: list[wire.ModelInfo], default: str
+) -> None:
+    """The gateway's catalog applies the broker's rule (ipuserve/versions.py) to the
+    broker's listing: the cases where the gateway's old rule of its own disagreed."""
+    catalog = Catalog(cast(Any, _Listing(listing)))
+    asyncio.run(catalog.refresh())
+    specs = {info.spec.key: info.spec for info in listing}
+    serving = {info.spec.key: info.workers for info in listing}
+    assert catalog.default_version("m") == default
+    assert default_key("m", specs, serving) == ("m", default)
+    info = catalog.get("m")
+    assert info is not None and info.spec.version == default

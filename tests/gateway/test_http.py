@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.gateway.conftest import Fabric, GatewayProc, mlp_input
+from tests.helpers import scrape, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -222,8 +224,8 @@ def test_wrong_datatype_is_400(gateway: GatewayProc) -> None:
     client = _client(gateway)
     x = mlp_input(1).astype(np.float64)
     error = _refused(lambda: client.infer("mlp", [_input("input", x, binary=True)]))
-    assert error.status() == "400"
-    assert "input 'input' of model 'mlp' must be FP32, got FP64" in error.message()
+    assert error.status() == "400"  # the broker's check, worded by it
+    assert "input 'input' of model 'mlp' must be float32, got float64" in error.message()
 
 
 def test_wrong_shape_is_400(gateway: GatewayProc) -> None:
@@ -231,16 +233,30 @@ def test_wrong_shape_is_400(gateway: GatewayProc) -> None:
     x = np.zeros((2, 63), np.float32)
     error = _refused(lambda: client.infer("mlp", [_input("input", x, binary=False)]))
     assert error.status() == "400"
-    assert "must have shape [-1, 64]" in error.message() and "got [2, 63]" in error.message()
+    assert (
+        "input 'input' of model 'mlp' must have shape (16, 64) (dimension 0 may be any size "
+        ">= 1), got (2, 63)" in error.message()
+    )
 
 
 def test_unknown_input_and_bytes_datatype_are_400(gateway: GatewayProc) -> None:
     client = _client(gateway)
     error = _refused(lambda: client.infer("mlp", [_input("x", mlp_input(1), binary=True)]))
-    assert error.status() == "400" and "no input 'x'" in error.message()
+    assert error.status() == "400"  # the broker's check: the misspelt name first
+    assert "model 'mlp' has no input 'x'; its inputs are input (missing: input)" in error.message()
     body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
     status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", json.dumps(body).encode())
     assert status == 400 and "BYTES is not supported" in answer["error"]
+
+
+def test_an_input_given_twice_is_400(gateway: GatewayProc) -> None:
+    """The one check of names the gateway keeps: its wire can name an input twice, the
+    fabric's cannot carry it."""
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}
+    body = json.dumps({"inputs": [tensor, tensor]}).encode()
+    status, answer = _raw(gateway, "POST", "/v2/models/mlp/infer", body)
+    assert status == 400
+    assert answer["error"] == "input 'input' of model 'mlp' given twice: name each input once"
 
 
 @pytest.mark.parametrize(
@@ -334,9 +350,73 @@ def test_a_version_path_routes_to_that_version_and_the_reply_names_it(
         want = fabric.models["mlp"].reference({"input": x})[output["name"]]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     status, refused = _raw(gateway, "POST", "/v2/models/mlp/versions/2/infer", body)
-    assert status == 404 and "has no version '2' (versions: 1)" in refused["error"]
+    assert status == 404 and "model 'mlp' has no version 2 (versions: 1)" in refused["error"]
 
 
 def test_the_server_lists_the_repository_extension(gateway: GatewayProc) -> None:
     status, meta = _raw(gateway, "GET", "/v2")
     assert status == 200 and "model_repository" in meta["extensions"]
+
+
+# ---------------------------------------------------------------- manners
+
+
+def _answered(gateway: GatewayProc, code: str) -> float:
+    """HTTP inference calls of mlp the gateway counted with status ``code``."""
+    labels = ('door="http"', 'model="mlp"', f'code="{code}"')
+    return sum(
+        value
+        for key, value in scrape(gateway.url + "/metrics").items()
+        if key.startswith("ipuserve_gateway_requests_total{") and all(x in key for x in labels)
+    )
+
+
+def test_a_client_hanging_up_mid_body_is_counted_as_499_not_500(gateway: GatewayProc) -> None:
+    """aiohttp raises ConnectionResetError in the handler's read when the client
+    leaves: a hang-up (nginx's and Triton's 499), not an error of ours, and no
+    traceback in the log."""
+    before = {code: _answered(gateway, code) for code in ("499", "500")}
+    since = len(gateway.proc.lines)
+    host, port = gateway.host_port.rsplit(":", 1)
+    body = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}
+    ).encode()
+    head = (
+        f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + body[: len(body) // 2])
+    wait_until(lambda: _answered(gateway, "499") == before["499"] + 1, timeout=30)
+    assert _answered(gateway, "500") == before["500"]
+    logged = "\n".join(gateway.proc.lines[since:])
+    assert "Traceback" not in logged and "unexpected error" not in logged, logged
+
+
+def test_the_server_header_names_ipuserve_only(gateway: GatewayProc) -> None:
+    for path, status in (("/v2/health/live", 200), ("/v2", 200), ("/v2/nothing/here", 404)):
+        request = urllib.request.Request(gateway.url + path)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                got, server = response.status, response.headers["Server"]
+        except urllib.error.HTTPError as exc:
+            with exc:
+                got, server = exc.code, exc.headers["Server"]
+        assert (got, server) == (status, "ipuserve"), path
+
+
+def test_a_malformed_request_is_a_400_logged_in_one_line_without_a_traceback(
+    gateway: GatewayProc,
+) -> None:
+    """aiohttp's parser refuses it before any route; its log is the gateway's INFO line."""
+    since = len(gateway.proc.lines)
+    host, port = gateway.host_port.rsplit(":", 1)
+    head = f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1_2\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        answer = sock.makefile("rb").readline()
+    assert answer.split()[1] == b"400", answer
+    line = gateway.proc.wait_for(r"refused a malformed request \(400\): (.*)", since=since)
+    assert "Content-Length" in line[1]
+    logged = "\n".join(gateway.proc.lines[since:])
+    assert "Traceback" not in logged and "Error handling request" not in logged, logged

@@ -47,6 +47,12 @@ ADMIN = "admin-token-7"
 TIMEOUT_S = 60.0
 _HOSTED = ("READY", "LOADING", "UNLOADING")
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+#: ``wide``: an mlp whose input has this many features, by version
+WIDE = {"1": 16, "2": 24}
+
+
+def _small_mlp(features: int) -> tuple[str, ...]:
+    return ("--input-size", str(features), "--hidden-size", "32", "--layers", "1")
 
 
 @dataclass
@@ -54,7 +60,8 @@ class RepoFabric:
     broker: BrokerProc
     gateway: GatewayProc
     hosts: list[Proc]
-    weights: dict[str, dict[str, Array]]  # mlp's, by version
+    weights: dict[str, dict[str, Array]]  # mlp's, by version; wide's as "wideV"
+    repo: Path
 
     def reference(self, version: str, x: Array) -> dict[str, Array]:
         return examples.reference("mlp", {"input": x}, self.weights[version])
@@ -95,9 +102,19 @@ def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric
     write_version(repo, "mlp", "--seed", "2", *SMALL_MLP)
     write_version(repo, "simple")
     (repo / "simple" / "config.toml").write_text("replicas = 3\n")  # a host has 2 IPUs
+    for version, features in WIDE.items():  # an mlp whose versions differ in schema
+        staging = root / f"wide{version}"
+        write_version(staging, "mlp", "--seed", version, *_small_mlp(features))
+        (repo / "wide").mkdir(exist_ok=True)
+        (staging / "mlp" / "1").rename(repo / "wide" / version)
+    (repo / "broken" / "1").mkdir(parents=True)  # no model file: a problem with a path
     weights = {
         v: examples.tensor_arrays(load_model([str(repo / "mlp" / v / "mlp.popef")]))
         for v in ("1", "2")
+    }
+    weights |= {
+        f"wide{v}": examples.tensor_arrays(load_model([str(repo / "wide" / v / "mlp.popef")]))
+        for v in WIDE
     }
     tokens = root / "admin.tokens"
     tokens.write_text(ADMIN + "\n")
@@ -118,7 +135,7 @@ def repo_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepoFabric
         wait_until(lambda: joined() == 2, timeout=TIMEOUT_S)
         gateway = start_gateway(procs, broker, "--admin-tokens", str(tokens))
         wait_ready(gateway)
-        yield RepoFabric(broker, gateway, hosts, weights)
+        yield RepoFabric(broker, gateway, hosts, weights, repo)
     finally:
         procs.close()
         print(f"--- output of the fabric's processes ---\n{procs.output()}")
@@ -194,7 +211,7 @@ def test_http_index_load_with_a_version_policy_and_unload(fabric: RepoFabric) ->
     triton = httpclient.InferenceServerClient(fabric.gateway.host_port)
     index = triton.get_model_repository_index(headers=admin())
     assert mlp_states(index) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
-    assert {m["name"] for m in index} == {"mlp", "simple"}
+    assert {m["name"] for m in index} == {"mlp", "simple", "wide", "broken"}
 
     triton.load_model("mlp", headers=admin(), config=policy(1))
     assert mlp_states(triton.get_model_repository_index(headers=admin())) == {
@@ -248,6 +265,97 @@ def test_grpc_index_load_and_unload(fabric: RepoFabric) -> None:
         index = triton.get_model_repository_index(headers=admin(grpc=True), as_json=True)
         assert mlp_states(index["models"]) == {"1": "UNAVAILABLE", "2": "UNAVAILABLE"}
         assert not triton.is_model_ready("mlp", "1", headers=admin(grpc=True))
+
+
+def wide_x(version: str, seed: int, rows: int = 3) -> Array:
+    """Rows of ``wide`` version ``version``'s input."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((rows, WIDE[version])).astype(np.float32)
+
+
+def wide_infer(triton: Any, x: Array, version: str = "") -> tuple[str, dict[str, Array]]:
+    """Infer ``wide`` over HTTP (``version`` "": naming none); the version the reply
+    names, the outputs."""
+    given = httpclient.InferInput("input", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = triton.infer("wide", [given], model_version=version, headers=admin())
+    return answer(result, result.get_response())
+
+
+def assert_wide_default(fabric: RepoFabric, triton: Any, version: str, seed: int) -> None:
+    """A request naming no version, shaped for ``version``, is run by it: the reply
+    says so and the numbers are its weights' (numpy)."""
+    x = wide_x(version, seed)
+    answered, got = wide_infer(triton, x)
+    assert answered == version
+    want = examples.reference("mlp", {"input": x}, fabric.weights[f"wide{version}"])
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def wide_success_and_fail(triton: Any) -> dict[str, tuple[int, int]]:
+    """``wide``'s statistics: (successes, failures) by version."""
+    stats = triton.get_inference_statistics("wide", headers=admin())["model_stats"]
+    return {
+        s["version"]: (
+            s["inference_stats"]["success"]["count"],
+            s["inference_stats"]["fail"]["count"],
+        )
+        for s in stats
+    }
+
+
+def test_a_request_naming_no_version_is_checked_and_run_by_the_brokers_default(
+    fabric: RepoFabric,
+) -> None:
+    """The broker picks the default and checks against it, so a request naming no
+    version is checked and run by one version, and the metadata names that one too
+    (one rule, ipuserve/versions.py): wide's versions differ in schema (16 and 24
+    input features), so a check against the other version would be seen."""
+    triton = httpclient.InferenceServerClient(fabric.gateway.host_port)
+    triton.load_model("wide", headers=admin(), config=policy(1))
+    assert_wide_default(fabric, triton, "1", seed=1)
+    triton.load_model("wide", headers=admin(), config=policy(1, 2))
+    # at once, whatever the gateway listed last: the broker picks the latest served
+    assert_wide_default(fabric, triton, "2", seed=2)
+
+    # the metadata follows the same rule, once the gateway's listing has version 2
+    def metadata_says_2() -> bool:
+        meta = triton.get_model_metadata("wide", headers=admin())
+        return meta["versions"] == ["1", "2"] and meta["inputs"][0]["shape"] == [-1, 24]
+
+    wait_until(metadata_says_2, timeout=TIMEOUT_S)
+    # version 1's shape naming no version: refused by the broker against version 2
+    with pytest.raises(InferenceServerException) as refused:
+        wide_infer(triton, wide_x("1", seed=3))
+    assert refused.value.status() == "400"
+    assert (
+        "input 'input' of model 'wide' must have shape (16, 24) (dimension 0 may be any "
+        "size >= 1), got (3, 16)" in str(refused.value.message())
+    )
+    answered, got = wide_infer(triton, x := wide_x("1", seed=4), version="1")  # named: served
+    assert answered == "1"
+    want = examples.reference("mlp", {"input": x}, fabric.weights["wide1"])
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-5)
+    # counted under the version that answered; the refusal under the default
+    assert wide_success_and_fail(triton) == {"1": (2, 0), "2": (1, 1)}
+    triton.close()
+
+
+def test_the_index_names_no_path_of_the_workers_machine(fabric: RepoFabric) -> None:
+    """A broken entry's reason names its files relative to the repository's root."""
+    roots = {str(fabric.repo), str(fabric.repo.resolve())}
+    triton = httpclient.InferenceServerClient(fabric.gateway.host_port)
+    index = triton.get_model_repository_index(headers=admin())
+    triton.close()
+    assert fabric.gateway.grpc is not None
+    with grpcclient.InferenceServerClient(fabric.gateway.grpc) as grpc_triton:
+        grpc_index = grpc_triton.get_model_repository_index(headers=admin(grpc=True), as_json=True)
+    for entries in (index, grpc_index["models"]):
+        [broken] = [m for m in entries if m["name"] == "broken"]
+        assert broken["reason"] == "no .popef file in broken/1", broken
+        assert not any(root in json.dumps(entries) for root in roots)
 
 
 def test_the_repository_needs_an_admin_token(fabric: RepoFabric) -> None:

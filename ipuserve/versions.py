@@ -1,4 +1,12 @@
-"""Which version of a model a request that names none goes to, and version order.
+"""Which version of a model a request that names none goes to, and version order: the
+one version rule of the fabric.
+
+The broker routes by it (its registry recomputes a name's default whenever a worker
+joins, leaves or starts draining) and the gateway's metadata answers by it (from the
+broker's listing, whose workers carry their credit), so a request that names no version
+and the metadata of "the model" speak of the same version. The rule is here, in the
+common ground, so that neither component re-decides it; what a version string may be
+(its syntax) is the wire's (:mod:`ipuserve.protocol`).
 
 A model's default version is, in order: the version its config pins
 (``ModelSpec.default_version``) while a worker serves it; else the latest (largest)
@@ -10,8 +18,10 @@ requests stop going to a version on its way out the moment it starts to leave.
 Versions are positive integers written as strings (the wire's ``Version``), ordered
 as numbers: "10" is later than "9".
 
-Pure functions of the registry's tables, so the registry can recompute a name's
-default whenever a worker joins or leaves, and admission reads one dict.
+Pure functions of two tables -- each version's spec, and the workers serving it -- so
+the broker's registry can recompute a name's default whenever a worker joins or
+leaves (admission then reads one dict), and the gateway can apply the same rule to the
+broker's MODELS listing.
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ Key = tuple[str, str]
 
 
 class Credited(Protocol):
-    """A worker as far as the default is concerned: whether it takes jobs."""
+    """A worker as far as the default is concerned: whether it takes jobs (the broker's
+    own record of a worker, or a listing's :class:`~ipuserve.protocol.WorkerLoad`)."""
 
     @property
     def credit(self) -> int: ...
