@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ipuserve import protocol as wire
@@ -28,7 +29,7 @@ from ipuserve.gateway.catalog import Catalog
 from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.repository import ModelRepository
 from ipuserve.gateway.stats import Duration, ModelStatistics, Snapshot, Statistics
-from ipuserve.gateway.tensors import Tensor, to_datatype
+from ipuserve.gateway.tensors import Tensor, clip, shown, to_datatype
 
 __all__ = [
     "EXTENSIONS",
@@ -91,6 +92,27 @@ class InferResponse:
     outputs: tuple[Tensor, ...]
 
 
+#: request parameters of Triton's sequence batcher and schedule policy that the fabric
+#: does not honour: refused rather than ignored (a client relying on one must know)
+UNSUPPORTED_PARAMETERS: dict[str, str] = {
+    "sequence_id": "the fabric has no sequence batching",
+    "sequence_start": "the fabric has no sequence batching",
+    "sequence_end": "the fabric has no sequence batching",
+    "priority": "the fabric does not order requests by priority",
+}
+
+
+def check_parameters(parameters: Iterable[tuple[str, object]]) -> None:
+    """Refuse (400) a request parameter the fabric does not honour, unless its value
+    is the protocol's "none" (0, false or empty, as Triton reads it)."""
+    for key, value in parameters:
+        why = UNSUPPORTED_PARAMETERS.get(key)
+        if why is not None and value:
+            raise InvalidInputError(
+                f"request parameter {key!r} is not supported by the gateway: {why}"
+            )
+
+
 def _tensor_metadata(spec: wire.TensorSpec, batching_dim: int | None) -> TensorMetadata:
     shape = tuple(-1 if i == batching_dim else n for i, n in enumerate(spec.shape))
     return TensorMetadata(spec.name, to_datatype(spec.dtype), shape)
@@ -113,13 +135,13 @@ def check_request(meta: ModelMetadata, request: InferRequest) -> None:
     """Raise :class:`InvalidInputError` unless the request's inputs are the model's
     (names, datatypes, shapes; -1 any size >= 1, the same across inputs) and its
     requested outputs exist."""
-    where = f"model {meta.name!r}"
+    where = f"model {shown(meta.name)}"
     want = {t.name: t for t in meta.inputs}
     given = [t.name for t in request.inputs]
     unknown = [n for n in given if n not in want]
     if unknown:
         raise InvalidInputError(
-            f"{where} has no input {', '.join(map(repr, unknown))} (inputs: {', '.join(want)})"
+            f"{where} has no input {', '.join(map(shown, unknown[:3]))} (inputs: {', '.join(want)})"
         )
     missing = [n for n in want if n not in given]
     if missing or len(set(given)) != len(given):
@@ -135,13 +157,14 @@ def check_request(meta: ModelMetadata, request: InferRequest) -> None:
         bad = [n for n in request.outputs if n not in outputs]
         if bad:
             raise InvalidInputError(
-                f"{where} has no output {', '.join(map(repr, bad))} (outputs: {', '.join(outputs)})"
+                f"{where} has no output {', '.join(map(shown, bad[:3]))} "
+                f"(outputs: {', '.join(outputs)})"
             )
 
 
 def _check_tensor(where: str, want: TensorMetadata, got: Tensor) -> set[int]:
     """The batch size ``got`` carries (empty set: no batching dimension)."""
-    name = f"input {got.name!r} of {where}"
+    name = f"input {shown(got.name)} of {where}"
     if got.datatype != want.datatype:
         raise InvalidInputError(f"{name} must be {want.datatype}, got {got.datatype}")
     fits = len(got.shape) == len(want.shape) and all(
@@ -209,9 +232,10 @@ class InferenceService:
         versions = self.catalog.versions(name)
         if version and versions:
             raise UnknownModelError(
-                f"model {name!r} has no version {version!r} (versions: {', '.join(versions)})"
+                f"model {shown(name)} has no version {shown(version)} "
+                f"(versions: {', '.join(versions)})"
             )
-        raise UnknownModelError.nobody_serves(name, ", ".join(self.catalog.names()))
+        raise UnknownModelError.nobody_serves(clip(name), ", ".join(self.catalog.names()))
 
     def _metadata_of(self, spec: wire.ModelSpec) -> ModelMetadata:
         """The metadata of ``spec``'s version, with the versions of its model that
