@@ -33,6 +33,7 @@ from ipuserve.errors import ConfigError, IpuserveError, PayloadTooLargeError, Re
 from ipuserve.gateway import grpc_convert as convert
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
+from ipuserve.gateway.grpc_precheck import precheck
 from ipuserve.gateway.offload import off_loop
 from ipuserve.gateway.proto import inference_pb2 as pb
 from ipuserve.gateway.service import InferenceService
@@ -171,7 +172,7 @@ class _Servicer:
             try:
                 if guarded:
                     self._tokens.check(_authorization(context), role, door="grpc")
-                req = await _receive(context, request, limit)
+                req = await _receive(context, request, limit, counted)
                 response = await fn(req, context)
                 if counted:
                     self._service.answered("grpc", _model_name(req), "OK")
@@ -247,9 +248,10 @@ class _Servicer:
 
 
 async def _receive(
-    context: grpc.aio.ServicerContext[Any, Any], request: type[Message], limit: int
+    context: grpc.aio.ServicerContext[Any, Any], request: type[Message], limit: int, infer: bool
 ) -> Message:
-    """The call's one request message: its bytes within ``limit``, then parsed."""
+    """The call's one request message: its bytes within ``limit``, then parsed (an
+    ``infer`` request's tensor sizes checked against its shapes first)."""
     raw = await context.read()
     if not isinstance(raw, bytes):  # grpc.aio.EOF: the client sent no message
         raise RequestError(f"the call carried no {request.DESCRIPTOR.name} message")
@@ -258,10 +260,12 @@ async def _receive(
             f"the {request.DESCRIPTOR.name} message ({len(raw)} bytes) is over the "
             f"gateway's limit of {limit} bytes for this call"
         )
-    return await off_loop(len(raw), _parse, request, raw)
+    return await off_loop(len(raw), _parse, request, raw, infer)
 
 
-def _parse(request: type[Message], raw: bytes) -> Message:
+def _parse(request: type[Message], raw: bytes, infer: bool) -> Message:
+    if infer:
+        precheck(raw)
     try:
         return request.FromString(raw)
     except DecodeError as exc:
