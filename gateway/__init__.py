@@ -14,8 +14,12 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
     config.py       GatewayConfig
     http_server.py  the HTTP door (aiohttp): routes, tokens, errors as JSON
     http_codec.py   its infer body, JSON and binary tensor data, both ways
+    json_data.py    JSON ``data`` into typed arrays, strictly, bounded by the shape
+    http_body.py    the body read within the limit, inflated with caps
+    offload.py      large bodies decoded off the event loop
     http_guard.py   header deadline and connection cap per connection
-    grpc_*.py       the gRPC door (grpcio's asyncio server)
+    grpc_*.py       the gRPC door (grpcio's asyncio server); grpc_precheck.py checks
+                    an infer message's tensor sizes before protobuf parses it
     app.py / cli.py one asyncio loop running both; ``ipuserve gateway``
     supervisor.py   ``--processes N``: N such processes on the same ports, restarted
                     when they die (a plain process manager: no asyncio, no client)

@@ -26,7 +26,15 @@ import numpy as np
 from ipuserve.errors import DeadlineExceeded, InvalidInputError
 from ipuserve.gateway import service as svc
 from ipuserve.gateway.proto import inference_pb2 as pb
-from ipuserve.gateway.tensors import Tensor, from_buffer, from_list, to_dtype
+from ipuserve.gateway.tensors import (
+    Tensor,
+    check_budget,
+    check_shape,
+    from_buffer,
+    from_values,
+    shown,
+    to_dtype,
+)
 
 #: each datatype's field of InferTensorContents (INT8 and INT16 ride int32, as the
 #: specification says; a value out of the datatype's range is refused, not wrapped)
@@ -51,10 +59,17 @@ TIMEOUT_PARAMETER = "timeout"
 # ---------------------------------------------------------------- requests
 
 
-def infer_request(msg: pb.ModelInferRequest, time_remaining: float | None) -> svc.InferRequest:
+def infer_request(
+    msg: pb.ModelInferRequest, time_remaining: float | None, max_tensor_bytes: int
+) -> svc.InferRequest:
     """The service's request for a ModelInferRequest. ``time_remaining`` is what is
     left of the call's gRPC deadline (tritonclient's ``client_timeout``), if it has one;
-    the request's timeout is the earlier of it and the ``timeout`` parameter."""
+    the request's timeout is the earlier of it and the ``timeout`` parameter. The
+    declared shapes are checked, and their bytes against ``max_tensor_bytes`` (413),
+    before any tensor is converted."""
+    svc.check_parameters((key, _value(p)) for key, p in msg.parameters.items())
+    declared = [(t.name, t.datatype, check_shape(t.name, tuple(t.shape))) for t in msg.inputs]
+    check_budget(declared, max_tensor_bytes)
     if msg.raw_input_contents:
         inputs = _raw_inputs(msg.inputs, msg.raw_input_contents)
     else:
@@ -68,6 +83,11 @@ def infer_request(msg: pb.ModelInferRequest, time_remaining: float | None) -> sv
         outputs=outputs,
         timeout_s=_timeout(msg.parameters, time_remaining),
     )
+
+
+def _value(param: pb.InferParameter) -> object:
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
 
 
 def wants_typed_outputs(msg: pb.ModelInferRequest) -> bool:
@@ -89,7 +109,7 @@ def _raw_inputs(
 def _raw_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes) -> Tensor:
     if tensor.HasField("contents"):
         raise InvalidInputError(
-            f"input {tensor.name!r} has both contents and a raw_input_contents entry; "
+            f"input {shown(tensor.name)} has both contents and a raw_input_contents entry; "
             "a request uses one form for all its inputs"
         )
     return from_buffer(tensor.name, tensor.datatype, tuple(tensor.shape), raw)
@@ -100,17 +120,17 @@ def _typed_input(tensor: pb.ModelInferRequest.InferInputTensor) -> Tensor:
     field = TYPED_FIELDS.get(tensor.datatype)
     if field is None:
         raise InvalidInputError(
-            f"input {tensor.name!r} is {tensor.datatype}, which has no typed contents "
+            f"input {shown(tensor.name)} is {tensor.datatype}, which has no typed contents "
             "field: send it in raw_input_contents"
         )
     others = [name for name in _ALL_FIELDS if name != field and getattr(tensor.contents, name)]
     if others:  # a value in another datatype's field is a mistake, not data to drop
         raise InvalidInputError(
-            f"input {tensor.name!r} is {tensor.datatype}, whose values go in "
+            f"input {shown(tensor.name)} is {tensor.datatype}, whose values go in "
             f"contents.{field}, but contents.{others[0]} is set"
         )
-    values = list(getattr(tensor.contents, field))
-    return from_list(tensor.name, tensor.datatype, tuple(tensor.shape), values)
+    values = getattr(tensor.contents, field)
+    return from_values(tensor.name, tensor.datatype, tuple(tensor.shape), values)
 
 
 def _timeout(

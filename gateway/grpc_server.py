@@ -13,7 +13,9 @@ Per call: the ``authorization: Bearer ...`` metadata is checked (the health RPCs
 ServerLive and ServerReady are open, as HTTP's ``/v2/health/*`` are, for probes);
 ipuserve's errors become the gRPC status of the one table in
 :mod:`ipuserve.gateway.status`, with the error's message as the details. A message
-over the configured body limit is refused by gRPC itself with RESOURCE_EXHAUSTED.
+over the configured body limit is refused by gRPC itself with RESOURCE_EXHAUSTED; the
+token is checked before a message is received, and its size before it is parsed
+(:meth:`_Servicer._rpc`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,21 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
-from ipuserve.errors import ConfigError, IpuserveError, UnknownModelError
+from ipuserve.errors import (
+    ConfigError,
+    IpuserveError,
+    PayloadTooLargeError,
+    RequestError,
+    UnknownModelError,
+)
 from ipuserve.gateway import grpc_convert as convert
 from ipuserve.gateway.auth import Tokens, grpc_peer_host
 from ipuserve.gateway.config import GatewayConfig
+from ipuserve.gateway.grpc_precheck import precheck
 from ipuserve.gateway.model_config import health, to_proto, triton_config
+from ipuserve.gateway.offload import off_loop
 from ipuserve.gateway.proto import inference_pb2 as pb
 from ipuserve.gateway.service import InferenceService
 from ipuserve.gateway.status import grpc_status_name
@@ -52,6 +62,9 @@ HEALTH_SERVICES = ("", SERVICE_NAME, ALIAS_NAME)
 ROLE = "infer"
 #: ... and the model repository's
 ADMIN_ROLE = "admin"
+
+#: the largest message of the calls other than ModelInfer (names and a few parameters)
+SMALL_MESSAGE_BYTES = 1 << 20
 
 #: one RPC's coroutine: request message and call context to response message
 Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]
@@ -74,7 +87,7 @@ async def start_grpc_bound(
     which port ``HOST:0`` got once it is bound, only the call that binds it does, so
     this is the race-free way to serve on a free port. Logs the bound address."""
     server = grpc.aio.server(options=server_options(config))
-    servicer = _Servicer(service, tokens)
+    servicer = _Servicer(service, tokens, config.max_body_bytes)
     handlers = [servicer.handler(n) for n in (SERVICE_NAME, ALIAS_NAME)]
     server.add_generic_rpc_handlers((*handlers, servicer.health_handler()))
     tls = _tls_credentials(config)
@@ -120,9 +133,10 @@ def _bind(server: grpc.aio.Server, address: str, tls: grpc.ServerCredentials | N
 class _Servicer:
     """The RPCs, each a coroutine from a request message to a response message."""
 
-    def __init__(self, service: InferenceService, tokens: Tokens) -> None:
+    def __init__(self, service: InferenceService, tokens: Tokens, max_bytes: int) -> None:
         self._service = service
         self._tokens = tokens
+        self._max_bytes = max_bytes
 
     def handler(self, name: str) -> grpc.GenericRpcHandler:
         rpcs: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
@@ -160,15 +174,25 @@ class _Servicer:
         role: str = ROLE,
         counted: bool = False,
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        """One RPC: the token check of ``role`` (``guarded``), then ``fn``; an error
-        becomes the call's status. Responses are serialised by the message itself.
-        ``counted``: an inference call, counted with its status code by model."""
+        """One RPC: the token check of ``role`` (``guarded``) and the message's size,
+        before the message is even received, then its parse, then ``fn``; an error
+        becomes the call's status. ``counted``: an inference call, counted with its
+        status code by model, and allowed the body limit (the others
+        :data:`SMALL_MESSAGE_BYTES`).
 
-        async def call(req: Message, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+        Registered as a stream-unary handler receiving bytes: grpcio receives and
+        parses a unary handler's request before calling it, so a caller with no token
+        would cost a full message's parse; here nothing is read until the token
+        passed, and the bytes are parsed (off the loop when large) only if they fit."""
+        limit = self._max_bytes if counted else min(SMALL_MESSAGE_BYTES, self._max_bytes)
+
+        async def call(_requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+            req: Message | None = None
             try:
                 if guarded:
                     peer = grpc_peer_host(context.peer())
                     self._tokens.check(_authorization(context), role, door="grpc", peer=peer)
+                req = await _receive(context, request, limit, counted)
                 response = await fn(req, context)
                 if counted:
                     self._service.answered("grpc", _model_name(req), "OK")
@@ -184,11 +208,7 @@ class _Servicer:
             await context.abort(code, details)
             raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
-        return grpc.unary_unary_rpc_method_handler(
-            call,
-            request_deserializer=request.FromString,
-            response_serializer=_serialize,
-        )
+        return grpc.stream_unary_rpc_method_handler(call, response_serializer=_serialize)
 
     async def server_live(self, _req: pb.ServerLiveRequest, _ctx: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._service.live())
@@ -223,7 +243,9 @@ class _Servicer:
     async def model_infer(
         self, req: pb.ModelInferRequest, ctx: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ModelInferResponse:
-        request = convert.infer_request(req, ctx.time_remaining())
+        request = await off_loop(
+            req.ByteSize(), convert.infer_request, req, ctx.time_remaining(), self._max_bytes
+        )
         response = await self._service.infer(request)
         return convert.infer_response(response, typed=convert.wants_typed_outputs(req))
 
@@ -258,8 +280,33 @@ class _Servicer:
         return pb.RepositoryModelUnloadResponse()
 
 
-def _model_name(req: Message) -> str:
-    """The model an inference request names."""
+async def _receive(
+    context: grpc.aio.ServicerContext[Any, Any], request: type[Message], limit: int, infer: bool
+) -> Message:
+    """The call's one request message: its bytes within ``limit``, then parsed (an
+    ``infer`` request's tensor sizes checked against its shapes first)."""
+    raw = await context.read()
+    if not isinstance(raw, bytes):  # grpc.aio.EOF: the client sent no message
+        raise RequestError(f"the call carried no {request.DESCRIPTOR.name} message")
+    if len(raw) > limit:
+        raise PayloadTooLargeError(
+            f"the {request.DESCRIPTOR.name} message ({len(raw)} bytes) is over the "
+            f"gateway's limit of {limit} bytes for this call"
+        )
+    return await off_loop(len(raw), _parse, request, raw, infer)
+
+
+def _parse(request: type[Message], raw: bytes, infer: bool) -> Message:
+    if infer:
+        precheck(raw)
+    try:
+        return request.FromString(raw)
+    except DecodeError as exc:
+        raise RequestError(f"the message is not a valid {request.DESCRIPTOR.name}: {exc}") from None
+
+
+def _model_name(req: Message | None) -> str:
+    """The model an inference request names ("" before it was parsed)."""
     name: str = getattr(req, "model_name", "")
     return name
 

@@ -15,19 +15,48 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ipuserve.errors import RequestError
-from ipuserve.gateway.service import InferRequest, InferResponse
-from ipuserve.gateway.tensors import Tensor, from_buffer, from_list
+from ipuserve.gateway import json_data
+from ipuserve.gateway.service import InferRequest, InferResponse, check_parameters
+from ipuserve.gateway.tensors import Tensor, check_budget, check_shape, from_buffer, shown
 from ipuserve.limits import MAX_DURATION_MS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
+
+
+class _InputJson(msgspec.Struct, kw_only=True):
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any] = {}
+    #: the JSON text of ``data``, a view of the body decoded later (gateway/json_data.py)
+    data: msgspec.Raw = msgspec.Raw(b"")  # empty: absent
+
+
+class _OutputJson(msgspec.Struct, kw_only=True):
+    name: str
+    parameters: dict[str, Any] = {}
+
+
+class _RequestJson(msgspec.Struct, kw_only=True):
+    """An infer request's JSON: decoding is the first validation (types, in C)."""
+
+    inputs: list[_InputJson]
+    id: str | None = None
+    parameters: dict[str, Any] = {}
+    outputs: list[_OutputJson] | None = None
+
+
+_HEADER = msgspec.json.Decoder(_RequestJson)
 
 
 @dataclass(frozen=True)
@@ -39,109 +68,122 @@ class ParsedInfer:
 
 
 def parse_infer(
-    body: bytes, header_length: str | None, model: str, version: str | None
+    body: bytes | bytearray,
+    header_length: str | None,
+    model: str,
+    version: str | None,
+    max_tensor_bytes: int,
 ) -> ParsedInfer:
-    """The request in ``body``; :class:`RequestError` (400) saying what is malformed."""
-    view = memoryview(body)
+    """The request in ``body``; :class:`RequestError` (400) saying what is malformed,
+    :class:`PayloadTooLargeError` (413) when its shapes declare more than
+    ``max_tensor_bytes`` of tensors (checked before any is materialised)."""
+    view = memoryview(body).toreadonly()
     json_end = _json_length(header_length, len(body))
-    header = body if json_end == len(body) else view[:json_end]  # all JSON: no copy
-    document = _object(_load(header), "the request body")
-    parameters = _object(document.get("parameters", {}), "parameters")
-    inputs = _list(document.get("inputs"), "inputs")
+    document = _load(body if json_end == len(body) else view[:json_end])  # all JSON: no copy
+    check_parameters(document.parameters.items())
+    declared = [(i.name, i.datatype, check_shape(i.name, i.shape)) for i in document.inputs]
+    check_budget(declared, max_tensor_bytes)
     tensors: list[Tensor] = []
     offset = json_end
-    for i, item in enumerate(inputs):
-        tensor, offset = _input(_object(item, f"inputs[{i}]"), view, offset)
+    for item, (_, _, dims) in zip(document.inputs, declared, strict=True):
+        tensor, offset = _input(item, dims, body, view, offset)
         tensors.append(tensor)
     if offset != len(body):
         raise RequestError(
             f"{len(body) - offset} bytes of binary data follow the inputs' binary_data_size "
             f"(the body has {len(body) - json_end} bytes after the JSON header)"
         )
-    outputs, binary = _outputs(document.get("outputs"))
-    request_id = document.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise RequestError(f"id must be a string, got {request_id!r}")
+    outputs, binary = _outputs(document.outputs)
     request = InferRequest(
         model=model,
         version=version,
-        id=request_id,
+        id=document.id,
         inputs=tuple(tensors),
         outputs=outputs,
-        timeout_s=_timeout(parameters.get("timeout")),
+        timeout_s=_timeout(document.parameters.get("timeout")),
     )
-    return ParsedInfer(request, binary, bool(parameters.get("binary_data_output", False)))
+    return ParsedInfer(request, binary, bool(document.parameters.get("binary_data_output", False)))
 
 
 def _json_length(header: str | None, size: int) -> int:
+    """The header's byte count: ASCII digits only (``int()`` would also take ``1_12``
+    and other scripts' digits), within the body."""
     if header is None:
         return size
-    try:
-        length = int(header)
-    except ValueError:
-        length = -1
+    length = int(header) if header.isascii() and header.isdigit() and len(header) < 20 else -1
     if not 0 <= length <= size:
         raise RequestError(
-            f"{HEADER_LENGTH} must be a byte count within the body ({size} bytes), got {header!r}"
+            f"{HEADER_LENGTH} must be a byte count within the body ({size} bytes), "
+            f"got {header[:40]!r}"
         )
     return length
 
 
-def _load(raw: memoryview | bytes) -> Any:
+def _load(raw: memoryview | bytes | bytearray) -> _RequestJson:
     try:
-        return json.loads(raw if isinstance(raw, bytes) else bytes(raw))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+        return _HEADER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise RequestError(_reworded(str(exc))[:300]) from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}"[:300]) from None
+    except RecursionError:
+        raise RequestError("the request body's JSON is nested too deeply") from None
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise RequestError(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value
+_EXPECTED = re.compile(r"Expected `(\w+)`(?: \| `\w+`)*, got `(\w+)`(?: - at `\$\.?(.*)`)?")
+_NOUNS = {"object": "JSON object", "array": "JSON list", "str": "string", "int": "integer"}
 
 
-def _list(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise RequestError(f"{what} must be a JSON list, got {type(value).__name__}")
-    return value
+def _reworded(message: str) -> str:
+    """msgspec's ``Expected `array`, got `int` - at `$.inputs``` as ``inputs must be a
+    JSON list, got int``."""
+    found = _EXPECTED.fullmatch(message)
+    if found is None:
+        return f"the request body is not a valid infer request: {message}"
+    want, got, where = found.groups()
+    return f"{where or 'the request body'} must be a {_NOUNS.get(want, want)}, got {got}"
 
 
-def _input(item: dict[str, Any], body: memoryview, offset: int) -> tuple[Tensor, int]:
-    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
-    if not isinstance(name, str) or not isinstance(datatype, str):
-        raise RequestError(f"an input needs a string name and datatype, got {item!r:.200}")
-    size = _object(item.get("parameters", {}), f"parameters of input {name!r}").get(
-        "binary_data_size"
-    )
+def _input(
+    item: _InputJson, dims: tuple[int, ...], body: bytes | bytearray, view: memoryview, offset: int
+) -> tuple[Tensor, int]:
+    name, datatype = item.name, item.datatype
+    size = item.parameters.get("binary_data_size")
     if size is None:
-        if "data" not in item:
-            raise RequestError(f"input {name!r} has neither data nor binary_data_size")
-        return from_list(name, datatype, shape, item["data"]), offset
-    if not isinstance(size, int) or size < 0 or offset + size > len(body):
+        if not len(item.data):
+            raise RequestError(f"input {shown(name)} has neither data nor binary_data_size")
+        start, end = _span(item.data, body)
+        array = json_data.decode(name, datatype, dims, body, start, end)
+        return Tensor(name, datatype, dims, array), offset
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(body):
         raise RequestError(
-            f"input {name!r}: binary_data_size {size!r} does not fit the "
+            f"input {shown(name)}: binary_data_size {size!r:.40} does not fit the "
             f"{len(body) - offset} bytes of binary data left"
         )
-    return from_buffer(name, datatype, shape, body[offset : offset + size]), offset + size
+    return from_buffer(name, datatype, dims, view[offset : offset + size]), offset + size
 
 
-def _outputs(value: Any) -> tuple[tuple[str, ...] | None, dict[str, bool]]:
+def _span(raw: msgspec.Raw, body: bytes | bytearray) -> tuple[int, int]:
+    """Where ``raw`` (msgspec's view of the body) lies in ``body``."""
+    at = np.frombuffer(raw, np.uint8).__array_interface__["data"][0]
+    base = np.frombuffer(body, np.uint8).__array_interface__["data"][0]
+    start = at - base
+    if not 0 <= start <= len(body) - len(raw):  # pragma: no cover - msgspec copied it
+        raise AssertionError("msgspec.Raw is not a view of the body")
+    return start, start + len(raw)
+
+
+def _outputs(
+    value: list[_OutputJson] | None,
+) -> tuple[tuple[str, ...] | None, dict[str, bool]]:
     if value is None:
         return None, {}
-    names: list[str] = []
     binary: dict[str, bool] = {}
-    for i, item in enumerate(_list(value, "outputs")):
-        output = _object(item, f"outputs[{i}]")
-        name = output.get("name")
-        if not isinstance(name, str):
-            raise RequestError(f"outputs[{i}] needs a string name")
-        names.append(name)
-        flag = _object(output.get("parameters", {}), f"parameters of output {name!r}").get(
-            "binary_data"
-        )
+    for output in value:
+        flag = output.parameters.get("binary_data")
         if flag is not None:
-            binary[name] = bool(flag)
-    return tuple(names), binary
+            binary[output.name] = bool(flag)
+    return tuple(output.name for output in value), binary
 
 
 def _timeout(value: Any) -> float | None:

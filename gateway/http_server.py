@@ -29,15 +29,18 @@ from typing import Any
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError
+from ipuserve.errors import InvalidInputError, IpuserveError
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
+from ipuserve.gateway.http_body import encoding_of, inflate, read_raw
 from ipuserve.gateway.http_codec import HEADER_LENGTH, parse_infer, render_infer
 from ipuserve.gateway.http_guard import ConnectionGuards
 from ipuserve.gateway.model_config import triton_config
+from ipuserve.gateway.offload import off_loop
 from ipuserve.gateway.service import InferenceService, ModelMetadata
 from ipuserve.gateway.stats import ModelStatistics
 from ipuserve.gateway.status import http_status
+from ipuserve.gateway.tensors import shown
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +170,7 @@ async def _model_ready(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if await request.app[SERVICE].model_ready(name, _version(request)):
         return web.json_response({"name": name, "ready": True})
-    return error_response(503, f"model {name!r} is not ready: no worker serves it")
+    return error_response(503, f"model {shown(name)} is not ready: no worker serves it")
 
 
 def statistics_json(stats: ModelStatistics) -> dict[str, Any]:
@@ -199,8 +202,14 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _infer(request: web.Request) -> web.Response:
     body = await _read_body(request)
-    parsed = parse_infer(
-        body, request.headers.get(HEADER_LENGTH), request.match_info["name"], _version(request)
+    parsed = await off_loop(
+        len(body),
+        parse_infer,
+        body,
+        request.headers.get(HEADER_LENGTH),
+        request.match_info["name"],
+        _version(request),
+        request.app[CONFIG].max_body_bytes,
     )
     response = await request.app[SERVICE].infer(parsed.request)
     payload, headers = render_infer(parsed, response)
@@ -241,34 +250,29 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         parsed = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"the request body is not JSON: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidInputError(f"the request body is not JSON: {exc}"[:300]) from None
     if not isinstance(parsed, dict):
         raise InvalidInputError("the request body must be a JSON object")
     return parsed
 
 
-async def _read_body(request: web.Request) -> bytes:
+async def _read_body(request: web.Request) -> bytearray:
+    """The body, inflated if it came compressed (gateway/http_body.py), within the
+    body limit and the body timeout."""
     config = request.app[CONFIG]
     limit = config.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLargeError(_too_large(request.content_length, limit))
+    encoding = encoding_of(request.headers.get("Content-Encoding"))
     try:
         async with asyncio.timeout(config.body_timeout_s):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:  # a chunked body over the limit
-        raise PayloadTooLargeError(_too_large(None, limit)) from exc
+            raw = await read_raw(request.content, request.content_length, limit)
     except TimeoutError:
         raise web.HTTPRequestTimeout(
             text=f"the request body did not arrive within {config.body_timeout_s:g} s"
         ) from None
-
-
-def _too_large(size: int | None, limit: int) -> str:
-    given = "" if size is None else f" ({size} bytes)"
-    return (
-        f"the request body{given} is over the gateway's limit of {limit} bytes (--max-body-bytes)"
-    )
+    if encoding is None:
+        return raw
+    return await off_loop(len(raw), inflate, raw, encoding, limit)
 
 
 class _ConnectionLog(logging.LoggerAdapter[logging.Logger]):
@@ -362,6 +366,8 @@ async def start_http(
         # drop what still comes for a second, so the client sees the answer rather than
         # a reset, then close (aiohttp's default lingers 10 s)
         lingering_time=1.0,
+        # the body is inflated by the gateway, capped as it inflates (gateway/http_body.py)
+        auto_decompress=False,
     )
     await runner.setup()
     assert runner.server is not None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from ipuserve.gateway.catalog import Catalog
 from ipuserve.gateway.metrics import GatewayMetrics
 from ipuserve.gateway.repository import ModelRepository
 from ipuserve.gateway.stats import Duration, ModelStatistics, Snapshot, Statistics
-from ipuserve.gateway.tensors import Tensor, to_datatype
+from ipuserve.gateway.tensors import Tensor, clip, shown, to_datatype
 
 Array = np.ndarray[Any, Any]
 
@@ -102,6 +102,27 @@ class InferResponse:
     outputs: tuple[Tensor, ...]
 
 
+#: request parameters of Triton's sequence batcher and schedule policy that the fabric
+#: does not honour: refused rather than ignored (a client relying on one must know)
+UNSUPPORTED_PARAMETERS: dict[str, str] = {
+    "sequence_id": "the fabric has no sequence batching",
+    "sequence_start": "the fabric has no sequence batching",
+    "sequence_end": "the fabric has no sequence batching",
+    "priority": "the fabric does not order requests by priority",
+}
+
+
+def check_parameters(parameters: Iterable[tuple[str, object]]) -> None:
+    """Refuse (400) a request parameter the fabric does not honour, unless its value
+    is the protocol's "none" (0, false or empty, as Triton reads it)."""
+    for key, value in parameters:
+        why = UNSUPPORTED_PARAMETERS.get(key)
+        if why is not None and value:
+            raise InvalidInputError(
+                f"request parameter {key!r} is not supported by the gateway: {why}"
+            )
+
+
 def _tensor_metadata(spec: wire.TensorSpec, batching_dim: int | None) -> TensorMetadata:
     shape = tuple(-1 if i == batching_dim else n for i, n in enumerate(spec.shape))
     return TensorMetadata(spec.name, to_datatype(spec.dtype), shape)
@@ -130,7 +151,7 @@ def fabric_inputs(request: InferRequest) -> dict[str, Array]:
         names = [t.name for t in request.inputs]
         twice = sorted({n for n in names if names.count(n) > 1})
         raise InvalidInputError(
-            f"input {', '.join(map(repr, twice))} of model {request.model!r} given twice: "
+            f"input {', '.join(map(shown, twice))} of model {shown(request.model)} given twice: "
             "name each input once"
         )
     return inputs
@@ -198,9 +219,10 @@ class InferenceService:
         versions = self.catalog.versions(name)
         if version and versions:
             raise UnknownModelError(
-                f"model {name!r} has no version {version!r} (versions: {', '.join(versions)})"
+                f"model {shown(name)} has no version {shown(version)} "
+                f"(versions: {', '.join(versions)})"
             )
-        raise UnknownModelError.nobody_serves(name, ", ".join(self.catalog.names()))
+        raise UnknownModelError.nobody_serves(clip(name), ", ".join(self.catalog.names()))
 
     def _metadata_of(self, spec: wire.ModelSpec) -> ModelMetadata:
         """The metadata of ``spec``'s version, with the versions of its model that

@@ -24,7 +24,7 @@ from ipuserve.gateway.tensors import (
     DATATYPES,
     Tensor,
     from_buffer,
-    from_list,
+    from_values,
     to_datatype,
     to_dtype,
 )
@@ -60,20 +60,34 @@ def test_a_tensor_from_bytes_is_a_read_only_view_without_a_copy() -> None:
         from_buffer("x", "INT32", [2, 2], memoryview(body)[:24])
 
 
+def _from_json(datatype: str, shape: object, data: object) -> Tensor:
+    document = {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": data}]}
+    [tensor] = parse_infer(json.dumps(document).encode(), None, "m", None, 1 << 20).request.inputs
+    return tensor
+
+
 def test_a_tensor_from_json_takes_flat_or_nested_lists() -> None:
-    flat = from_list("x", "FP32", [2, 2], [1, 2, 3, 4])
-    nested = from_list("x", "FP32", [2, 2], [[1, 2], [3, 4]])
+    flat = _from_json("FP32", [2, 2], [1, 2, 3, 4])
+    nested = _from_json("FP32", [2, 2], [[1, 2], [3, 4]])
     np.testing.assert_array_equal(flat.array, nested.array)
     assert flat.array.dtype == np.dtype("<f4") and flat.shape == (2, 2)
-    assert from_list("b", "BOOL", [2], [True, False]).array.tolist() == [True, False]
+    assert _from_json("BOOL", [2], [True, False]).array.tolist() == [True, False]
     for shape, data, message in [
         ([3], [1, 2], "holds 3 elements, data has 2"),
-        ([-1], [1], "shape must be a list of integers >= 0"),
+        ([-1], [1], "shape must be a list of integers in"),
         ([1], "abc", "data must be a list"),
-        ([2], [[1], [2, 3]], "data are not FP32 values"),
+        ([2, 2], [[1], [2, 3]], "lists nested as the shape"),
     ]:
         with pytest.raises(errors.InvalidInputError, match=message):
-            from_list("x", "FP32", shape, data)
+            _from_json("FP32", shape, data)
+
+
+def test_typed_values_are_counted_before_they_are_converted() -> None:
+    assert from_values("x", "INT8", [2], [1, -2]).array.tolist() == [1, -2]
+    with pytest.raises(errors.InvalidInputError, match="holds 2 elements, data has 3"):
+        from_values("x", "INT8", [2], [1, 2, 3])
+    with pytest.raises(errors.InvalidInputError, match="out of INT8's range"):
+        from_values("x", "INT8", [2], [1, 300])
 
 
 def _binary_request(outputs: object = None, **parameters: object) -> tuple[bytes, str]:
@@ -99,7 +113,7 @@ def _binary_request(outputs: object = None, **parameters: object) -> tuple[bytes
 
 def test_the_codec_reads_binary_inputs_and_parameters() -> None:
     body, length = _binary_request(timeout=2_500_000, binary_data_output=True)
-    parsed = parse_infer(body, length, "m", None)
+    parsed = parse_infer(body, length, "m", None, 1 << 20)
     request = parsed.request
     assert request.id == "r1" and request.model == "m" and request.timeout_s == 2.5
     assert [t.name for t in request.inputs] == ["a", "b"]
@@ -111,7 +125,7 @@ def test_the_codec_writes_binary_and_json_outputs_as_asked() -> None:
     body, length = _binary_request(
         outputs=[{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}]
     )
-    parsed = parse_infer(body, length, "m", "1")
+    parsed = parse_infer(body, length, "m", "1", 1 << 20)
     assert parsed.request.outputs == ("y", "z")
     y, z = np.array([[1.5, 2.5]], "<f4"), np.array([[7]], "<i8")
     response = InferResponse("m", "1", "r1", (Tensor.of("y", y), Tensor.of("z", z)))
@@ -144,7 +158,7 @@ def test_the_codec_refuses_sizes_that_do_not_add_up(change: object, message: str
     body, length = _binary_request()
     body, length = change(body, length)  # type: ignore[operator]
     with pytest.raises(errors.RequestError, match=message):
-        parse_infer(body, length, "m", None)
+        parse_infer(body, length, "m", None, 1 << 20)
 
 
 def test_the_status_table() -> None:

@@ -28,7 +28,7 @@ def test_raw_inputs_become_read_only_views_of_the_received_bytes() -> None:
     assert np.shares_memory(tensor.array, np.frombuffer(raw, np.uint8))
     assert not tensor.array.flags.writeable
     np.testing.assert_array_equal(tensor.array, array)
-    parsed = convert.infer_request(request, None)
+    parsed = convert.infer_request(request, None, 1 << 20)
     assert (parsed.model, parsed.version, parsed.id, parsed.outputs) == ("m", "1", "r", None)
     assert parsed.inputs[0].shape == (2, 3)
 
@@ -38,7 +38,7 @@ def test_empty_version_and_id_are_none_and_requested_outputs_kept() -> None:
     request.model_version, request.id = "", ""
     request.outputs.add(name="b")
     request.outputs.add(name="a")
-    parsed = convert.infer_request(request, None)
+    parsed = convert.infer_request(request, None, 1 << 20)
     assert (parsed.version, parsed.id, parsed.outputs) == (None, None, ("b", "a"))
 
 
@@ -46,7 +46,7 @@ def test_raw_entries_must_match_the_inputs() -> None:
     request = _raw_request(np.zeros(2, np.int32), "INT32")
     request.inputs.add(name="y", datatype="INT32", shape=[2])
     with pytest.raises(InvalidInputError, match=r"2 input\(s\) but 1 raw_input_contents"):
-        convert.infer_request(request, None)
+        convert.infer_request(request, None, 1 << 20)
 
 
 @pytest.mark.parametrize(
@@ -66,24 +66,24 @@ def test_the_timeout_is_the_earlier_of_deadline_and_parameter(
     request = _raw_request(np.zeros(1, np.int8), "INT8")
     if micros is not None:
         request.parameters["timeout"].int64_param = micros
-    assert convert.infer_request(request, remaining).timeout_s == expected
+    assert convert.infer_request(request, remaining, 1 << 20).timeout_s == expected
 
 
 @pytest.mark.parametrize("remaining", [0.0, -1.0])
 def test_a_deadline_already_past_is_deadline_exceeded(remaining: float) -> None:
     request = _raw_request(np.zeros(1, np.int8), "INT8")
     with pytest.raises(DeadlineExceeded, match="deadline had passed"):
-        convert.infer_request(request, remaining)
+        convert.infer_request(request, remaining, 1 << 20)
 
 
 def test_a_timeout_parameter_that_is_not_microseconds_is_refused() -> None:
     request = _raw_request(np.zeros(1, np.int8), "INT8")
     request.parameters["timeout"].string_param = "1s"
     with pytest.raises(InvalidInputError, match="microseconds"):
-        convert.infer_request(request, None)
+        convert.infer_request(request, None, 1 << 20)
     request.parameters["timeout"].int64_param = -5
     with pytest.raises(InvalidInputError, match="negative"):
-        convert.infer_request(request, None)
+        convert.infer_request(request, None, 1 << 20)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_typed_contents_round_trip(datatype: str, values: list[object]) -> None:
     tensor = request.inputs.add(name="x", datatype=datatype, shape=[3])
     getattr(tensor.contents, convert.TYPED_FIELDS[datatype]).extend(values)
     assert convert.wants_typed_outputs(request)
-    (parsed,) = convert.infer_request(request, None).inputs
+    (parsed,) = convert.infer_request(request, None, 1 << 20).inputs
     assert parsed.array.tolist() == values
     answer = InferResponse("m", "1", None, (Tensor("y", datatype, (3,), parsed.array),))
     (out,) = convert.infer_response(answer, typed=True).outputs
