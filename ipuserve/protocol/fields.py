@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from ipuserve.errors import InvalidInputError, IpuserveError, ProtocolError
-from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, VERSION_PATTERN
 from ipuserve.protocol.envelope import (
     MAX_COUNT,
     MAX_ID_BYTES,
@@ -27,8 +27,8 @@ from ipuserve.protocol.envelope import (
 #: A model, tensor, worker or timing name.
 Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 #: A model's version: a positive integer, as a string (a repository's ``NAME/VERSION/``
-#: directory; ordered as numbers: "latest" is the largest).
-Version = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,17}$")]
+#: directory; ordered as numbers: "latest" is the largest): ipuserve.limits' one syntax.
+Version = Annotated[str, Meta(pattern=VERSION_PATTERN)]
 #: A job or request id, as hex (decoded by :func:`hex_id`: a pattern costs 3x the parse).
 HexId = Annotated[str, Meta(max_length=2 * MAX_ID_BYTES)]
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
