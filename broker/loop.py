@@ -30,6 +30,7 @@ from ipuserve.broker.backlog import Backlog
 from ipuserve.broker.clients import ClientHandlers
 from ipuserve.broker.config import BrokerConfig
 from ipuserve.broker.dispatch import Dispatcher
+from ipuserve.broker.faults import Faults
 from ipuserve.broker.jobs import JobTable
 from ipuserve.broker.lifecycle import Lifecycle
 from ipuserve.broker.metrics import BrokerMetrics, MetricsServer
@@ -202,6 +203,7 @@ class Broker:
         self.timers.at(now, self._beat)
         self.timers.at(now + config.startup_grace_s, self._end_grace)
         self._wake = Waker()
+        self._faults = Faults(log)
 
     def _router(
         self, endpoint: str, domain: str, *, sndhwm: int, handover: bool
@@ -321,14 +323,23 @@ class Broker:
         """Handle up to BATCH waiting messages (the poll said one waits), then send the jobs
         they placed: one JOBS message per worker for all of them."""
         placement, answers = self.placement, self.answers
-        handle(transport.recv(sock))
+        self._handle(handle, transport.recv(sock))
         for _ in range(BATCH - 1):
             if placement.unsent + answers.unsent >= FLUSH_ROWS:
                 self.flush()
             if not transport.readable(sock):
                 break
-            handle(transport.recv(sock))
+            self._handle(handle, transport.recv(sock))
         self.flush()
+
+    def _handle(self, handle: Callable[[list[Any]], None], frames: list[Any]) -> None:
+        """One message, whatever it holds: a handler answers what it cannot handle
+        (INTERNAL); what escapes even that is dropped here, never the loop."""
+        try:
+            handle(frames)
+        except Exception as exc:
+            self._faults.log(exc, "the broker dropped a message it failed to answer")
+            self.metrics.dropped.labels("handler_failed").inc()
 
     def flush(self) -> None:
         """Send what this turn placed and answered: one JOBS message per worker, one
@@ -356,8 +367,8 @@ class Broker:
                 self._clients.handle(client, message, role)
         except IpuserveError as exc:
             self._refuse(client, body, exc, getattr(message, "model", ""))
-        except Exception:
-            log.exception("failed to handle a client message")
+        except Exception as exc:
+            self._faults.log(exc, "failed to handle a client message")
             error = IpuserveError("internal broker error; see its log")
             self._refuse(client, body, error, getattr(message, "model", ""))
 
@@ -388,13 +399,13 @@ class Broker:
             self._workers.on_malformed(worker, body, exc)
             return
         except Exception as exc:  # a decoder bug: unreadable all the same
-            log.exception("failed to decode a message from a worker")
+            self._faults.log(exc, "failed to decode a message from a worker")
             self._workers.on_malformed(worker, body, ProtocolError(f"unreadable: {exc!r}"))
             return
         try:
             self._workers.handle(identity, worker, message, now)
-        except Exception:  # one peer's message must not stop the broker for everyone
-            log.exception("failed to handle a %s from a worker", message.COMMAND.name)
+        except Exception as exc:  # one peer's message must not stop the broker for everyone
+            self._faults.log(exc, f"failed to handle a {message.COMMAND.name} from a worker")
             self.metrics.dropped.labels("worker_message_failed").inc()
             # the jobs it named may have left the worker's books: answer them, or
             # they would wait for ever (without a timeout)

@@ -21,7 +21,6 @@ send me its answer) and :class:`Pause` (wait this long), and returns the last in
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from ipuserve.errors import (
     UnavailableError,
     UnknownModelError,
 )
+from ipuserve.limits import version_problem
 from ipuserve.protocol.control import Action
 
 __all__ = [
@@ -58,8 +58,6 @@ _FIRST_PAUSE_S = 0.02
 _LONGEST_PAUSE_S = 0.5
 #: the states of a version that is (or is becoming) served
 _HOSTED = ("READY", "LOADING", "UNLOADING")
-#: what the wire takes as a version (ipuserve.protocol.fields.Version)
-_VERSION = re.compile(r"[1-9][0-9]{0,17}")
 
 
 @dataclass(frozen=True)
@@ -140,11 +138,10 @@ def check_version(version: Any) -> str | None:
         return None
     if isinstance(version, int) and not isinstance(version, bool):
         version = str(version)
-    if not isinstance(version, str) or not _VERSION.fullmatch(version):
-        raise InvalidInputError(
-            f"a version is a whole number >= 1 (of 18 digits at most), not {version!r}"
-        )
-    return version
+    problem = version_problem(version)
+    if problem is not None:
+        raise InvalidInputError(f"a version {problem}")
+    return str(version)
 
 
 def index_steps() -> Steps:

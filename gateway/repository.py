@@ -30,6 +30,7 @@ from typing import Any
 from ipuserve.client import AsyncClient, RepositoryIndex
 from ipuserve.errors import InvalidInputError
 from ipuserve.gateway.catalog import Catalog
+from ipuserve.limits import version_problem
 
 __all__ = ["IndexEntry", "ModelRepository", "versions_of_config"]
 
@@ -139,6 +140,7 @@ def versions_of_config(config: str | None, listed: list[str]) -> list[str] | Non
 
 
 def _version(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
-        raise InvalidInputError(f"a version in version_policy must be a whole number: {value!r}")
-    return str(int(value))
+    text = str(value) if type(value) is int else value  # JSON's 2, or "2"; never true
+    if (problem := version_problem(text)) is not None:
+        raise InvalidInputError(f"a version in version_policy {problem}")
+    return str(text)

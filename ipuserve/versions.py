@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from ipuserve.limits import is_version
 from ipuserve.protocol import ModelSpec
 
 #: A model version as the broker routes by: (name, version).
@@ -45,7 +46,7 @@ class Credited(Protocol):
 
 def version_order(version: str) -> tuple[int, str]:
     """Sort key of a version: as a number (an unnumbered one, never on the wire, first)."""
-    return (int(version), version) if version.isdigit() else (-1, version)
+    return (int(version), version) if is_version(version) else (-1, version)
 
 
 def latest(versions: Sequence[str] | set[str]) -> str | None:

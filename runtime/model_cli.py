@@ -16,6 +16,7 @@ import click
 
 from ipuserve.clikit import option
 from ipuserve.errors import ModelFileError
+from ipuserve.limits import is_version
 from ipuserve.runtime.popef import dump, examples
 from ipuserve.runtime.popef.container import write_model
 from ipuserve.runtime.popef.reader import load_model
@@ -143,7 +144,7 @@ def _destination(
     if out is not None or weights is not None:
         raise click.UsageError("--repository writes one file per version: no OUT or --weights-file")
     if version is None:
-        found = [int(p.name) for p in (repository / name).glob("*") if p.name.isdigit()]
+        found = [int(p.name) for p in (repository / name).glob("*") if is_version(p.name)]
         version = max(found, default=0) + 1
     return repository / name / str(version) / f"{name}.popef"
 

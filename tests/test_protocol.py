@@ -999,9 +999,9 @@ def test_a_spec_table_entry_over_the_tensor_limit_is_named(
     specs: Any, cmd: int, where: str
 ) -> None:
     key = "jobs" if cmd == JOBS else "results"
-    row = ["01", 1, None] if cmd == JOBS else ["01", 1, {}]
+    row = _full(["01", 1, None]) if cmd == JOBS else ["01", 1, {}]
     with pytest.raises(ProtocolError) as info:
-        p.decode(frames_with({"specs": specs, key: [_full(row)]}, F8, cmd=cmd), LIMITS)
+        p.decode(frames_with({"specs": specs, key: [row]}, F8, cmd=cmd), LIMITS)
     field = ".tensors" if cmd == JOBS else ""
     assert str(info.value) == f"{where} header: $.specs[1]{field} has 4 entries; the limit is 3"
 

@@ -18,7 +18,7 @@ from ipuserve import probes
 from ipuserve.clikit import Endpoint, ModelName, option, parse_duration_ms
 from ipuserve.discovery import split_endpoints
 from ipuserve.errors import IpuserveError
-from ipuserve.limits import name_problem
+from ipuserve.limits import is_version, name_problem
 from ipuserve.security.cli import curve_client_options, keys_from_options
 from ipuserve.worker.config import WorkerConfig, default_worker_id
 
@@ -59,7 +59,7 @@ class LoadSpec(click.ParamType):  # type: ignore[type-arg]
         problem = name_problem(name)
         if problem is not None:
             self.fail(f"a model name {problem}", param, ctx)
-        if colon and not (version.isascii() and version.isdigit() and version[0] != "0"):
+        if colon and not is_version(version):
             self.fail(f"the version in {value!r} must be a positive integer", param, ctx)
         return name, version or None
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import threading
 import tomllib
 from dataclasses import dataclass, field
@@ -33,15 +32,13 @@ from msgspec import Meta
 
 from ipuserve import protocol as wire
 from ipuserve.errors import IpuserveError
-from ipuserve.limits import name_problem
+from ipuserve.limits import MAX_VERSION_DIGITS, VERSION_PATTERN, is_version, name_problem
 from ipuserve.protocol.envelope import bounded
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.toml"
 MODEL_SUFFIX = ".popef"
-#: a version directory's name: the wire's Version (a positive integer)
-_VERSION = re.compile(r"^[1-9][0-9]{0,17}$")
 
 
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -60,7 +57,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     batch_timeout_ms: Annotated[float, Meta(gt=0)] | None = None
     credit: Annotated[int, Meta(ge=1)] | None = None
     default_version: (
-        Annotated[int, Meta(ge=1)] | Annotated[str, Meta(pattern=_VERSION.pattern)] | None
+        Annotated[int, Meta(ge=1, lt=10**MAX_VERSION_DIGITS)]
+        | Annotated[str, Meta(pattern=VERSION_PATTERN)]
+        | None
     ) = None
     workers: Annotated[int, Meta(ge=1, le=1024)] = 1
 
@@ -165,7 +164,7 @@ class Repository:
             return []
         versions = []
         for path in sorted(model_dir.iterdir()):
-            if path.is_dir() and _VERSION.match(path.name):
+            if path.is_dir() and is_version(path.name):  # a directory "1\n" is none
                 versions.append(path)
             elif path.is_dir() and not path.name.startswith("."):
                 log.warning("repository: %s is no version (a positive integer); skipped", path)

@@ -3,7 +3,8 @@
 A message is one ZeroMQ multipart message (a ROUTER adds the peer's identity in front;
 strip it before :func:`decode`): frame 0 the envelope (b"IPUS", a version byte, a
 :class:`Command` byte, then the id: 0..64 bytes, the client's request id, or empty);
-frame 1 the header, a UTF-8 JSON object of at most Limits.max_header_bytes whose fields
+frame 1 the header, a UTF-8 JSON object of at most Limits.max_header_bytes, nested at
+most MAX_HEADER_DEPTH deep, whose fields
 depend on the command (docs/protocol.md); frames 2.. one raw frame per tensor the header
 lists, C-ordered little-endian, exactly prod(shape) * itemsize bytes.
 
@@ -70,6 +71,7 @@ from ipuserve.protocol.envelope import (
     ENVELOPE_BYTES,
     HEADER_FRAMES,
     MAX_COUNT,
+    MAX_HEADER_DEPTH,
     MAX_ID_BYTES,
     MAX_MESSAGE_CHARS,
     MAX_TIMING_KEYS,
@@ -88,7 +90,8 @@ from ipuserve.protocol.worker_messages import Bye, Heartbeat, Hello, Reconnect, 
 
 #: The public API, by kind: constants, messages and types, functions.
 __all__ = ["DEFAULT_LIMITS", "DTYPES", "ENVELOPE_BYTES", "HEADER_FRAMES", "MAX_COUNT"]
-__all__ += ["MAX_DURATION_MS", "MAX_ID_BYTES", "MAX_MESSAGE_CHARS", "MAX_NAME_CHARS"]
+__all__ += ["MAX_DURATION_MS", "MAX_HEADER_DEPTH", "MAX_ID_BYTES", "MAX_MESSAGE_CHARS"]
+__all__ += ["MAX_NAME_CHARS"]
 __all__ += ["MAX_TIMING_KEYS", "MAX_TIMING_VALUE", "PROTOCOL_TAG", "PROTOCOL_VERSION", "TAG"]
 __all__ += ["WORKER_CODES"]
 __all__ += ["Bye", "Command", "ErrorReply", "Fail", "Frame", "Heartbeat", "Hello", "Job", "Jobs"]

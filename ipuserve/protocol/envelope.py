@@ -33,6 +33,11 @@ MAX_TIMING_KEYS = 32
 MAX_MESSAGE_CHARS = 2000
 #: Envelope and header; tensor frames follow.
 HEADER_FRAMES = 2
+#: The deepest a header may nest arrays and objects (``{"a": [1]}`` is 2 deep). Every
+#: declared header nests at most 6 deep; JSON parsers recurse per level, and msgspec
+#: raises RecursionError near 1,000 (less on a deeper stack), so a header is measured
+#: before anything parses it, as its bytes are counted (docs/protocol.md §3).
+MAX_HEADER_DEPTH = 32
 
 
 class Command(enum.IntEnum):

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from ipuserve.errors import InvalidInputError, IpuserveError, ProtocolError
-from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS
+from ipuserve.limits import MAX_DURATION_MS, MAX_NAME_CHARS, VERSION_PATTERN
 from ipuserve.protocol.envelope import (
     MAX_COUNT,
     MAX_ID_BYTES,
@@ -27,8 +27,8 @@ from ipuserve.protocol.envelope import (
 #: A model, tensor, worker or timing name.
 Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 #: A model's version: a positive integer, as a string (a repository's ``NAME/VERSION/``
-#: directory; ordered as numbers: "latest" is the largest).
-Version = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,17}$")]
+#: directory; ordered as numbers: "latest" is the largest): ipuserve.limits' one syntax.
+Version = Annotated[str, Meta(pattern=VERSION_PATTERN)]
 #: A job or request id, as hex (decoded by :func:`hex_id`: a pattern costs 3x the parse).
 HexId = Annotated[str, Meta(max_length=2 * MAX_ID_BYTES)]
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
@@ -52,8 +52,9 @@ class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defau
     """A message's header: an object with exactly its declared fields."""
 
 
-class Row(msgspec.Struct, frozen=True, array_like=True):
-    """A batch row: a JSON array of its fields in order (the trailing defaults optional)."""
+class Row(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """A batch row: a JSON array of its fields in order (the trailing defaults optional,
+    nothing after them: msgspec would skip extra entries, however deep, unread)."""
 
 
 #: Where an error is the sender's input, not its protocol: a tensor's dtype or shape.
@@ -88,7 +89,7 @@ def refused(
     text = bounded(str(exc))
     if not isinstance(exc, msgspec.ValidationError):
         return ProtocolError(f"{where} is not valid UTF-8 JSON: {text}")
-    precise = _precise(text, raw)
+    precise = _precise(text, raw) or _long_row(text, raw, rows)
     text, located = (precise, precise.split(" ")[0]) if precise else (text, text)
     path = _ROW_PATH.search(text)
     names = rows.get(path.group(1), ()) if path is not None else ()
@@ -110,10 +111,10 @@ def _precise(text: str, raw: bytes) -> str | None:
     at = _AT.fullmatch(text)
     if at is None:
         return None
-    try:
+    try:  # ``raw`` was measured (codec.too_deep): bounded in bytes and depth
         path, value = _value_at(_UNTYPED.decode(raw), at.group(4), bool(at.group(3)))
-    except (msgspec.MsgspecError, ValueError, LookupError, TypeError, StopIteration):
-        return None  # ValueError: bad UTF-8 after the field msgspec refused
+    except Exception:  # best effort, never an error of its own: bad UTF-8 after the
+        return None  # field, a Decimal("1e99999…") (InvalidOperation), a path not found
     shown = _SHOW(value).decode()
     shown = shown if len(shown) <= 60 else f"{shown[:40]}... ({len(shown)} characters)"
     kind, rule = at.group(1, 2)
@@ -122,6 +123,28 @@ def _precise(text: str, raw: bytes) -> str | None:
     must = rule if rule and kind in ("int", "float") else _NOUNS.get(kind, f"`{kind}`") + rule
     is_ = "has the key" if at.group(3) else "is"
     return f"{path} {is_} {shown}; it must be {must.strip()}"
+
+
+#: msgspec's refusal of a row with entries after its last field: it names no path
+_LONG_ROW = re.compile(r"Expected `array` of at most length (\d+)")
+
+
+def _long_row(text: str, raw: bytes, rows: Mapping[str, tuple[str, ...]]) -> str | None:
+    """``$.key[n] has N entries; at most M`` for the first batch row longer than its
+    fields, or None where msgspec refused something else (or it cannot be found)."""
+    if _LONG_ROW.fullmatch(text) is None:
+        return None
+    try:  # ``raw`` was measured (codec.too_deep): bounded in bytes and depth
+        header = _UNTYPED.decode(raw)
+        key, n, count = next(
+            (key, n, len(row))
+            for key, names in rows.items()
+            for n, row in enumerate(header.get(key) or ())
+            if type(row) is list and len(row) > len(names)
+        )
+    except Exception:  # best effort, as _precise
+        return None
+    return f"$.{key}[{n}] has {count} entries; at most {len(rows[key])}"
 
 
 def _value_at(header: Any, path: str, key: bool) -> tuple[str, Any]:

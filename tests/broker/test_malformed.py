@@ -151,6 +151,23 @@ CASES: list[tuple[str, list[bytes], str] | tuple[str, list[bytes], str, bytes]] 
         batch({"specs": [ADD_SPEC], "requests": [["bad", 0, 0.0]]}, b"bad", ROWS, ROWS),
         "BAD_MESSAGE",
     ),
+    # issue 28: a header nested 1,000 deep killed the broker (RecursionError), and
+    # msgspec skipped a row's extra entries unread
+    (
+        "header nests 1,000 deep",
+        [
+            wire.envelope(wire.Command.REQUESTS),
+            b'{"specs":[],"requests":[[' + b"[" * 1000 + b"]" * 1000 + b",0,null]]}",
+        ],
+        "BAD_MESSAGE",
+        b"",
+    ),
+    ("request nests 1,000 deep", request(b'{"model":' + b"[" * 1000), "BAD_MESSAGE"),
+    (
+        "batch row with an entry too many",
+        batch({"specs": [ADD_SPEC], "requests": [["bad", 0, None, 1]]}, b"bad", ROWS, ROWS),
+        "BAD_MESSAGE",
+    ),
     (
         "batch frame short",
         batch({"specs": [ADD_SPEC], "requests": [["bad", 0, None]]}, b"bad", ROWS, bytes(8)),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,8 +82,14 @@ class BackendFuzzer:
     """Runs the fake worker for ``messages`` messages against a broker with a real
     ``add`` worker (the probe's)."""
 
-    def __init__(self, frontend: str, backend: str, broker_pid: int, seed: int) -> None:
+    def __init__(
+        self, frontend: str, backend: str, broker_pid: int, seed: int, ops: list[str] | None = None
+    ) -> None:
         self.rng = random.Random(seed)
+        #: the mutations to draw from (engine.mutate; None: all), and the behaviours:
+        #: with ``ops`` given, mostly RESULTS so mutated
+        self.ops = ops
+        self.behaviours = BEHAVIOURS if ops is None else ["ok", "mutated", "mutated", "mutated"]
         self.report = Report("backend", seed)
         self.ledger = Ledger(self.report)
         self.pid = broker_pid
@@ -108,13 +115,14 @@ class BackendFuzzer:
 
     # ------------------------------------------------------------ the run
 
-    def run(self, messages: int) -> Report:
+    def run(self, messages: int, alive: Callable[[], bool] = lambda: True) -> Report:
+        """``messages`` messages, or until the broker is no longer ``alive``."""
         report = self.report
         report.rss_before = rss_bytes(self.pid)
         self.hello()
         self.welcomed()
         next_probe = PROBE_EVERY
-        while report.sent < messages:
+        while report.sent < messages and alive():
             self.fill()
             self.turn(misbehave=True)
             if report.sent >= next_probe:
@@ -225,7 +233,7 @@ class BackendFuzzer:
             arrays = job.tensors.arrays()
             rid = self.ledger.job(job.job_id, arrays["x"])
             rows.append((job.job_id, rid, arrays["x"] + 2 * arrays["y"]))
-        behaviour = self.rng.choice(BEHAVIOURS) if misbehave else "ok"
+        behaviour = self.rng.choice(self.behaviours) if misbehave else "ok"
         self.report.mutations[behaviour] += 1
         for _job, rid, _z in rows:
             self.ledger.note(rid, behaviour)
@@ -299,7 +307,7 @@ class BackendFuzzer:
         elif behaviour == "duplicate-row":
             self.send_checked(results_frames(results + results[:1]))
         elif behaviour == "mutated":
-            op, frames = mutate(self.rng, results_frames(results))
+            op, frames = mutate(self.rng, results_frames(results), self.ops)
             self.report.mutations[f"mutated/{op}"] += 1
             for _job, rid, _z in rows:
                 self.ledger.note(rid, op)
@@ -372,7 +380,7 @@ class BackendFuzzer:
                 "models": [model_spec(MODEL)],
                 "credit": CREDIT,
             }
-            _op, frames = mutate(self.rng, frames_of(Command.HELLO, b"", header))
+            _op, frames = mutate(self.rng, frames_of(Command.HELLO, b"", header), self.ops)
             self.send(frames)
             self.hello()
         elif kind == "bye-strangers":
@@ -381,7 +389,7 @@ class BackendFuzzer:
             self.hello()
         elif kind == "garbage":
             base = frames_of(Command.HEARTBEAT, b"", {"in_flight": 0})
-            self.send(mutate(self.rng, base)[1])
+            self.send(mutate(self.rng, base, self.ops)[1])
         else:
             z = np.zeros((2, ADD_WIDTH), np.float32)
             self.send(results_frames([(self.rng.randbytes(8), z, worker_timing())]))

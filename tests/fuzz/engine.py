@@ -19,6 +19,11 @@ The invariants (issue 16), checked on every run:
   (backend) outputs that fit the model and that the fake worker really sent for it;
   a misbehaving worker's answer reaches the client as the protocol says (WORKER_FAILED
   for outputs that do not fit, or codes a worker may not send), exactly once;
+* a header deeper than MAX_HEADER_DEPTH (as the fuzzer's own oracle,
+  :func:`header_depth`, measures it) is refused BAD_MESSAGE and no id it names is
+  read (frontend: only its envelope's is answered; backend: the jobs a deep RESULTS
+  names wait for their deadline or a good RESULTS); valid JSON within it is never
+  refused for depth (the nesting mutations, NESTING_OPS, issue 28);
 * the broker sends only well-formed messages, and MODELS keeps working;
 * the broker's RSS (/proc/PID/status VmRSS) grows by at most RSS_BOUND_BYTES.
 
@@ -128,12 +133,15 @@ class Report:
 
 
 def rss_bytes(pid: int) -> int:
-    """VmRSS of a process, from /proc."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    """VmRSS of a process, from /proc; 0 once it has exited (the run reports that)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0  # a zombie has no VmRSS
 
 
 def add_arrays(rng: random.Random, rows: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -210,19 +218,38 @@ def _mutate_json(rng: random.Random, value: Any) -> Any:
     return random_json(rng)
 
 
-def mutate(rng: random.Random, frames: list[bytes]) -> tuple[str, list[bytes]]:
-    """One random mutation of a valid message's frames: its name and the new frames."""
+OPS = [
+    "envelope-id", "envelope-command", "envelope-version", "envelope-tag", "envelope-cut",
+    "drop-frame", "add-frame", "duplicate-frame", "swap-frames",
+    "header-bytes", "header-cut", "header-json", "header-json", "header-json",
+    "header-padded", "header-oversize", "header-not-object",
+    "tensor-cut", "tensor-grow", "tensor-bytes", "many-frames", "garbage",
+    "nest-deep", "nest-at-limit", "row-extra", "huge-number",
+]  # fmt: skip
+#: The nesting, depth and shape-of-JSON mutations (issue 28): a value nested deep
+#: (arrays, objects, both; closed or not) in any header field, or exactly as deep as
+#: the limit allows; rows with entries after their last field; numbers no field can
+#: hold; a value of another type; brackets and escapes inside a string (no depth).
+NESTING_OPS = [
+    "nest-deep", "nest-deep", "nest-deep", "nest-unclosed", "nest-at-limit",
+    "row-extra", "row-extra", "huge-number", "wrong-type", "brackets-in-string",
+]  # fmt: skip
+#: Depths a nested value is given: around the limit, around where parsers recurse no
+#: more (~1,000: RecursionError), and far beyond (within the 256 KiB header limit).
+DEPTHS = [33, 40, 100, 500, 990, 999, 1000, 1001, 3000, 50_000]
+
+
+def mutate(
+    rng: random.Random, frames: list[bytes], ops: list[str] | None = None
+) -> tuple[str, list[bytes]]:
+    """One random mutation of a valid message's frames (of ``ops``, default all of
+    OPS): its name and the new frames."""
     out = list(frames)
-    ops = [
-        "envelope-id", "envelope-command", "envelope-version", "envelope-tag", "envelope-cut",
-        "drop-frame", "add-frame", "duplicate-frame", "swap-frames",
-        "header-bytes", "header-cut", "header-json", "header-json", "header-json",
-        "header-padded", "header-oversize", "header-not-object",
-        "tensor-cut", "tensor-grow", "tensor-bytes", "many-frames", "garbage",
-    ]  # fmt: skip
-    op = rng.choice(ops)
+    op = rng.choice(ops or OPS)
     env = out[0]
-    if op == "envelope-id":
+    if op in NESTING_OPS and len(out) > 1:
+        out[1] = mutate_shape(rng, op, out[1])
+    elif op == "envelope-id":
         out[0] = env[:6] + rng.randbytes(rng.choice([0, 1, 8, 63, 64, 65, 200]))
     elif op == "envelope-command":
         out[0] = env[:5] + bytes([rng.randrange(256)]) + env[6:]
@@ -277,6 +304,89 @@ def mutate(rng: random.Random, frames: list[bytes]) -> tuple[str, list[bytes]]:
     return op, out
 
 
+#: a value json.dumps writes as itself, unlike anything a header holds: where raw bytes go
+_SLOT = json.dumps("\u0000slot\u0000").encode()
+_ROW_KEYS = ("jobs", "requests", "results", "replies", "failures", "errors")
+
+
+def mutate_shape(rng: random.Random, op: str, header: bytes) -> bytes:
+    """``header`` (a valid one's JSON) with one value changed by the NESTING_OPS ``op``."""
+    value = json.loads(header)
+    rows = [r for key in _ROW_KEYS for r in (value.get(key) or []) if isinstance(r, list)]
+    if op == "row-extra" and rows:
+        row = rng.choice(rows)
+        extra = rng.choice([None, 1, "x", [], {}, 2**70, "\u0000slot\u0000"])
+        row.extend([extra] * rng.choice([1, 1, 2, 50]))
+        return json.dumps(value).encode().replace(_SLOT, nested(rng, rng.choice(DEPTHS)))
+    path = _walk(rng, value)
+    if op == "wrong-type":
+        return json.dumps(_put(value, path, random_json(rng))).encode()
+    if op == "brackets-in-string":  # no depth: what a scan that ignores strings would see
+        text = rng.choice(["[", "{", '\\"[', '"]', "\\", "["]) * rng.choice([40, 200, 1000])
+        return json.dumps(_put(value, path, text)).encode()
+    if op == "huge-number":
+        raw = rng.choice(
+            [b"9" * 19, b"9" * 400, b"9" * 5000, b"1e99999", b"-1e400", b"1" + b"0" * 310]
+        )
+    elif op == "nest-at-limit":  # the whole header exactly MAX_HEADER_DEPTH deep
+        depth = max(1, wire.MAX_HEADER_DEPTH - len(path))
+        raw = b"[" * depth + b"]" * depth
+    else:
+        raw = nested(rng, rng.choice(DEPTHS), closed=op != "nest-unclosed")
+    return json.dumps(_put(value, path, "\u0000slot\u0000")).encode().replace(_SLOT, raw, 1)
+
+
+def nested(rng: random.Random, depth: int, closed: bool = True) -> bytes:
+    """A JSON value ``depth`` deep: arrays, objects, or both in turn; ``closed`` or not."""
+    unit, inner, end = rng.choice(
+        [(b"[", b"", b"]"), (b'{"k":', b"1", b"}"), (b'[{"k":', b"1", b"}]")]
+    )
+    count = depth // len(end)
+    return unit * count + (inner + end * count if closed else b"")
+
+
+def _walk(rng: random.Random, value: Any) -> list[Any]:
+    """A random path from the root into ``value``: a field, an entry, a row, a leaf."""
+    path: list[Any] = []
+    while isinstance(value, (dict, list)) and value and (not path or rng.random() < 0.7):
+        step = rng.choice(list(value)) if isinstance(value, dict) else rng.randrange(len(value))
+        path.append(step)
+        value = value[step]
+    return path or ["extra"]
+
+
+def _put(value: Any, path: list[Any], new: Any) -> Any:
+    """``value`` with ``new`` at ``path`` (in place: a header is parsed afresh each time)."""
+    target = value
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = new
+    return value
+
+
+def header_depth(raw: bytes) -> int:
+    """How deep a JSON parser nests reading ``raw``: an oracle that shares nothing with
+    the codec's scan (a loop over the bytes, slow, so only run past a bracket count
+    within the limit, which it returns as the bound it is)."""
+    if raw.count(b"[") + raw.count(b"{") <= wire.MAX_HEADER_DEPTH:
+        return raw.count(b"[") + raw.count(b"{")
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (byte == 0x5C, byte != 0x22)
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+            if depth < 0:
+                break  # a parser stops here
+    return deepest
+
+
 def decodes(frames: list[bytes]) -> tuple[wire.Message | None, str]:
     """The message ``frames`` decode to (None if malformed), and why not."""
     try:
@@ -307,6 +417,8 @@ def row_ids(frames: list[bytes]) -> set[bytes]:
         return ids  # (any batch's rows are read: a JOBS sent to the frontend names ids too)
     if len(frames[1]) > wire.DEFAULT_LIMITS.max_header_bytes:
         return ids
+    if header_depth(frames[1]) > wire.MAX_HEADER_DEPTH:
+        return ids  # refused unread: docs/protocol.md §3
     try:
         header = json.loads(frames[1])
     except (ValueError, RecursionError):

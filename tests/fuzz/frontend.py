@@ -14,8 +14,10 @@ allowed code (the fuzzer's loopback peer is an admin in protected mode).
 
 from __future__ import annotations
 
+import json
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from tests.fuzz.engine import (
     decodes,
     envelope_id,
     frames_of,
+    header_depth,
     mutate,
     row_ids,
     rss_bytes,
@@ -97,8 +100,11 @@ def valid_message(rng: random.Random, serial: int, kind: str = "") -> tuple[str,
 class FrontendFuzzer:
     """Sends ``messages`` mutated client messages to ``frontend``; checks every answer."""
 
-    def __init__(self, frontend: str, broker_pid: int, seed: int) -> None:
+    def __init__(
+        self, frontend: str, broker_pid: int, seed: int, ops: list[str] | None = None
+    ) -> None:
         self.frontend, self.pid = frontend, broker_pid
+        self.ops = ops  # the mutations to draw from (engine.mutate: None, all)
         self.rng = random.Random(seed)
         self.report = Report("frontend", seed)
         self.context: zmq.Context[Any] = zmq.Context.instance()
@@ -113,18 +119,21 @@ class FrontendFuzzer:
     def close(self) -> None:
         self.socket.close(linger=0)
 
-    def run(self, messages: int) -> Report:
+    def run(self, messages: int, alive: Callable[[], bool] = lambda: True) -> Report:
+        """``messages`` messages, or until the broker is no longer ``alive``."""
         report = self.report
         report.rss_before = rss_bytes(self.pid)
         for serial in range(messages):
+            if not alive():
+                break
             op = "none"
-            if self.rng.random() < BIG_HEADERS:  # what a header cache must bound in bytes
+            if self.rng.random() < BIG_HEADERS and self.ops is None:  # a cache's bound
                 kind, frames = valid_message(self.rng, serial, "request")
                 op, frames = "header-padded", _padded(self.rng, frames)
             else:
                 kind, frames = valid_message(self.rng, serial)
                 if self.rng.random() < 0.85:
-                    op, frames = mutate(self.rng, frames)
+                    op, frames = mutate(self.rng, frames, self.ops)
             report.mutations[f"{kind}/{op}"] += 1
             self.exchange(kind, op, frames)
             report.sent += 1
@@ -156,6 +165,7 @@ class FrontendFuzzer:
                 wanted.discard(rid)
                 if isinstance(message, wire.RepositoryCommand) or kind == "repository":
                     check_repository_answer(frames, message, carrier, self.report, f"{kind}/{op}")
+                _check_depth(frames, message, answer, carrier, self.report, f"{kind}/{op}")
                 if message is None and not isinstance(answer, str):
                     self.report.violate(
                         "malformed message answered with a REPLY", f"{kind}/{op}: {why}"
@@ -177,6 +187,29 @@ class FrontendFuzzer:
                 f"{kind}/{op}: {len(wanted)} id(s) unanswered within "
                 f"{ANSWER_TIMEOUT_S} s: {sorted(wanted)[:4]}",
             )
+
+
+def _check_depth(
+    frames: list[bytes],
+    message: wire.Message | None,
+    answer: Any,
+    carrier: Any,
+    report: Report,
+    what: str,
+) -> None:
+    """A header deeper than MAX_HEADER_DEPTH (as an oracle of its own measures it) is
+    refused BAD_MESSAGE; a header of valid JSON within it is never refused for depth."""
+    if len(frames) < 2 or not frames[0].startswith(wire.TAG):
+        return
+    deep = header_depth(frames[1]) > wire.MAX_HEADER_DEPTH
+    if deep and (message is not None or answer not in ("BAD_MESSAGE", "UNSUPPORTED_VERSION")):
+        report.violate("a header deeper than the limit is refused", f"{what}: {answer}")
+    elif not deep and "deep; the limit is" in getattr(carrier, "message", ""):
+        try:
+            json.loads(frames[1])  # (no JSON: a scan may count what no parser reads)
+        except (ValueError, RecursionError):
+            return
+        report.violate("a header within the depth limit is parsed", f"{what}: {carrier}")
 
 
 def _padded(rng: random.Random, frames: list[bytes]) -> list[bytes]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -48,8 +49,14 @@ ACTIONS = [
 class HostFuzzer:
     """Runs the fake host and the admin for ``messages`` messages."""
 
-    def __init__(self, frontend: str, backend: str, broker_pid: int, seed: int) -> None:
+    def __init__(
+        self, frontend: str, backend: str, broker_pid: int, seed: int, ops: list[str] | None = None
+    ) -> None:
         self.rng = random.Random(seed)
+        #: the mutations to draw from (engine.mutate; None: all), and the actions: with
+        #: ``ops`` given, mostly HOST reports so mutated
+        self.ops = ops
+        self.actions = ACTIONS if ops is None else ["host", "admin", *["host-mutated"] * 4]
         self.report = Report("host", seed)
         self.pid = broker_pid
         self.frontend, self.backend = frontend, backend
@@ -73,13 +80,14 @@ class HostFuzzer:
 
     # ------------------------------------------------------------ the run
 
-    def run(self, messages: int) -> Report:
+    def run(self, messages: int, alive: Callable[[], bool] = lambda: True) -> Report:
+        """``messages`` messages, or until the broker is no longer ``alive``."""
         report = self.report
         report.rss_before = rss_bytes(self.pid)
         self.join()
         next_probe = PROBE_EVERY
-        while report.sent < messages:
-            action = self.rng.choice(ACTIONS)
+        while report.sent < messages and alive():
+            action = self.rng.choice(self.actions)
             report.mutations[action] += 1
             getattr(self, "do_" + action.replace("-", "_"))()
             self.serve()
@@ -171,7 +179,8 @@ class HostFuzzer:
         self.send(wire.Host(IPUS, IPUS, entries, ()).encode())
 
     def do_host_mutated(self) -> None:
-        op, frames = mutate(self.rng, self.report_frames(lying=self.rng.random() < 0.5))
+        lying = self.rng.random() < 0.5
+        op, frames = mutate(self.rng, self.report_frames(lying=lying), self.ops)
         self.report.mutations[f"host-mutated/{op}"] += 1
         self.send(frames)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ipuserve import protocol as wire
 from ipuserve.protocol import Command
-from tests.fuzz.engine import frames_of, spec_json
+from tests.fuzz.engine import frames_of, header_depth, spec_json
 
 
 def model_spec(name: str) -> dict[str, Any]:
@@ -46,9 +46,11 @@ def named_jobs(frames: list[bytes]) -> list[bytes]:
         return []
     if len(frames[1]) > wire.DEFAULT_LIMITS.max_header_bytes:
         return []
+    if header_depth(frames[1]) > wire.MAX_HEADER_DEPTH:
+        return []  # refused unread: docs/protocol.md §3
     try:
         header = json.loads(frames[1])
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     found = [header.get(key) for key in ("results", "failures")] if isinstance(header, dict) else []
     rows = [
