@@ -10,6 +10,9 @@ from ipuserve.errors import ConfigError
 DEFAULT_HTTP = "127.0.0.1:8000"
 DEFAULT_GRPC = "127.0.0.1:8001"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+#: JSON costs more to hold and parse than the tensors it spells: large tensors travel
+#: as binary data (docs/gateway.md, "Request bodies")
+DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
 #: the variable of prometheus-client's multiprocess mode (the library's name, not ours):
 #: the supervisor sets it for its children, gateway/metrics.py reads it; here because
 #: the supervisor must not import prometheus-client, which decides its mode on import
@@ -34,6 +37,9 @@ class GatewayConfig:
     admin_tokens: Path | None = None
     #: largest request body (HTTP) or message (gRPC) accepted
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: largest JSON an HTTP request may carry: a whole JSON body, or the JSON header of
+    #: a binary-extension body
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
     #: a client must send a request's headers within this long of connecting (or of
     #: its previous request on a kept-alive connection)
     header_timeout_s: float = 10.0
@@ -48,6 +54,11 @@ class GatewayConfig:
     #: bind both doors with SO_REUSEPORT, sharing their ports with the other processes
     #: of a supervisor (gateway/supervisor.py); off, a taken port fails to bind
     reuse_port: bool = False
+
+    @property
+    def json_limit(self) -> int:
+        """The JSON limit in force: ``max_json_bytes``, never over the body limit."""
+        return min(self.max_json_bytes, self.max_body_bytes)
 
     @property
     def tls(self) -> bool:

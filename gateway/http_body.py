@@ -13,6 +13,7 @@ encoding says is a 400. The body is read into one buffer of its ``Content-Length
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 from aiohttp import StreamReader
@@ -27,6 +28,9 @@ RATIO_FREE_BYTES = 1 << 20
 #: the encodings the gateway inflates: zlib's ``wbits`` for each
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _STEP = 1 << 20
+#: the options whose limits a refusal names
+BODY_OPTION = "--max-body-bytes"
+JSON_OPTION = "--max-json-bytes"
 
 
 def encoding_of(header: str | None) -> str | None:
@@ -41,13 +45,21 @@ def encoding_of(header: str | None) -> str | None:
     return encoding
 
 
-async def read_raw(content: StreamReader, length: int | None, limit: int) -> bytearray:
-    """The body as sent, at most ``limit`` bytes (else :class:`PayloadTooLargeError`):
-    into one buffer of ``length`` when the client gave it."""
+async def read_raw(
+    content: StreamReader,
+    length: int | None,
+    limit: int,
+    option: str = BODY_OPTION,
+    prefix: bytes = b"",
+) -> bytearray:
+    """The body as sent, at most ``limit`` bytes (else :class:`PayloadTooLargeError`
+    naming ``option``): into one buffer of ``length`` when the client gave it.
+    ``prefix``: its first bytes, already read (:func:`read_head`)."""
     if length is not None:
         if length > limit:
-            raise PayloadTooLargeError(too_large(length, limit))
-        body, got = bytearray(length), 0
+            raise PayloadTooLargeError(too_large(length, limit, option=option))
+        body, got = bytearray(length), len(prefix)
+        body[:got] = prefix
         while got < length:
             chunk = await content.readany()
             if not chunk:
@@ -55,15 +67,25 @@ async def read_raw(content: StreamReader, length: int | None, limit: int) -> byt
             body[got : got + len(chunk)] = chunk
             got += len(chunk)
         return body
-    body = bytearray()
+    body = bytearray(prefix)
     while chunk := await content.readany():
         body += chunk
         if len(body) > limit:
-            raise PayloadTooLargeError(too_large(None, limit))
+            raise PayloadTooLargeError(too_large(None, limit, option=option))
     return body
 
 
-def inflate(raw: bytearray, encoding: str, limit: int) -> bytearray:
+async def read_head(content: StreamReader, size: int) -> bytes:
+    """The body's first ``size`` bytes (a binary-extension body's JSON header)."""
+    try:
+        return await content.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise RequestError(
+            f"the body ended after {len(exc.partial)} bytes, within its {size}-byte JSON header"
+        ) from None
+
+
+def inflate(raw: bytearray, encoding: str, limit: int, option: str = BODY_OPTION) -> bytearray:
     """``raw`` inflated, at most ``limit`` bytes and :data:`MAX_RATIO` times its size."""
     inflater = zlib.decompressobj(ENCODINGS[encoding])
     out = bytearray()
@@ -72,7 +94,7 @@ def inflate(raw: bytearray, encoding: str, limit: int) -> bytearray:
         while data and not inflater.eof:
             out += inflater.decompress(data, min(_STEP, limit + 1 - len(out)))
             data = memoryview(inflater.unconsumed_tail)
-            _check_growth(len(out), len(raw) - len(data), limit)
+            _check_growth(len(out), len(raw) - len(data), limit, option)
         out += inflater.flush()
     except zlib.error as exc:
         raise RequestError(f"the body is not valid {encoding} data: {exc}") from None
@@ -81,9 +103,9 @@ def inflate(raw: bytearray, encoding: str, limit: int) -> bytearray:
     return out
 
 
-def _check_growth(produced: int, consumed: int, limit: int) -> None:
+def _check_growth(produced: int, consumed: int, limit: int, option: str) -> None:
     if produced > limit:
-        raise PayloadTooLargeError(too_large(None, limit, "inflated "))
+        raise PayloadTooLargeError(too_large(None, limit, "inflated ", option))
     if produced > RATIO_FREE_BYTES and produced > MAX_RATIO * max(consumed, 1):
         raise PayloadTooLargeError(
             f"the request body inflates more than {MAX_RATIO} times its size "
@@ -91,9 +113,12 @@ def _check_growth(produced: int, consumed: int, limit: int) -> None:
         )
 
 
-def too_large(size: int | None, limit: int, what: str = "") -> str:
+def too_large(size: int | None, limit: int, what: str = "", option: str = BODY_OPTION) -> str:
     given = "" if size is None else f" ({size} bytes)"
-    return (
-        f"the {what}request body{given} is over the gateway's limit of {limit} bytes "
-        "(--max-body-bytes)"
-    )
+    message = f"the {what}request body{given} is over the gateway's limit of {limit} bytes"
+    if option == JSON_OPTION:
+        return (
+            f"{message} for JSON ({option}): send large tensors as binary data "
+            "(the binary tensor data extension, tritonclient's default)"
+        )
+    return f"{message} ({option})"

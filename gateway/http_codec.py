@@ -25,7 +25,14 @@ import numpy as np
 from ipuserve.errors import RequestError
 from ipuserve.gateway import json_data
 from ipuserve.gateway.service import InferRequest, InferResponse, check_parameters
-from ipuserve.gateway.tensors import Tensor, check_budget, check_shape, from_buffer, shown
+from ipuserve.gateway.tensors import (
+    Tensor,
+    check_budget,
+    check_shape,
+    from_buffer,
+    shown,
+    to_dtype,
+)
 from ipuserve.limits import MAX_DURATION_MS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -78,7 +85,7 @@ def parse_infer(
     :class:`PayloadTooLargeError` (413) when its shapes declare more than
     ``max_tensor_bytes`` of tensors (checked before any is materialised)."""
     view = memoryview(body).toreadonly()
-    json_end = _json_length(header_length, len(body))
+    json_end = json_length(header_length, len(body))
     document = _load(body if json_end == len(body) else view[:json_end])  # all JSON: no copy
     check_parameters(document.parameters.items())
     declared = [(i.name, i.datatype, check_shape(i.name, i.shape)) for i in document.inputs]
@@ -105,7 +112,34 @@ def parse_infer(
     return ParsedInfer(request, binary, bool(document.parameters.get("binary_data_output", False)))
 
 
-def _json_length(header: str | None, size: int) -> int:
+def check_binary_header(header: bytes | bytearray, binary_bytes: int) -> None:
+    """Judge a large binary-extension body from its JSON header alone, before the
+    ``binary_bytes`` that follow it are read: each input's ``binary_data_size`` must be
+    exactly the bytes its shape and datatype declare, and together they must be what
+    follows. A body that lies about its tensors is so refused (400) having cost the
+    gateway its header, not its whole length. :func:`parse_infer` checks the same again
+    on the whole body (this check is only for bodies worth reading in two steps)."""
+    total = 0
+    for item in _load(header).inputs:
+        size = item.parameters.get("binary_data_size")
+        if size is None:
+            continue
+        dims = check_shape(item.name, item.shape)
+        want = math.prod(dims) * to_dtype(item.datatype).itemsize
+        if isinstance(size, bool) or size != want:
+            raise RequestError(
+                f"input {shown(item.name)}: binary_data_size {size!r:.40} is not the {want} "
+                f"bytes its shape {list(dims)} of {item.datatype:.20} declares"
+            )
+        total += want
+    if total != binary_bytes:
+        raise RequestError(
+            f"the inputs' binary_data_size add up to {total} bytes, but {binary_bytes} "
+            "bytes follow the JSON header"
+        )
+
+
+def json_length(header: str | None, size: int) -> int:
     """The header's byte count: ASCII digits only (``int()`` would also take ``1_12``
     and other scripts' digits), within the body."""
     if header is None:

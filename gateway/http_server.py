@@ -19,21 +19,36 @@ how many connections are open. docs/gateway.md lists the endpoints.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ipuserve.errors import InvalidInputError, IpuserveError
+from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
-from ipuserve.gateway.http_body import encoding_of, inflate, read_raw
-from ipuserve.gateway.http_codec import HEADER_LENGTH, parse_infer, render_infer
+from ipuserve.gateway.http_body import (
+    BODY_OPTION,
+    JSON_OPTION,
+    encoding_of,
+    inflate,
+    read_head,
+    read_raw,
+    too_large,
+)
+from ipuserve.gateway.http_codec import (
+    HEADER_LENGTH,
+    check_binary_header,
+    json_length,
+    parse_infer,
+    render_infer,
+)
 from ipuserve.gateway.http_guard import ConnectionGuards
 from ipuserve.gateway.model_config import triton_config
 from ipuserve.gateway.offload import off_loop
@@ -53,6 +68,8 @@ GUARDS = web.AppKey("guards", ConnectionGuards)
 
 #: what every response's ``Server`` header says
 SERVER = "ipuserve"
+#: a binary-extension body larger than this is read header first (_read_infer_body)
+TWO_STEP_BYTES = 1 << 20
 #: the status counted for a client that hung up before its answer (nginx's, Triton's)
 HUNG_UP = 499
 #: what reading from, or writing to, a client that left raises
@@ -201,7 +218,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _infer(request: web.Request) -> web.Response:
-    body = await _read_body(request)
+    body = await _read_infer_body(request)
     parsed = await off_loop(
         len(body),
         parse_infer,
@@ -245,7 +262,7 @@ async def _repository_unload(request: web.Request) -> web.Response:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     """A small JSON object body, or {} for none."""
-    body = await _read_body(request)
+    body = await _read_body(request, request.app[CONFIG].json_limit, JSON_OPTION)
     if not body.strip():
         return {}
     try:
@@ -257,22 +274,65 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return parsed
 
 
-async def _read_body(request: web.Request) -> bytearray:
-    """The body, inflated if it came compressed (gateway/http_body.py), within the
-    body limit and the body timeout."""
+async def _read_infer_body(request: web.Request) -> bytearray:
+    """An infer request's body: all JSON within ``max_json_bytes``; with the binary
+    extension, its JSON header within ``max_json_bytes`` and the whole within
+    ``max_body_bytes``. A large binary body is read in two steps, its header first
+    (:func:`~gateway.http_codec.check_binary_header`), so one whose inputs' sizes lie
+    is refused having cost its header, not its length."""
     config = request.app[CONFIG]
-    limit = config.max_body_bytes
+    header = request.headers.get(HEADER_LENGTH)
+    if header is None:
+        return await _read_body(request, config.json_limit, JSON_OPTION)
+    length = request.content_length
+    compressed = encoding_of(request.headers.get("Content-Encoding")) is not None
+    if compressed or length is None or length <= TWO_STEP_BYTES:
+        body = await _read_body(request, config.max_body_bytes)
+        _check_json_header(json_length(header, len(body)), config.json_limit)
+        return body
+    if length > config.max_body_bytes:
+        raise PayloadTooLargeError(too_large(length, config.max_body_bytes))
+    json_end = json_length(header, length)
+    _check_json_header(json_end, config.json_limit)
+    async with _body_deadline(config):
+        head = await read_head(request.content, json_end)
+        await off_loop(len(head), check_binary_header, head, length - json_end)
+        return await read_raw(request.content, length, config.max_body_bytes, prefix=head)
+
+
+def _check_json_header(size: int, limit: int) -> None:
+    if size > limit:
+        raise PayloadTooLargeError(
+            f"the request's JSON header ({size} bytes) is over the gateway's limit of "
+            f"{limit} bytes for JSON ({JSON_OPTION})"
+        )
+
+
+async def _read_body(
+    request: web.Request, limit: int | None = None, option: str = BODY_OPTION
+) -> bytearray:
+    """The body, inflated if it came compressed (gateway/http_body.py), within
+    ``limit`` (by default the body limit) and the body timeout."""
+    config = request.app[CONFIG]
+    limit = config.max_body_bytes if limit is None else limit
     encoding = encoding_of(request.headers.get("Content-Encoding"))
+    async with _body_deadline(config):
+        raw = await read_raw(request.content, request.content_length, limit, option)
+    if encoding is None:
+        return raw
+    return await off_loop(len(raw), inflate, raw, encoding, limit, option)
+
+
+@contextlib.asynccontextmanager
+async def _body_deadline(config: GatewayConfig) -> AsyncIterator[None]:
+    """The body must arrive within ``body_timeout_s`` of its headers (else 408)."""
     try:
         async with asyncio.timeout(config.body_timeout_s):
-            raw = await read_raw(request.content, request.content_length, limit)
+            yield
     except TimeoutError:
         raise web.HTTPRequestTimeout(
             text=f"the request body did not arrive within {config.body_timeout_s:g} s"
         ) from None
-    if encoding is None:
-        return raw
-    return await off_loop(len(raw), inflate, raw, encoding, limit)
 
 
 class _ConnectionLog(logging.LoggerAdapter[logging.Logger]):

@@ -71,6 +71,21 @@ def flat_list(size: int = 60 * MIB) -> bytes:
     return infer_json("[" + "0," * (size // 2) + "0]", [1, FEATURES])
 
 
+@cache
+def nested_list(size: int = 12 * MIB) -> bytes:
+    """~12 MiB of ``[[0],[0],...]`` declared as a ``[1, 64]`` input, uncompressed."""
+    return infer_json("[" + "[0]," * (size // 4) + "[0]]", [1, FEATURES])
+
+
+def binary_lie(size: int = 60 * MIB) -> tuple[bytes, bytes]:
+    """A binary-extension body whose ``[1, 64]`` FP32 input claims ``size`` bytes:
+    (the JSON header, the whole body)."""
+    parameters = f'"parameters":{{"binary_data_size":{size}}}'
+    tensor = f'{{"name":"input","datatype":"FP32","shape":[1,{FEATURES}],{parameters}}}'
+    header = f'{{"inputs":[{tensor}]}}'.encode()
+    return header, header + bytes(size)
+
+
 def deep_json(depth: int = 100_000) -> bytes:
     return infer_json("[" * depth + "]" * depth, [1, FEATURES])
 

@@ -40,14 +40,21 @@ def _lazy(build: Callable[[], bytes], *headers: str) -> Callable[[], tuple[bytes
     return lambda: (p.post(INFER, *headers), build())
 
 
+def _binary_lie() -> tuple[bytes, bytes]:
+    header, body = p.binary_lie()
+    return p.post(INFER, f"Inference-Header-Content-Length: {len(header)}"), body
+
+
 GZIP = "Content-Encoding: gzip"
 ONE = [1, p.FEATURES]
 ZEROS = "[" + ",".join(["0"] * p.FEATURES) + "]"
 
 CASES = [
-    Case("nested-json-gzip-60MiB", _lazy(p.nested_gzip_bomb, GZIP), (400, 413), "input"),
-    Case("flat-json-60MiB", _lazy(p.flat_list), (400, 413), ""),
-    Case("gzip-bomb-1GiB", _lazy(p.gzip_bomb, GZIP), 413, "limit"),
+    Case("nested-json-gzip-60MiB", _lazy(p.nested_gzip_bomb, GZIP), 413, "compression bomb"),
+    Case("flat-json-60MiB", _lazy(p.flat_list), 413, "--max-json-bytes"),
+    Case("nested-json-12MiB", _lazy(p.nested_list), 400, "input"),
+    Case("binary-size-lie-60MiB", _binary_lie, 400, "binary_data_size"),
+    Case("gzip-bomb-1GiB", _lazy(p.gzip_bomb, GZIP), 413, "compression bomb"),
     Case("not-gzip", _infer(b"this is not gzip", GZIP), 400, "gzip"),
     Case("json-100000-deep", _lazy(p.deep_json), 400, ""),
     Case("shape-65-dims", _infer(p.infer_json(ZEROS, [1] * 64 + [p.FEATURES])), 400, "shape"),
@@ -64,7 +71,7 @@ CASES = [
     ),
     Case(
         "version-arabic-digit",
-        _infer(p.infer_json(ZEROS, ONE), path="/v2/models/mlp/versions/\u0661/infer"),
+        _infer(p.infer_json(ZEROS, ONE), path="/v2/models/mlp/versions/%D9%A1/infer"),
         400,
         "version",
     ),
