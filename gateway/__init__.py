@@ -13,7 +13,9 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
     config.py       GatewayConfig
     http_server.py  the HTTP door (aiohttp): routes, tokens, errors as JSON
     http_codec.py   its infer body, JSON and binary tensor data, both ways
-    http_guard.py   header deadline and connection cap per connection
+    http_guard.py   per connection: header deadline (TLS handshake included), write
+                    timeout, connection caps in all and per address
+    accept_guard.py its listening sockets, accepting with a back-off at EMFILE
     grpc_*.py       the gRPC door (grpcio's asyncio server)
     app.py / cli.py one asyncio loop running both; ``ipuserve gateway``
     supervisor.py   ``--processes N``: N such processes on the same ports, restarted
