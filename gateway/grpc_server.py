@@ -92,16 +92,18 @@ def server_options(config: GatewayConfig) -> list[tuple[str, Any]]:
     process binding the same port fails instead of silently sharing it -- unless the
     process is one of a supervisor's several (``config.reuse_port``).
 
-    And the connection limits (docs/gateway.md, "Connections"), each checked against
-    grpcio 1.85 with raw sockets (tests/gateway/test_connections.py): a connection must
+    And the connection limits (docs/gateway.md, "Connections"): a connection must
     finish its handshake (TLS, HTTP/2 settings) within ``header_timeout_s``; at most
     ``max_connections`` at once (more are closed as they come); one with no call for
-    ``grpc_idle_timeout_s`` is sent GOAWAY and closed, one older than
+    ``grpc_idle_timeout_s`` is sent GOAWAY and closed (these three checked against
+    grpcio 1.85 with raw sockets: tests/gateway/test_connections.py), one older than
     ``grpc_max_connection_age_s`` too (its calls under way get ``request_timeout_s``);
     ``grpc_max_streams`` calls at once per connection; the server pings a connection
-    every :data:`KEEPALIVE_S` and closes it when the ping is not answered within
-    ``write_timeout_s`` (a peer gone, or one that reads nothing); a client pinging more
-    often than every :data:`MIN_CLIENT_PING_S` without calls is sent GOAWAY after
+    every :data:`KEEPALIVE_S` while calls are under way and closes it when the ping is
+    not answered within ``write_timeout_s`` (a peer gone, or one whose connection reads
+    nothing; a client library that reads while its caller does not is bounded by the
+    call's deadline and the connection's age instead); a client pinging more often
+    than every :data:`MIN_CLIENT_PING_S` without calls is sent GOAWAY after
     :data:`PING_STRIKES` such pings (gRPC's defaults, spelt out here).
     """
     options: list[tuple[str, Any]] = [
