@@ -71,7 +71,14 @@ def listening_sockets(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
+            try:
+                sock.bind(address)
+            except OSError as exc:  # worded as loop.create_server words it
+                raise OSError(
+                    exc.errno,
+                    f"error while attempting to bind on address {address!r}: "
+                    f"{(exc.strerror or str(exc)).lower()}",
+                ) from None
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
