@@ -17,7 +17,9 @@ A stateless process serving HTTP and gRPC, reaching the brokers through one
     json_data.py    JSON ``data`` into typed arrays, strictly, bounded by the shape
     http_body.py    the body read within the limit, inflated with caps
     offload.py      large bodies decoded off the event loop
-    http_guard.py   header deadline and connection cap per connection
+    http_guard.py   per connection: header deadline (TLS handshake included), write
+                    timeout, connection caps in all and per address
+    accept_guard.py its listening sockets, accepting with a back-off at EMFILE
     grpc_*.py       the gRPC door (grpcio's asyncio server); grpc_precheck.py checks
                     an infer message's tensor sizes before protobuf parses it
     app.py / cli.py one asyncio loop running both; ``ipuserve gateway``

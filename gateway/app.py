@@ -3,8 +3,9 @@
 
 Before anything binds, :func:`check_binding` applies the front door's rule: without
 TLS, only loopback addresses unless ``insecure`` (as the broker's protected mode admits
-only peers on its host). The start-up line names the bound addresses (with the ports
-got for port 0), the brokers and the security in force.
+only peers on its host); :func:`check_descriptors` lifts the descriptor limit and
+warns when the connection caps do not fit in it. The start-up line names the bound
+addresses (with the ports got for port 0), the brokers and the security in force.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ipuserve.client import AsyncClient
 from ipuserve.errors import ConfigError
+from ipuserve.gateway.accept_guard import RESERVED_DESCRIPTORS, raise_descriptor_limit
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig, split_address
 from ipuserve.gateway.http_server import HttpServer, start_http
@@ -84,6 +86,27 @@ def security_line(config: GatewayConfig, tokens: Tokens) -> str:
         else ("INSECURE plaintext" if config.insecure else "plaintext, loopback only")
     )
     return f"security {transport}, {tokens.describe()}"
+
+
+def check_descriptors(config: GatewayConfig) -> None:
+    """Lift the descriptor limit to the hard one, and warn when even that is below what
+    the connection caps admit (each connection a descriptor, on each door): past it new
+    connections wait in the kernel's backlog (gateway/accept_guard.py) rather than
+    being answered over the cap."""
+    limit = raise_descriptor_limit()
+    doors = 1 if config.grpc is None else 2
+    needed = doors * config.max_connections + RESERVED_DESCRIPTORS
+    if limit < needed:
+        log.warning(
+            "the descriptor limit (%d, ulimit -n) is below what --max-connections %d "
+            "admits on %d door(s) (%d with the gateway's own): raise the limit, or lower "
+            "--max-connections to %d",
+            limit,
+            config.max_connections,
+            doors,
+            needed,
+            max(1, (limit - RESERVED_DESCRIPTORS) // doors),
+        )
 
 
 class Gateway:
@@ -175,6 +198,7 @@ async def serve(
     cannot forward) stops this process as SIGTERM would, so no gateway outlives it.
     """
     check_binding(config)
+    check_descriptors(config)
     gateway = Gateway(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

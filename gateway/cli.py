@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -20,13 +21,31 @@ from ipuserve.gateway.config import (
     DEFAULT_GRPC,
     DEFAULT_HTTP,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_PER_PEER,
     GatewayConfig,
     split_address,
 )
 from ipuserve.gateway.supervisor import Supervisor
+from ipuserve.limits import MAX_DURATION_MS
 from ipuserve.security.cli import curve_client_options, keys_from_options
 
 _FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
+
+
+class _OffOrSeconds(click.FloatRange):
+    """Finite seconds >= 0, 0 meaning off."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, max=MAX_DURATION_MS / 1e3)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        seconds: float = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
+
+
+_OFF_OR_SECONDS = _OffOrSeconds()
 
 
 def _address(_ctx: object, _param: object, value: str | None) -> str | None:
@@ -96,7 +115,42 @@ def _address(_ctx: object, _param: object, value: str | None) -> str | None:
     "--max-connections",
     type=click.IntRange(min=1),
     default=1024,
-    help="Open HTTP connections at most; more are answered 503 and closed.",
+    help="Open connections at most, per door; more are closed (HTTP: answered 503).",
+)
+@option(
+    "--max-connections-per-peer",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_PER_PEER,
+    help="Open HTTP connections from one address (IPv4; IPv6 /64) at most; more are "
+    "answered 429 and closed. 0: no cap (behind a proxy or load balancer, whose address "
+    "every client has).",
+)
+@option(
+    "--write-timeout-s",
+    type=TimeoutSeconds(),
+    default=30.0,
+    help="Abort an HTTP connection whose answer goes unread this long (its write buffer "
+    "full throughout), a gRPC one that answers no keepalive ping in this long.",
+)
+@option(
+    "--grpc-idle-timeout-s",
+    type=_OFF_OR_SECONDS,
+    default=60.0,
+    help="Close a gRPC connection with no call for this long (GOAWAY: clients reconnect "
+    "when they call again); 0: never.",
+)
+@option(
+    "--grpc-max-streams",
+    type=click.IntRange(min=1),
+    default=100,
+    help="Concurrent calls on one gRPC connection (HTTP/2 streams; clients queue more).",
+)
+@option(
+    "--grpc-max-connection-age-s",
+    type=_OFF_OR_SECONDS,
+    default=3600.0,
+    help="Close a gRPC connection this old (GOAWAY; calls under way get --timeout-s to "
+    "finish); 0: never.",
 )
 @option(
     "--timeout-s",
@@ -133,6 +187,11 @@ def gateway(
     header_timeout_s: float,
     body_timeout_s: float,
     max_connections: int,
+    max_connections_per_peer: int,
+    write_timeout_s: float,
+    grpc_idle_timeout_s: float,
+    grpc_max_streams: int,
+    grpc_max_connection_age_s: float,
     timeout_s: float,
     processes: int,
     supervised: bool,
@@ -159,6 +218,11 @@ def gateway(
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
+        max_connections_per_peer=max_connections_per_peer,
+        write_timeout_s=write_timeout_s,
+        grpc_idle_timeout_s=grpc_idle_timeout_s,
+        grpc_max_streams=grpc_max_streams,
+        grpc_max_connection_age_s=grpc_max_connection_age_s,
         request_timeout_s=timeout_s,
         curve_secret_key=curve_secret_key,
         broker_public_key=broker_public_key,
@@ -232,6 +296,11 @@ def child_argv(config: GatewayConfig) -> list[str]:
         "--header-timeout-s", repr(config.header_timeout_s),
         "--body-timeout-s", repr(config.body_timeout_s),
         "--max-connections", str(config.max_connections),
+        "--max-connections-per-peer", str(config.max_connections_per_peer),
+        "--write-timeout-s", repr(config.write_timeout_s),
+        "--grpc-idle-timeout-s", repr(config.grpc_idle_timeout_s),
+        "--grpc-max-streams", str(config.grpc_max_streams),
+        "--grpc-max-connection-age-s", repr(config.grpc_max_connection_age_s),
         "--timeout-s", repr(config.request_timeout_s),
         "--processes", "1",
         "--supervised",

@@ -13,6 +13,8 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 #: JSON costs more to hold and parse than the tensors it spells: large tensors travel
 #: as binary data (docs/gateway.md, "Request bodies")
 DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
+#: a quarter of the default connection cap: one address cannot take the rest's slots
+DEFAULT_MAX_PER_PEER = 256
 #: the variable of prometheus-client's multiprocess mode (the library's name, not ours):
 #: the supervisor sets it for its children, gateway/metrics.py reads it; here because
 #: the supervisor must not import prometheus-client, which decides its mode on import
@@ -45,8 +47,21 @@ class GatewayConfig:
     header_timeout_s: float = 10.0
     #: ... and its body within this long of its headers
     body_timeout_s: float = 30.0
-    #: open HTTP connections at once; more are answered 503 and closed
+    #: open connections at once, per door; more are refused (HTTP: 503) and closed
     max_connections: int = 1024
+    #: open HTTP connections from one address (IPv4, IPv6 /64) at once; more are answered
+    #: 429 and closed; 0: no cap (behind a proxy every client has the proxy's address)
+    max_connections_per_peer: int = DEFAULT_MAX_PER_PEER
+    #: an HTTP answer the client does not read for this long (the write buffer above its
+    #: high-water mark throughout) aborts the connection; gRPC: a keepalive ping unanswered
+    write_timeout_s: float = 30.0
+    #: a gRPC connection with no call for this long is closed (GOAWAY); 0: never
+    grpc_idle_timeout_s: float = 60.0
+    #: concurrent calls (HTTP/2 streams) on one gRPC connection
+    grpc_max_streams: int = 100
+    #: a gRPC connection is closed (GOAWAY, calls under way get ``request_timeout_s``
+    #: more) after this long, however busy; 0: never
+    grpc_max_connection_age_s: float = 3600.0
     #: a request with no timeout of its own gets this one
     request_timeout_s: float = 30.0
     curve_secret_key: Path | None = None

@@ -65,6 +65,13 @@ ADMIN_ROLE = "admin"
 
 #: the largest message of the calls other than ModelInfer (names and a few parameters)
 SMALL_MESSAGE_BYTES = 1 << 20
+#: how often the server pings each connection (a dead or deaf peer is closed when the
+#: ping goes unanswered for the write timeout)
+KEEPALIVE_S = 60.0
+#: a client's pings without calls must be this far apart ...
+MIN_CLIENT_PING_S = 300.0
+#: ... or the connection is closed after this many too early
+PING_STRIKES = 2
 
 #: one RPC's coroutine: request message and call context to response message
 Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]
@@ -102,12 +109,48 @@ def server_options(config: GatewayConfig) -> list[tuple[str, Any]]:
     """The channel arguments of the server: the body limit for received messages (the
     sent ones are bounded by what the fabric returns); no SO_REUSEPORT, so a second
     process binding the same port fails instead of silently sharing it -- unless the
-    process is one of a supervisor's several (``config.reuse_port``)."""
-    return [
+    process is one of a supervisor's several (``config.reuse_port``).
+
+    And the connection limits (docs/gateway.md, "Connections"): a connection must
+    finish its handshake (TLS, HTTP/2 settings) within ``header_timeout_s``; at most
+    ``max_connections`` at once (more are closed as they come); one with no call for
+    ``grpc_idle_timeout_s`` is sent GOAWAY and closed (these three checked against
+    grpcio 1.85 with raw sockets: tests/gateway/test_connections.py), one older than
+    ``grpc_max_connection_age_s`` too (its calls under way get ``request_timeout_s``);
+    ``grpc_max_streams`` calls at once per connection; the server pings a connection
+    every :data:`KEEPALIVE_S` while calls are under way and closes it when the ping is
+    not answered within ``write_timeout_s`` (a peer gone, or one whose connection reads
+    nothing; a client library that reads while its caller does not is bounded by the
+    call's deadline and the connection's age instead); a client pinging more often
+    than every :data:`MIN_CLIENT_PING_S` without calls is sent GOAWAY after
+    :data:`PING_STRIKES` such pings (gRPC's defaults, spelt out here).
+    """
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", config.max_body_bytes),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", int(config.reuse_port)),
+        ("grpc.server_handshake_timeout_ms", _ms(config.header_timeout_s)),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+        ("grpc.max_concurrent_streams", config.grpc_max_streams),
+        ("grpc.keepalive_time_ms", _ms(KEEPALIVE_S)),
+        ("grpc.keepalive_timeout_ms", _ms(config.write_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(MIN_CLIENT_PING_S)),
+        ("grpc.http2.max_ping_strikes", PING_STRIKES),
     ]
+    if config.grpc_idle_timeout_s:
+        options.append(("grpc.max_connection_idle_ms", _ms(config.grpc_idle_timeout_s)))
+    if config.grpc_max_connection_age_s:
+        options += [
+            ("grpc.max_connection_age_ms", _ms(config.grpc_max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(config.request_timeout_s)),
+        ]
+    return options
+
+
+def _ms(seconds: float) -> int:
+    """Milliseconds as a channel argument takes them (a C int)."""
+    return min(max(1, round(seconds * 1000)), 2**31 - 1)
 
 
 def _tls_credentials(config: GatewayConfig) -> grpc.ServerCredentials | None:

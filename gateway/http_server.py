@@ -12,8 +12,10 @@ and never a client's mistake. Every response names the server ``ipuserve`` only
 (``Server``: no Python or aiohttp version for a scanner to match).
 A body over ``max_body_bytes`` is refused (413) from its ``Content-Length`` before it
 is read; the body must arrive within ``body_timeout_s`` (408). The connection guards
-(:mod:`gateway.http_guard`) bound how long a client may take to send its headers and
-how many connections are open. docs/gateway.md lists the endpoints.
+(:mod:`gateway.http_guard`) bound how long a client may take to send its headers (TLS
+handshake included) and to read its answer, and how many connections are open, in all
+and per address; the door accepts through :mod:`gateway.accept_guard`, which backs off
+when descriptors run out. docs/gateway.md lists the endpoints.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError
+from ipuserve.gateway.accept_guard import Acceptor, listening_sockets
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
 from ipuserve.gateway.http_body import (
@@ -361,7 +364,10 @@ def make_app(service: InferenceService, config: GatewayConfig, tokens: Tokens) -
     app[TOKENS] = tokens
     app[CONFIG] = config
     app[GUARDS] = ConnectionGuards(
-        header_timeout_s=config.header_timeout_s, max_connections=config.max_connections
+        header_timeout_s=config.header_timeout_s,
+        max_connections=config.max_connections,
+        max_per_peer=config.max_connections_per_peer,
+        write_timeout_s=config.write_timeout_s,
     )
     r = app.router
     r.add_get("/v2/health/live", _live)
@@ -382,16 +388,17 @@ def make_app(service: InferenceService, config: GatewayConfig, tokens: Tokens) -
 
 
 class HttpServer:
-    """The HTTP door bound to ``host:port``, behind the connection guards."""
+    """The HTTP door bound to ``host:port``, behind the connection guards and the
+    acceptors of its listening sockets (gateway/accept_guard.py)."""
 
-    def __init__(self, app: web.Application, runner: web.AppRunner, server: asyncio.Server):
+    def __init__(self, app: web.Application, runner: web.AppRunner, acceptors: list[Acceptor]):
         self.app = app
         self._runner = runner
-        self._server = server
+        self.acceptors = acceptors
 
     @property
     def port(self) -> int:
-        port: int = self._server.sockets[0].getsockname()[1]
+        port: int = self.acceptors[0].sock.getsockname()[1]
         return port
 
     @property
@@ -401,8 +408,10 @@ class HttpServer:
     async def stop(self) -> None:
         """Stop accepting, let requests under way finish (up to the runner's shutdown
         timeout), close the connections."""
-        self._server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
         await self._runner.cleanup()
+        self.guards.close_all()  # those aiohttp never saw: in a TLS handshake, refused
 
 
 async def start_http(
@@ -431,14 +440,13 @@ async def start_http(
     )
     await runner.setup()
     assert runner.server is not None
-    factory = app[GUARDS].factory(runner.server)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        factory,
-        host,
-        port,
-        ssl=ssl_context,
-        backlog=min(config.max_connections, 4096),
-        reuse_port=config.reuse_port,
+    guards = app[GUARDS]
+    guards.ssl_context = ssl_context  # TLS is the guard's: it times the handshake
+    factory = guards.factory(runner.server)
+    sockets = listening_sockets(
+        host, port, backlog=min(config.max_connections, 4096), reuse_port=config.reuse_port
     )
-    return HttpServer(app, runner, server)
+    acceptors = [Acceptor(sock, factory) for sock in sockets]
+    for acceptor in acceptors:
+        acceptor.start()
+    return HttpServer(app, runner, acceptors)
