@@ -21,6 +21,7 @@ from ipuserve.gateway.config import (
     DEFAULT_GRPC,
     DEFAULT_HTTP,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_BYTES,
     DEFAULT_MAX_PER_PEER,
     GatewayConfig,
     split_address,
@@ -86,18 +87,27 @@ def _address(_ctx: object, _param: object, value: str | None) -> str | None:
     "--infer-tokens",
     type=_FILE,
     help="File of bearer tokens (one a line, # comments) that may call metadata, infer, "
-    "statistics and /metrics [default: no token needed].",
+    "statistics and /metrics. Once any token file is given, a role with no tokens is "
+    "closed (403); with none, inference is open and repository calls are loopback-only.",
 )
 @option(
     "--admin-tokens",
     type=_FILE,
-    help="File of admin bearer tokens (they may also do what infer tokens may).",
+    help="File of admin bearer tokens: the model repository's index, load and unload "
+    "(they may also do what infer tokens may).",
 )
 @option(
     "--max-body-bytes",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_BODY_BYTES,
     help="Largest HTTP request body / gRPC message (413 / RESOURCE_EXHAUSTED beyond).",
+)
+@option(
+    "--max-json-bytes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_JSON_BYTES,
+    help="Largest JSON an HTTP request may carry: a whole JSON body, or a binary-data "
+    "body's JSON header (413 beyond; large tensors travel as binary data).",
 )
 @option(
     "--header-timeout-s",
@@ -184,6 +194,7 @@ def gateway(
     infer_tokens: Path | None,
     admin_tokens: Path | None,
     max_body_bytes: int,
+    max_json_bytes: int,
     header_timeout_s: float,
     body_timeout_s: float,
     max_connections: int,
@@ -215,6 +226,7 @@ def gateway(
         infer_tokens=infer_tokens,
         admin_tokens=admin_tokens,
         max_body_bytes=max_body_bytes,
+        max_json_bytes=max_json_bytes,
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
@@ -293,6 +305,7 @@ def child_argv(config: GatewayConfig) -> list[str]:
     return [
         *argv,
         "--max-body-bytes", str(config.max_body_bytes),
+        "--max-json-bytes", str(config.max_json_bytes),
         "--header-timeout-s", repr(config.header_timeout_s),
         "--body-timeout-s", repr(config.body_timeout_s),
         "--max-connections", str(config.max_connections),

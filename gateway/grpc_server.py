@@ -124,11 +124,18 @@ def server_options(config: GatewayConfig) -> list[tuple[str, Any]]:
     call's deadline and the connection's age instead); a client pinging more often
     than every :data:`MIN_CLIENT_PING_S` without calls is sent GOAWAY after
     :data:`PING_STRIKES` such pings (gRPC's defaults, spelt out here).
+
+    No bandwidth-delay probing: with it grpcio widens a stream's receive window before
+    the application asks for the message, so eight 60 MiB calls with no token cost the
+    gateway 18-80 MiB before they were refused; without it, ~1 MiB (the window stays
+    at its initial size until the call's token passed and the handler reads). On
+    loopback a 48 MiB message arrived no slower (median 79 ms against 97 ms).
     """
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", config.max_body_bytes),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", int(config.reuse_port)),
+        ("grpc.http2.bdp_probe", 0),
         ("grpc.server_handshake_timeout_ms", _ms(config.header_timeout_s)),
         ("grpc.max_allowed_incoming_connections", config.max_connections),
         ("grpc.max_concurrent_streams", config.grpc_max_streams),
