@@ -11,7 +11,7 @@ import pytest
 
 from ipuserve import limits
 from ipuserve import protocol as wire
-from ipuserve.broker.versions import version_order
+from ipuserve.versions import version_order
 from ipuserve.client.repository import check_version
 from ipuserve.errors import InvalidInputError, ProtocolError
 from ipuserve.gateway.repository import versions_of_config
