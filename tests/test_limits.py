@@ -11,10 +11,10 @@ import pytest
 
 from ipuserve import limits
 from ipuserve import protocol as wire
-from ipuserve.versions import version_order
 from ipuserve.client.repository import check_version
 from ipuserve.errors import InvalidInputError, ProtocolError
 from ipuserve.gateway.repository import versions_of_config
+from ipuserve.versions import version_order
 
 
 def test_the_protocol_carries_the_same_limits() -> None:
