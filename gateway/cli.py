@@ -152,8 +152,9 @@ def _address(_ctx: object, _param: object, value: str | None) -> str | None:
 @option(
     "--grpc-max-streams",
     type=click.IntRange(min=1),
-    default=100,
-    help="Concurrent calls on one gRPC connection (HTTP/2 streams; clients queue more).",
+    default=1000,
+    help="Concurrent calls on one gRPC connection (HTTP/2 streams): grpcio refuses more "
+    "(UNAVAILABLE), counting calls the gateway has not finished answering.",
 )
 @option(
     "--grpc-max-connection-age-s",

@@ -58,7 +58,7 @@ class GatewayConfig:
     #: a gRPC connection with no call for this long is closed (GOAWAY); 0: never
     grpc_idle_timeout_s: float = 60.0
     #: concurrent calls (HTTP/2 streams) on one gRPC connection
-    grpc_max_streams: int = 100
+    grpc_max_streams: int = 1000
     #: a gRPC connection is closed (GOAWAY, calls under way get ``request_timeout_s``
     #: more) after this long, however busy; 0: never
     grpc_max_connection_age_s: float = 3600.0
