@@ -86,7 +86,12 @@ class FakeWorker:
             assert time.monotonic() < deadline, f"{self.worker_id}: condition never true"
             if self.alive:
                 self.send(wire.Heartbeat(in_flight=0))
-            self.socket.poll(5)  # a pace between checks; what arrives stays for recv()
+            # A pace between checks (what arrives stays for recv()). Not socket.poll(5):
+            # it returns at once while an unread message waits (the broker's heartbeat
+            # echo), and the loop then flooded the broker with heartbeats, which held
+            # its timers back by seconds (a 200 ms liveness window fired after 1.8-9 s,
+            # past this wait's 10 s once in CI).
+            time.sleep(0.005)
 
     def die(self, context: zmq.Context[Any]) -> None:
         """Stop as the process's death would: silent, its connection closed. ``context``
