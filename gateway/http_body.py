@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 
 from aiohttp import StreamReader
 
@@ -85,16 +86,35 @@ async def read_head(content: StreamReader, size: int) -> bytes:
         ) from None
 
 
-def inflate(raw: bytearray, encoding: str, limit: int, option: str = BODY_OPTION) -> bytearray:
-    """``raw`` inflated, at most ``limit`` bytes and :data:`MAX_RATIO` times its size."""
+def inflate(
+    raw: bytearray,
+    encoding: str,
+    limit: int,
+    option: str = BODY_OPTION,
+    head: int = 0,
+    binary_size: Callable[[bytes], int] | None = None,
+) -> bytearray:
+    """``raw`` inflated, at most ``limit`` bytes and :data:`MAX_RATIO` times its size.
+    With ``binary_size``: once the first ``head`` bytes (a binary body's JSON header)
+    are out, no more is inflated than ``binary_size`` says they declare, so a body that
+    lies about its tensors costs its header, not the limit."""
     inflater = zlib.decompressobj(ENCODINGS[encoding])
     out = bytearray()
     data = memoryview(raw)
+    cap = limit if binary_size is None else min(head, limit)
     try:
         while data and not inflater.eof:
-            out += inflater.decompress(data, min(_STEP, limit + 1 - len(out)))
+            out += inflater.decompress(data, min(_STEP, cap + 1 - len(out)))
             data = memoryview(inflater.unconsumed_tail)
             _check_growth(len(out), len(raw) - len(data), limit, option)
+            if binary_size is not None and len(out) >= head:
+                cap = min(limit, head + binary_size(bytes(out[:head])))
+                binary_size = None
+            if len(out) > cap:
+                raise RequestError(
+                    f"the body inflates to more than the {cap} bytes its JSON header and "
+                    "its inputs' binary_data_size declare"
+                )
         out += inflater.flush()
     except zlib.error as exc:
         raise RequestError(f"the body is not valid {encoding} data: {exc}") from None

@@ -112,13 +112,13 @@ def parse_infer(
     return ParsedInfer(request, binary, bool(document.parameters.get("binary_data_output", False)))
 
 
-def check_binary_header(header: bytes | bytearray, binary_bytes: int) -> None:
-    """Judge a large binary-extension body from its JSON header alone, before the
-    ``binary_bytes`` that follow it are read: each input's ``binary_data_size`` must be
-    exactly the bytes its shape and datatype declare, and together they must be what
-    follows. A body that lies about its tensors is so refused (400) having cost the
-    gateway its header, not its whole length. :func:`parse_infer` checks the same again
-    on the whole body (this check is only for bodies worth reading in two steps)."""
+def declared_binary_bytes(header: bytes | bytearray) -> int:
+    """The binary bytes a binary-extension body's JSON header says follow it, judged
+    from the header alone: each input's ``binary_data_size`` must be exactly the bytes
+    its shape and datatype declare (else :class:`RequestError`). The HTTP door reads
+    (or inflates) no more than the header and this, so a body that lies about its
+    tensors costs its header, not its length; :func:`parse_infer` checks the whole
+    body again."""
     total = 0
     for item in _load(header).inputs:
         size = item.parameters.get("binary_data_size")
@@ -132,11 +132,7 @@ def check_binary_header(header: bytes | bytearray, binary_bytes: int) -> None:
                 f"bytes its shape {list(dims)} of {item.datatype:.20} declares"
             )
         total += want
-    if total != binary_bytes:
-        raise RequestError(
-            f"the inputs' binary_data_size add up to {total} bytes, but {binary_bytes} "
-            "bytes follow the JSON header"
-        )
+    return total
 
 
 def json_length(header: str | None, size: int) -> int:

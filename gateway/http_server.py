@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError
+from ipuserve.errors import InvalidInputError, IpuserveError, PayloadTooLargeError, RequestError
 from ipuserve.gateway.accept_guard import Acceptor, listening_sockets
 from ipuserve.gateway.auth import Tokens
 from ipuserve.gateway.config import GatewayConfig
@@ -47,7 +47,7 @@ from ipuserve.gateway.http_body import (
 )
 from ipuserve.gateway.http_codec import (
     HEADER_LENGTH,
-    check_binary_header,
+    declared_binary_bytes,
     json_length,
     parse_infer,
     render_infer,
@@ -280,27 +280,54 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 async def _read_infer_body(request: web.Request) -> bytearray:
     """An infer request's body: all JSON within ``max_json_bytes``; with the binary
     extension, its JSON header within ``max_json_bytes`` and the whole within
-    ``max_body_bytes``. A large binary body is read in two steps, its header first
-    (:func:`~gateway.http_codec.check_binary_header`), so one whose inputs' sizes lie
+    ``max_body_bytes``. A binary body that is large, chunked or compressed is read (or
+    inflated) header first, and no further than its inputs' ``binary_data_size``
+    declare (:func:`~gateway.http_codec.declared_binary_bytes`), so one whose sizes lie
     is refused having cost its header, not its length."""
     config = request.app[CONFIG]
     header = request.headers.get(HEADER_LENGTH)
     if header is None:
         return await _read_body(request, config.json_limit, JSON_OPTION)
     length = request.content_length
-    compressed = encoding_of(request.headers.get("Content-Encoding")) is not None
-    if compressed or length is None or length <= TWO_STEP_BYTES:
-        body = await _read_body(request, config.max_body_bytes)
+    encoding = encoding_of(request.headers.get("Content-Encoding"))
+    if encoding is None and length is not None and length <= TWO_STEP_BYTES:
+        body = await _read_body(request, config.max_body_bytes)  # the common case
         _check_json_header(json_length(header, len(body)), config.json_limit)
         return body
-    if length > config.max_body_bytes:
-        raise PayloadTooLargeError(too_large(length, config.max_body_bytes))
-    json_end = json_length(header, length)
+    limit = config.max_body_bytes
+    if length is not None and length > limit:
+        raise PayloadTooLargeError(too_large(length, limit))
+    json_end = json_length(header, limit if length is None or encoding else length)
     _check_json_header(json_end, config.json_limit)
     async with _body_deadline(config):
-        head = await read_head(request.content, json_end)
-        await off_loop(len(head), check_binary_header, head, length - json_end)
-        return await read_raw(request.content, length, config.max_body_bytes, prefix=head)
+        if encoding is not None:
+            raw = await read_raw(request.content, length, limit)
+        else:
+            head = await read_head(request.content, json_end)
+            total = json_end + await off_loop(len(head), declared_binary_bytes, head)
+            return await _read_declared(request, head, total, limit)
+    return await off_loop(
+        len(raw), inflate, raw, encoding, limit, BODY_OPTION, json_end, declared_binary_bytes
+    )
+
+
+async def _read_declared(request: web.Request, head: bytes, total: int, limit: int) -> bytearray:
+    """The rest of a binary body whose header declared ``total`` bytes in all."""
+    length = request.content_length
+    if total > limit:
+        raise PayloadTooLargeError(too_large(total, limit, "declared "))
+    if length is not None and length != total:
+        raise RequestError(
+            f"the inputs' binary_data_size add up to {total - len(head)} bytes, but "
+            f"{length - len(head)} bytes follow the JSON header"
+        )
+    try:
+        return await read_raw(request.content, length, total, prefix=head)
+    except PayloadTooLargeError:  # chunked, and more came than the header declared
+        raise RequestError(
+            f"more than the {total} bytes the JSON header and its inputs' binary_data_size "
+            "declare came in the body"
+        ) from None
 
 
 def _check_json_header(size: int, limit: int) -> None:

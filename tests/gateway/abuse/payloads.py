@@ -14,6 +14,8 @@ import zlib
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
+
 MIB = 1024 * 1024
 #: the mlp's input width in tests/gateway/conftest.py
 FEATURES = 64
@@ -84,6 +86,15 @@ def binary_lie(size: int = 60 * MIB) -> tuple[bytes, bytes]:
     tensor = f'{{"name":"input","datatype":"FP32","shape":[1,{FEATURES}],{parameters}}}'
     header = f'{{"inputs":[{tensor}]}}'.encode()
     return header, header + bytes(size)
+
+
+@cache
+def gzip_binary_lie(size: int = 60 * MIB) -> tuple[bytes, bytes]:
+    """:func:`binary_lie`, gzipped, its bytes of random bits compressing ~5:1 (well
+    under the ratio cap): (the JSON header, the gzipped body)."""
+    header, _ = binary_lie(size)
+    bits = np.random.default_rng(0).integers(0, 2, size, dtype=np.uint8).tobytes()
+    return header, zlib.compress(header + bits, 1, wbits=16 + zlib.MAX_WBITS)
 
 
 def deep_json(depth: int = 100_000) -> bytes:

@@ -45,6 +45,12 @@ def _binary_lie() -> tuple[bytes, bytes]:
     return p.post(INFER, f"Inference-Header-Content-Length: {len(header)}"), body
 
 
+def _gzip_binary_lie() -> tuple[bytes, bytes]:
+    header, body = p.gzip_binary_lie(40 * p.MIB)
+    length = f"Inference-Header-Content-Length: {len(header)}"
+    return p.post(INFER, length, "Content-Encoding: gzip"), body
+
+
 GZIP = "Content-Encoding: gzip"
 ONE = [1, p.FEATURES]
 ZEROS = "[" + ",".join(["0"] * p.FEATURES) + "]"
@@ -54,6 +60,7 @@ CASES = [
     Case("flat-json-60MiB", _lazy(p.flat_list), 413, "--max-json-bytes"),
     Case("nested-json-12MiB", _lazy(p.nested_list), 400, "input"),
     Case("binary-size-lie-60MiB", _binary_lie, 400, "binary_data_size"),
+    Case("gzip-binary-size-lie-40MiB", _gzip_binary_lie, 400, "binary_data_size"),
     Case("gzip-bomb-1GiB", _lazy(p.gzip_bomb, GZIP), 413, "compression bomb"),
     Case("not-gzip", _infer(b"this is not gzip", GZIP), 400, "gzip"),
     Case("json-100000-deep", _lazy(p.deep_json), 400, ""),
